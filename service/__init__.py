@@ -1,0 +1,1 @@
+"""radixgate HTTP gateway: the only room with HTTP and process I/O."""

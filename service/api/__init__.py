@@ -1,0 +1,1 @@
+"""HTTP routes, dependencies, protocol models and errors."""

@@ -1,0 +1,1 @@
+"""SGLang workers: HTTP client, pool and process launcher."""

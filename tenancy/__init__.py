@@ -1,0 +1,1 @@
+"""Tenants, API keys, quotas and usage, stored in Redis."""
