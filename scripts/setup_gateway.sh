@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the gateway and the test suite need: Debian's redis-server and a light virtualenv (.venv)
+# with radixgate and its dev tools. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "[setup] installing redis-server (Debian package)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.radixgate-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "[setup] installing radixgate[dev] into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+echo "[setup] gateway environment ready (.venv)"

@@ -1,0 +1,57 @@
+"""Command line: ``python -m service serve`` runs the gateway; ``python -m service worker`` one engine."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import typer
+import uvicorn
+
+from service.app import create_app
+from service.config import Settings
+from service.logs import configure_logging
+from service.workers.launcher import WorkerProcess
+
+cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
+
+
+@cli.command()
+def serve() -> None:
+    """Run the gateway (settings from RADIXGATE_* environment variables)."""
+    settings = Settings()
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+
+
+@cli.command()
+def worker(port: int = typer.Option(None, help="Port (default: engine.base_port).")) -> None:
+    """Run one SGLang worker in the foreground, built from RADIXGATE_ENGINE__* settings."""
+    settings = Settings()
+    configure_logging(settings.observability.log_level)
+    proc = WorkerProcess(settings.engine, port or settings.engine.base_port)
+    proc.start()
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await proc.wait_ready()
+        await stop.wait()
+
+    try:
+        asyncio.run(run())
+    finally:
+        proc.stop()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,158 @@
+"""Admin API: tenants, quotas, API keys and usage. Every route needs the admin token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from service.api.deps import AdminDep, JsonBody, StateDep
+from service.api.errors import APIError
+from service.api.openai_routes import parse
+from service.config import Settings
+from tenancy.models import (
+    ApiKeyInfo,
+    IssuedKey,
+    Quotas,
+    Tenant,
+    TenantCreate,
+    TenantPatch,
+    Usage,
+)
+from tenancy.store import KeyNotFoundError, TenantExistsError, TenantNotFoundError
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
+
+
+def _not_found(tenant_id: str) -> APIError:
+    return APIError(404, f"Tenant '{tenant_id}' does not exist.", code="tenant_not_found")
+
+
+def _check_classes(settings: Settings, *names: str | None) -> None:
+    for name in names:
+        if name is not None and name not in settings.priority_classes:
+            raise APIError(
+                400,
+                f"Unknown priority class '{name}'; known: {sorted(settings.priority_classes)}.",
+                code="invalid_priority",
+                param="priority_class",
+            )
+
+
+@router.post("/tenants", status_code=201)
+async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
+    """Create a tenant (409 if the id exists)."""
+    spec = parse(TenantCreate, body)
+    _check_classes(state.settings, spec.priority_class, spec.max_priority_class)
+    try:
+        return await state.tenants.create(spec)
+    except TenantExistsError as exc:
+        raise APIError(409, f"Tenant '{spec.id}' already exists.", code="tenant_exists") from exc
+
+
+@router.get("/tenants")
+async def list_tenants(state: StateDep) -> dict[str, Any]:
+    """All tenants."""
+    return {"object": "list", "data": [t.model_dump() for t in await state.tenants.list_all()]}
+
+
+@router.get("/tenants/{tenant_id}")
+async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
+    """One tenant."""
+    try:
+        return await state.tenants.get(tenant_id)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+
+
+@router.patch("/tenants/{tenant_id}")
+async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
+    """Partial update (name, class, weight, quotas, caps, models, enabled)."""
+    patch = parse(TenantPatch, body)
+    _check_classes(state.settings, patch.priority_class, patch.max_priority_class)
+    try:
+        return await state.tenants.update(tenant_id, patch)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+
+
+@router.post("/tenants/{tenant_id}/disable")
+async def disable_tenant(tenant_id: str, state: StateDep) -> Tenant:
+    """Disable a tenant: its keys get 403 until it is enabled again."""
+    return await update_tenant_fields(state, tenant_id, TenantPatch(enabled=False))
+
+
+@router.post("/tenants/{tenant_id}/enable")
+async def enable_tenant(tenant_id: str, state: StateDep) -> Tenant:
+    """Enable a tenant."""
+    return await update_tenant_fields(state, tenant_id, TenantPatch(enabled=True))
+
+
+@router.put("/tenants/{tenant_id}/quotas")
+async def set_quotas(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
+    """Replace a tenant's quotas (RPM/TPM and bursts; omitted = unlimited)."""
+    return await update_tenant_fields(state, tenant_id, TenantPatch(quotas=parse(Quotas, body)))
+
+
+async def update_tenant_fields(state: StateDep, tenant_id: str, patch: TenantPatch) -> Tenant:
+    """Apply a patch built by a route."""
+    try:
+        return await state.tenants.update(tenant_id, patch)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+
+
+@router.delete("/tenants/{tenant_id}", status_code=204)
+async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
+    """Delete a tenant, its keys and its usage counters."""
+    try:
+        await state.tenants.delete(tenant_id)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+    await state.usage.delete(tenant_id)
+    return Response(status_code=204)
+
+
+@router.post("/tenants/{tenant_id}/keys", status_code=201)
+async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKey:
+    """Issue an API key; the response holds the key, shown this once."""
+    name = body.get("name", "")
+    if not isinstance(name, str) or len(name) > 200:
+        raise APIError(
+            400, "'name' must be a string of at most 200 characters.", code="invalid_value", param="name"
+        )
+    try:
+        return await state.tenants.issue_key(tenant_id, name)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+
+
+@router.get("/tenants/{tenant_id}/keys")
+async def list_keys(tenant_id: str, state: StateDep) -> dict[str, Any]:
+    """A tenant's keys (ids and prefixes only)."""
+    try:
+        keys: list[ApiKeyInfo] = await state.tenants.list_keys(tenant_id)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+    return {"object": "list", "data": [k.model_dump() for k in keys]}
+
+
+@router.delete("/tenants/{tenant_id}/keys/{key_id}")
+async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo:
+    """Revoke a key: it gets 401 from now on."""
+    try:
+        return await state.tenants.revoke_key(tenant_id, key_id)
+    except KeyNotFoundError as exc:
+        raise APIError(
+            404, f"Key '{key_id}' does not exist for tenant '{tenant_id}'.", code="key_not_found"
+        ) from exc
+
+
+@router.get("/tenants/{tenant_id}/usage")
+async def tenant_usage(tenant_id: str, state: StateDep) -> Usage:
+    """Usage counters of any tenant."""
+    try:
+        await state.tenants.get(tenant_id)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+    return await state.usage.get(tenant_id)

@@ -1,0 +1,119 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with the right status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "upstream_error",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client in OpenAI's shape.
+
+    Args:
+        status: HTTP status (400, 401, 403, 404, 413, 429, 502, 503, ...).
+        message: human-readable explanation (never contains prompt text or key material).
+        code: machine-readable code, e.g. ``"invalid_api_key"``, ``"rate_limit_exceeded"``.
+        param: the offending request field, if any.
+        headers: extra response headers (e.g. ``Retry-After``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    @property
+    def error_type(self) -> str:
+        """OpenAI error ``type`` for this status."""
+        return _TYPE_BY_STATUS.get(
+            self.status, "server_error" if self.status >= 500 else "invalid_request_error"
+        )
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body ``{"error": {...}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def sse_event(self) -> bytes:
+        """The error as one server-sent event (used once a stream has started)."""
+        return f"data: {json.dumps(self.body())}\n\n".encode()
+
+
+def error_response(err: APIError) -> JSONResponse:
+    """Render an :class:`APIError` as a JSON response."""
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def validation_error(exc: RequestValidationError | Exception) -> APIError:
+    """Turn a pydantic/FastAPI validation failure into OpenAI's 400 ``invalid_request_error``."""
+    errors = exc.errors() if hasattr(exc, "errors") else []
+    if not errors:
+        return APIError(400, str(exc), code="invalid_request")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return APIError(
+            400, f"Unrecognized request argument supplied: {param}", code="unknown_parameter", param=param
+        )
+    if first.get("type") == "missing":
+        return APIError(
+            400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param
+        )
+    msg = first.get("msg", "invalid value")
+    return APIError(400, f"Invalid value for '{param}': {msg}", code="invalid_value", param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error leave the app in OpenAI's shape (APIError, validation, 404/405, crashes)."""
+
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(validation_error(exc))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)

@@ -1,0 +1,42 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from service.api.deps import StateDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(state: StateDep) -> JSONResponse:
+    """Ready when Redis answers and at least one worker is healthy (503 otherwise)."""
+    try:
+        redis_ok = bool(await state.redis.ping())
+    except RedisError:
+        redis_ok = False
+    workers = {w.url: w.healthy for w in state.pool.workers}
+    ready = redis_ok and any(workers.values())
+    return JSONResponse(
+        {"ready": ready, "redis": redis_ok, "workers": workers}, status_code=200 if ready else 503
+    )
+
+
+@router.get("/metrics")
+async def metrics(state: StateDep) -> Response:
+    """Prometheus exposition of this replica's metrics."""
+    m = state.metrics
+    for worker in state.pool.workers:
+        m.worker_healthy.labels(worker.url).set(1 if worker.healthy else 0)
+        m.worker_in_flight.labels(worker.url).set(worker.in_flight)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

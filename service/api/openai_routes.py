@@ -1,0 +1,96 @@
+"""OpenAI-compatible routes (thin: parse, then hand to :class:`service.dispatch.Dispatcher`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from service.api.cancellation import ClientDisconnected, until_disconnect
+from service.api.deps import JsonBody, StateDep, TenantDep, request_id
+from service.api.errors import validation_error
+from service.api.protocol import ChatCompletionRequest, CompletionRequest
+from service.state import GatewayState
+from tenancy.models import Tenant
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], body: dict[str, Any]) -> M:
+    """Validate a JSON body; raises :class:`APIError` 400 in OpenAI's shape."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+async def _serve(
+    request: Request, state: GatewayState, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest
+) -> Response:
+    arrival = time.perf_counter()
+    dispatcher = state.dispatcher
+    prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
+    reservation = await dispatcher.admit(prepared)
+    if not prepared.stream:
+        try:
+            result = await until_disconnect(request, dispatcher.complete(prepared, reservation))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return JSONResponse(result)
+    events = dispatcher.stream(prepared, reservation)
+    try:
+        # The first event arrives with the first token: errors before it get a real HTTP status.
+        first = await until_disconnect(request, events.__anext__())
+    except ClientDisconnected:
+        return Response(status_code=499)
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(
+        rest(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, tenant: TenantDep, body: JsonBody, state: StateDep) -> Response:
+    """``POST /v1/chat/completions`` (stream and non-stream)."""
+    return await _serve(request, state, tenant, parse(ChatCompletionRequest, body))
+
+
+@router.post("/completions")
+async def completions(request: Request, tenant: TenantDep, body: JsonBody, state: StateDep) -> Response:
+    """``POST /v1/completions`` (one prompt; stream and non-stream)."""
+    return await _serve(request, state, tenant, parse(CompletionRequest, body))
+
+
+@router.get("/models")
+async def list_models(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
+    """``GET /v1/models``: the models this tenant may use."""
+    models = [
+        m for m in state.settings.served_models if tenant.allowed_models is None or m in tenant.allowed_models
+    ]
+    return {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "created": 0, "owned_by": "radixgate"} for m in models],
+    }
+
+
+@router.get("/usage")
+async def own_usage(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
+    """``GET /v1/usage``: the caller's own tenant's usage counters and quotas."""
+    usage = await state.usage.get(tenant.id)
+    return {**usage.model_dump(), "total_tokens": usage.total_tokens, "quotas": tenant.quotas.model_dump()}

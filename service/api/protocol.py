@@ -1,0 +1,218 @@
+"""Typed protocol between HTTP and the dispatch pipeline: OpenAI request/response models.
+
+Unknown top-level fields are rejected (400 ``Unrecognized request argument supplied``) as OpenAI does.
+Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (SGLang sampling) and ``priority``
+(a radixgate priority class name).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a final chunk with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    """A ``{"type": "text", "text": ...}`` content part (the only kind a text model takes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One chat message. ``developer`` is treated as ``system``."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        """The message text (parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and text completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    seed: int | None = None
+    user: str | None = Field(None, max_length=256)
+    priority: str | None = Field(None, max_length=64, description="radixgate priority class name.")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return value
+
+    def stop_list(self) -> list[str]:
+        """Stop sequences as a list."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """Body of ``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` (newer name) or ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    """Body of ``POST /v1/completions`` (one text prompt)."""
+
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("exactly one prompt is served per request")
+        if (value if isinstance(value, str) else value[0]) == "":
+            raise ValueError("prompt must not be empty")
+        return value
+
+    def prompt_text(self) -> str:
+        """The single prompt string."""
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def requested_max_tokens(self) -> int | None:
+        """``max_tokens`` of the request."""
+        return self.max_tokens
+
+
+class UsageInfo(BaseModel):
+    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens`` (prefix-cache hits)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        """Build from counts, tokens."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details={"cached_tokens": cached_tokens},
+        )
+
+
+def now_s() -> int:
+    """Unix time, whole seconds (OpenAI's ``created``)."""
+    return int(time.time())
+
+
+def chat_response(
+    rid: str, model: str, text: str, finish_reason: str | None, usage: UsageInfo
+) -> dict[str, Any]:
+    """A non-streamed ``chat.completion`` object."""
+    return {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion",
+        "created": now_s(),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage.model_dump(),
+    }
+
+
+def text_response(
+    rid: str, model: str, text: str, finish_reason: str | None, usage: UsageInfo
+) -> dict[str, Any]:
+    """A non-streamed ``text_completion`` object."""
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": now_s(),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage.model_dump(),
+    }
+
+
+def chat_chunk(
+    rid: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``."""
+    return {
+        "id": f"chatcmpl-{rid}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def text_chunk(rid: str, model: str, created: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    """One streamed ``text_completion`` chunk."""
+    return {
+        "id": f"cmpl-{rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk(rid: str, model: str, created: int, chat: bool, usage: UsageInfo) -> dict[str, Any]:
+    """The final ``stream_options.include_usage`` chunk: no choices, the usage."""
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage.model_dump(),
+    }

@@ -1,0 +1,117 @@
+"""App factory: builds every long-lived object from one :class:`Settings` in the lifespan."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import structlog
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api import admin_routes, health_routes, openai_routes
+from service.api.errors import install_error_handlers
+from service.config import Settings
+from service.dispatch import Dispatcher
+from service.logs import configure_logging
+from service.metrics import GatewayMetrics
+from service.prompting import PromptRenderer
+from service.state import GatewayState
+from service.workers.client import SGLangClient
+from service.workers.launcher import WorkerProcess
+from service.workers.pool import WorkerPool
+from tenancy.quota import QuotaLimiter
+from tenancy.store import TenantStore
+from tenancy.usage import UsageRecorder
+
+log = structlog.get_logger("radixgate.app")
+
+
+class RequestIdMiddleware:
+    """Gives every HTTP request an id (``request.state.request_id``) and returns it as ``x-request-id``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    metrics: GatewayMetrics = app.state.metrics
+    redis = Redis.from_url(
+        settings.redis.url, decode_responses=True, socket_timeout=settings.redis.socket_timeout_s
+    )
+    up = settings.upstream
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(connect=up.connect_timeout_s, read=up.read_timeout_s, write=30.0, pool=30.0),
+        limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256),
+    )
+    launched: list[WorkerProcess] = []
+    try:
+        if settings.engine.launch:
+            for i in range(settings.engine.num_workers):
+                worker = WorkerProcess(settings.engine, settings.engine.base_port + i)
+                worker.start()
+                launched.append(worker)
+            for worker in launched:
+                await worker.wait_ready()
+        client = SGLangClient(http)
+        pool = WorkerPool([w.url for w in launched] + list(up.workers), client, up.health_interval_s)
+        await pool.start()
+        prefix = settings.redis.key_prefix
+        tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode())
+        quota = QuotaLimiter(redis, prefix)
+        usage = UsageRecorder(redis, prefix)
+        renderer = PromptRenderer(settings.tokenizer_path)
+        dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics)
+        app.state.radixgate = GatewayState(settings, redis, tenants, quota, usage, pool, dispatcher, metrics)
+        log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
+        try:
+            yield
+        finally:
+            await pool.stop()
+    finally:
+        await http.aclose()
+        await redis.aclose()
+        for worker in launched:
+            worker.stop()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the gateway app.
+
+    Args:
+        settings: the configuration; read from the environment (``RADIXGATE_*``) when None.
+
+    Returns:
+        A FastAPI app whose lifespan connects Redis, launches or probes workers and loads the tokenizer.
+    """
+    settings = settings or Settings()
+    configure_logging(settings.observability.log_level)
+    app = FastAPI(title="radixgate", version="0.1.0", lifespan=_lifespan)
+    app.state.settings = settings
+    app.state.metrics = GatewayMetrics(CollectorRegistry(), settings.observability.max_tenant_labels)
+    install_error_handlers(app)
+    app.include_router(openai_routes.router)
+    app.include_router(admin_routes.router)
+    app.include_router(health_routes.router)
+    app.add_middleware(RequestIdMiddleware)
+    return app

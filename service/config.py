@@ -1,0 +1,153 @@
+"""The one Settings tree of radixgate (pydantic-settings).
+
+Every tunable lives here; nothing else reads ``os.environ``. Environment variables use the prefix
+``RADIXGATE_`` and ``__`` between nesting levels, e.g. ``RADIXGATE_REDIS__URL`` or
+``RADIXGATE_ENGINE__TP``. The settings object is built once by :func:`service.app.create_app` (or by the
+command line) and passed down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    """Return the cache folder for the engine virtualenv and converted models (``~/.cache/radixgate``)."""
+    return Path.home() / ".cache" / "radixgate"
+
+
+class RedisSettings(BaseModel):
+    """Connection to the shared Redis that holds tenants, keys, token buckets and usage."""
+
+    url: str = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
+    key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
+    socket_timeout_s: float = Field(2.0, gt=0, description="Socket timeout for Redis calls, seconds.")
+
+
+class EngineSettings(BaseModel):
+    """How the gateway launches SGLang workers itself (``launch: true``).
+
+    The command is ``python -m sglang.launch_server`` from ``python`` (the engine's own virtualenv).
+    """
+
+    launch: bool = Field(False, description="Start SGLang workers as child processes at startup.")
+    python: Path = Field(
+        default_home() / "engine-venv" / "bin" / "python", description="Python of the engine virtualenv."
+    )
+    model_path: Path = Field(
+        default_home() / "models" / "SmolLM2-135M-Instruct", description="Hugging Face model folder."
+    )
+    served_model_name: str = Field("SmolLM2-135M-Instruct", description="Model id served on /v1/models.")
+    num_workers: int = Field(1, ge=1, description="How many worker processes to launch.")
+    base_port: int = Field(30000, ge=1, le=65535, description="Port of the first launched worker.")
+    host: str = Field("127.0.0.1", description="Interface launched workers listen on.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (--tp) of each worker.")
+    dp: int = Field(1, ge=1, description="Data-parallel size (--dp) of each worker.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="--device of each worker.")
+    dtype: str = Field("auto", description="--dtype; float32 is used on CPU when 'auto'.")
+    schedule_policy: str = Field("lpm", description="--schedule-policy (lpm = longest prefix match).")
+    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
+    max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
+    context_length: int | None = Field(None, ge=1, description="--context-length override.")
+    extra_args: list[str] = Field(default_factory=list, description="Further launch_server arguments.")
+    cpu_shim_path: Path | None = Field(
+        None, description="Folder with the CPU-only sgl_kernel stand-in, put on PYTHONPATH on CPU."
+    )
+    startup_timeout_s: float = Field(300.0, gt=0, description="How long to wait for /health, seconds.")
+
+
+class UpstreamSettings(BaseModel):
+    """Workers the gateway sends requests to, and how it talks to them."""
+
+    workers: list[str] = Field(default_factory=list, description="Base URLs of running SGLang workers.")
+    connect_timeout_s: float = Field(3.0, gt=0, description="TCP connect timeout to a worker, seconds.")
+    read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
+    health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
+    max_attempts: int = Field(2, ge=1, description="Attempts before the first token (other workers).")
+    send_priority: bool = Field(
+        True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."
+    )
+
+
+class ApiSettings(BaseModel):
+    """Limits and defaults of the OpenAI-compatible API."""
+
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted, bytes.")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none, tokens.")
+    context_length: int = Field(8192, ge=16, description="Prompt + completion limit of the model, tokens.")
+    tokenizer_path: Path | None = Field(
+        None, description="Folder with tokenizer.json and the chat template (defaults to engine.model_path)."
+    )
+
+
+class PriorityClassSettings(BaseModel):
+    """A priority class: its strict rank and the ``priority`` value SGLang's scheduler receives."""
+
+    rank: int = Field(..., description="Higher rank is served first (strict priority between bands).")
+    sglang_priority: int = Field(..., description="'priority' sent to SGLang (higher runs first).")
+
+
+def default_priority_classes() -> dict[str, PriorityClassSettings]:
+    """``interactive`` > ``standard`` > ``batch``."""
+    return {
+        "interactive": PriorityClassSettings(rank=2, sglang_priority=10),
+        "standard": PriorityClassSettings(rank=1, sglang_priority=5),
+        "batch": PriorityClassSettings(rank=0, sglang_priority=0),
+    }
+
+
+class ObservabilitySettings(BaseModel):
+    """Logs and metrics."""
+
+    log_level: str = Field("INFO", description="Log level of the JSON logs.")
+    max_tenant_labels: int = Field(
+        100, ge=1, description="Distinct tenant label values in metrics; the rest report as 'other'."
+    )
+
+
+class Settings(BaseSettings):
+    """Root of radixgate's configuration. Env prefix ``RADIXGATE_``, nested delimiter ``__``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RADIXGATE_", env_nested_delimiter="__", extra="ignore", env_file=None
+    )
+
+    host: str = Field("127.0.0.1", description="Interface the gateway listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
+    admin_token: SecretStr = Field(
+        SecretStr(""), description="Bearer token for /admin routes; admin API is off while empty."
+    )
+    key_pepper: SecretStr = Field(
+        SecretStr("radixgate-default-pepper"), description="HMAC key mixed into stored API-key hashes."
+    )
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    priority_classes: dict[str, PriorityClassSettings] = Field(default_factory=default_priority_classes)
+    extra_models: list[str] = Field(
+        default_factory=list, description="Further model ids served by the same workers (aliases)."
+    )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_length(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if secret and len(secret) < 16:
+            raise ValueError("admin_token must be at least 16 characters")
+        return value
+
+    @property
+    def served_models(self) -> list[str]:
+        """Model ids the gateway answers for (``/v1/models``)."""
+        return [self.engine.served_model_name, *self.extra_models]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """Folder holding the tokenizer and chat template used to count prompt tokens."""
+        return self.api.tokenizer_path or self.engine.model_path

@@ -1,0 +1,519 @@
+"""The one pipeline every completion goes through.
+
+1. :meth:`Dispatcher.prepare`: model, priority class and max_tokens checks, prompt rendering and token
+   count (nothing charged yet; bad input raises :class:`APIError` 4xx).
+2. :meth:`Dispatcher.admit`: one atomic Redis call takes 1 request and prompt+max_tokens tokens from the
+   tenant's buckets (429 with ``Retry-After``, or 413 when the request exceeds a burst).
+3. :meth:`Dispatcher.complete` / :meth:`Dispatcher.stream`: pick a worker, call SGLang ``/generate``,
+   retrying on another worker before the first token.
+4. Settle once, whatever happened: reconcile the reservation with the real usage (refund on failure or
+   cancellation), record usage, metrics and one log line.
+
+Cancellation (client gone) raises ``CancelledError`` inside 3; the settle step runs shielded, aborts the
+upstream request and refunds what was not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+
+from policies.cost import reserved_tokens
+from service.api.errors import APIError
+from service.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    UsageInfo,
+    chat_chunk,
+    chat_response,
+    now_s,
+    text_chunk,
+    text_response,
+    usage_chunk,
+)
+from service.config import Settings
+from service.metrics import GatewayMetrics
+from service.prompting import PromptError, PromptRenderer, RenderedPrompt
+from service.workers.client import SGLangClient, UpstreamChunk, UpstreamError
+from service.workers.pool import WorkerPool
+from tenancy.models import Tenant
+from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.usage import UsageRecorder
+
+log = structlog.get_logger("radixgate.request")
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A validated request, ready to be admitted and sent.
+
+    Attributes:
+        rid: request id (also SGLang's ``rid`` and the ``x-request-id`` header).
+        tenant: the caller's tenant.
+        model: served model id.
+        chat: chat completion (True) or text completion.
+        prompt: rendered prompt and its token count.
+        max_tokens: completion limit, tokens.
+        priority_class: the class the request runs in.
+        body: the SGLang ``/generate`` body (without ``stream``).
+        stream: answer as SSE.
+        include_usage: end the stream with a usage chunk.
+        arrival: ``time.perf_counter()`` at arrival, s.
+    """
+
+    rid: str
+    tenant: Tenant
+    model: str
+    chat: bool
+    prompt: RenderedPrompt
+    max_tokens: int
+    priority_class: str
+    body: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    arrival: float
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens reserved in the TPM bucket: prompt + max_tokens."""
+        return reserved_tokens(self.prompt.num_tokens, self.max_tokens)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to a request, filled in as it runs and settled once."""
+
+    status: int = 200
+    worker: str | None = None
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float | None = None
+    error_code: str | None = None
+    streamed_any: bool = False
+    finished: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Dispatcher:
+    """Runs the request pipeline. One per app, built in the lifespan.
+
+    Args:
+        settings: the app's settings.
+        renderer: chat template and tokenizer.
+        quota: token buckets.
+        usage: usage counters.
+        pool: workers.
+        client: SGLang HTTP client.
+        metrics: the app's metrics.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        renderer: PromptRenderer,
+        quota: QuotaLimiter,
+        usage: UsageRecorder,
+        pool: WorkerPool,
+        client: SGLangClient,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._settings = settings
+        self._renderer = renderer
+        self._quota = quota
+        self._usage = usage
+        self._pool = pool
+        self._client = client
+        self._metrics = metrics
+
+    # 1. validation -------------------------------------------------------------------------------
+    def prepare(
+        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
+    ) -> PreparedRequest:
+        """Check a request against the served models and the tenant's limits, and render its prompt.
+
+        Raises:
+            APIError: 404 unknown model, 403 model or priority class not allowed, 400 bad max_tokens,
+                unknown priority class, context length exceeded or template failure.
+        """
+        if req.model not in self._settings.served_models:
+            raise APIError(
+                404, f"The model '{req.model}' does not exist.", code="model_not_found", param="model"
+            )
+        if tenant.allowed_models is not None and req.model not in tenant.allowed_models:
+            raise APIError(
+                403, f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
+            )
+        priority_class = self._priority_class(tenant, req.priority)
+        try:
+            if isinstance(req, ChatCompletionRequest):
+                prompt = self._renderer.render_chat(
+                    [
+                        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                        for m in req.messages
+                    ]
+                )
+            else:
+                prompt = self._renderer.render_text(req.prompt_text())
+        except PromptError as exc:
+            raise APIError(400, str(exc), code="invalid_prompt", param="messages") from exc
+        max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens)
+        body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
+        return PreparedRequest(
+            rid=rid,
+            tenant=tenant,
+            model=req.model,
+            chat=isinstance(req, ChatCompletionRequest),
+            prompt=prompt,
+            max_tokens=max_tokens,
+            priority_class=priority_class,
+            body=body,
+            stream=req.stream,
+            include_usage=req.include_usage,
+            arrival=arrival,
+        )
+
+    def _priority_class(self, tenant: Tenant, asked: str | None) -> str:
+        classes = self._settings.priority_classes
+        name = asked or tenant.priority_class
+        if name not in classes:
+            raise APIError(
+                400,
+                f"Unknown priority class '{name}'; known: {sorted(classes)}.",
+                code="invalid_priority",
+                param="priority",
+            )
+        ceiling = classes.get(tenant.max_priority_class or tenant.priority_class)
+        if ceiling is not None and classes[name].rank > ceiling.rank:
+            raise APIError(
+                403,
+                f"This tenant may not use priority class '{name}'.",
+                code="priority_not_allowed",
+                param="priority",
+            )
+        return name
+
+    def _max_tokens(self, tenant: Tenant, asked: int | None, prompt_tokens: int) -> int:
+        context = self._settings.api.context_length
+        room = context - prompt_tokens
+        if room < 1:
+            raise APIError(
+                400,
+                f"The prompt is {prompt_tokens} tokens; this model's context is {context}.",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        cap = tenant.max_tokens_cap
+        if asked is None:
+            return min(self._settings.api.default_max_tokens, cap or room, room)
+        if cap is not None and asked > cap:
+            raise APIError(
+                400,
+                f"max_tokens is {asked}; this tenant's cap is {cap}.",
+                code="max_tokens_above_cap",
+                param="max_tokens",
+            )
+        if asked > room:
+            raise APIError(
+                400,
+                f"prompt ({prompt_tokens}) + max_tokens ({asked}) exceeds the context length ({context}).",
+                code="context_length_exceeded",
+                param="max_tokens",
+            )
+        return asked
+
+    def _generate_body(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        text: str,
+        max_tokens: int,
+        rid: str,
+        priority_class: str,
+    ) -> dict[str, Any]:
+        sampling: dict[str, Any] = {"max_new_tokens": max_tokens}
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
+            value = getattr(req, name)
+            if value is not None:
+                sampling[name] = value
+        if req.seed is not None:
+            sampling["sampling_seed"] = req.seed
+        if req.stop_list():
+            sampling["stop"] = req.stop_list()
+        body: dict[str, Any] = {"text": text, "sampling_params": sampling, "rid": rid}
+        if self._settings.upstream.send_priority:
+            body["priority"] = self._settings.priority_classes[priority_class].sglang_priority
+        return body
+
+    # 2. admission ----------------------------------------------------------------------------------
+    async def admit(self, prepared: PreparedRequest) -> Reservation:
+        """Reserve the request against the tenant's token buckets.
+
+        Raises:
+            APIError: 429 with ``Retry-After`` when a bucket is short; 413 when the request is larger
+                than a bucket's burst and so can never pass.
+        """
+        tenant = prepared.tenant
+        tokens = prepared.reserved_tokens
+        decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens)
+        if decision.allowed:
+            return Reservation(tenant.id, tenant.quotas, 1, tokens)
+        self._metrics.quota_rejections.labels(self._metrics.tenant(tenant.id), decision.limiting).inc()
+        await self._usage.record(tenant.id, quota_rejections=1)
+        if decision.never:
+            burst = (
+                tenant.quotas.effective_token_burst
+                if decision.limiting == "tokens"
+                else tenant.quotas.effective_request_burst
+            )
+            raise APIError(
+                413,
+                f"This request needs {tokens} tokens (prompt {prompt_tokens_of(prepared)} + max_tokens "
+                f"{prepared.max_tokens}) but the tenant's {decision.limiting} burst is {burst:g}; it can "
+                "never be admitted. Lower max_tokens or shorten the prompt.",
+                code="request_exceeds_burst",
+                param="max_tokens",
+            )
+        retry_after = max(1, math.ceil(decision.retry_after_s))
+        per = "requests per minute" if decision.limiting == "requests" else "tokens per minute"
+        raise APIError(
+            429,
+            f"Rate limit reached for tenant '{tenant.id}' on {per}. Retry after {retry_after} s.",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    # 3. upstream -----------------------------------------------------------------------------------
+    def _pick(self, tried: set[str]) -> str:
+        worker = self._pool.choose(exclude=tried)
+        if worker is None:
+            raise APIError(
+                503,
+                "No healthy worker is available; retry shortly.",
+                code="no_worker_available",
+                headers={"Retry-After": "1"},
+            )
+        return worker
+
+    def _upstream_failed(self, exc: UpstreamError, outcome: Outcome) -> APIError:
+        kind = "transport" if exc.status is None else f"http_{exc.status}"
+        self._metrics.upstream_errors.labels(exc.worker, kind).inc()
+        if exc.status is None:
+            self._pool.mark_failed(exc.worker)
+        if exc.status is not None and 400 <= exc.status < 500:
+            outcome.error_code = "upstream_rejected"
+            return APIError(400, f"The worker rejected the request: {exc}", code="upstream_rejected")
+        outcome.error_code = "upstream_unavailable"
+        status = 503 if exc.status is None else 502
+        return APIError(
+            status,
+            "The upstream worker failed; retry shortly.",
+            code="upstream_error",
+            headers={"Retry-After": "1"},
+        )
+
+    async def complete(self, prepared: PreparedRequest, reservation: Reservation) -> dict[str, Any]:
+        """Serve a non-streamed request; returns the OpenAI response object.
+
+        Raises:
+            APIError: 502/503 after the retry budget is spent, 400 if the worker rejects the input.
+        """
+        outcome = Outcome()
+        self._metrics.in_flight.inc()
+        try:
+            tried: set[str] = set()
+            while True:
+                worker = self._pick(tried)
+                tried.add(worker)
+                outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+                try:
+                    with self._pool.lease(worker, prepared.reserved_tokens):
+                        chunk = await self._client.generate(worker, prepared.body)
+                    break
+                except UpstreamError as exc:
+                    err = self._upstream_failed(exc, outcome)
+                    if not exc.retryable or outcome.attempts >= self._settings.upstream.max_attempts:
+                        raise err from exc
+            outcome.ttft_s = time.perf_counter() - prepared.arrival
+            self._count(outcome, chunk)
+            outcome.finished = True
+            usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+            make = chat_response if prepared.chat else text_response
+            return make(prepared.rid, prepared.model, chunk.text, chunk.finish_reason, usage)
+        except APIError as err:
+            outcome.status = err.status
+            raise
+        except asyncio.CancelledError:
+            outcome.status = 499
+            raise
+        finally:
+            self._metrics.in_flight.dec()
+            with anyio.CancelScope(shield=True):
+                await self._settle(prepared, reservation, outcome)
+
+    async def stream(
+        self, prepared: PreparedRequest, reservation: Reservation
+    ) -> AsyncGenerator[bytes, None]:
+        """Serve a streamed request as OpenAI SSE chunks, ending with ``data: [DONE]``.
+
+        Errors before the first token are retried on another worker and, once the retry budget is spent,
+        raised as :class:`APIError` before anything is yielded; later ones end the stream with an OpenAI
+        error event. Cancellation aborts the upstream request and refunds the unused tokens.
+        """
+        outcome = Outcome()
+        created = now_s()
+        self._metrics.in_flight.inc()
+        try:
+            async for event in self._stream_events(prepared, outcome, created):
+                yield event
+            if prepared.include_usage:
+                usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+                yield _sse(usage_chunk(prepared.rid, prepared.model, created, prepared.chat, usage))
+            yield b"data: [DONE]\n\n"
+        except APIError as err:
+            outcome.status = err.status
+            if not outcome.streamed_any:
+                raise  # nothing sent yet: the route answers with a real HTTP status
+            yield err.sse_event()
+            yield b"data: [DONE]\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome.status = 499
+            raise
+        finally:
+            self._metrics.in_flight.dec()
+            with anyio.CancelScope(shield=True):
+                if not outcome.finished and outcome.worker is not None:
+                    await self._client.abort(outcome.worker, prepared.rid)
+                await self._settle(prepared, reservation, outcome)
+
+    async def _stream_events(
+        self, prepared: PreparedRequest, outcome: Outcome, created: int
+    ) -> AsyncIterator[bytes]:
+        tried: set[str] = set()
+        while True:
+            worker = self._pick(tried)
+            tried.add(worker)
+            outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+            try:
+                with self._pool.lease(worker, prepared.reserved_tokens):
+                    async for chunk in self._client.stream(worker, prepared.body):
+                        if not outcome.streamed_any:
+                            outcome.ttft_s = time.perf_counter() - prepared.arrival
+                            outcome.streamed_any = True
+                            if prepared.chat:
+                                yield _sse(
+                                    chat_chunk(
+                                        prepared.rid,
+                                        prepared.model,
+                                        created,
+                                        {"role": "assistant", "content": ""},
+                                        None,
+                                    )
+                                )
+                        self._count(outcome, chunk)
+                        if chunk.text or chunk.finish_reason:
+                            yield _sse(
+                                chat_chunk(
+                                    prepared.rid,
+                                    prepared.model,
+                                    created,
+                                    {"content": chunk.text} if chunk.text else {},
+                                    chunk.finish_reason,
+                                )
+                                if prepared.chat
+                                else text_chunk(
+                                    prepared.rid, prepared.model, created, chunk.text, chunk.finish_reason
+                                )
+                            )
+                        if chunk.finish_reason:
+                            outcome.finished = True
+                return
+            except UpstreamError as exc:
+                err = self._upstream_failed(exc, outcome)
+                if outcome.streamed_any or not exc.retryable:
+                    raise err from exc
+                if outcome.attempts >= self._settings.upstream.max_attempts:
+                    raise err from exc
+
+    @staticmethod
+    def _count(outcome: Outcome, chunk: UpstreamChunk) -> None:
+        outcome.prompt_tokens = chunk.prompt_tokens or outcome.prompt_tokens
+        outcome.completion_tokens = max(outcome.completion_tokens, chunk.completion_tokens)
+        outcome.cached_tokens = max(outcome.cached_tokens, chunk.cached_tokens)
+
+    # 4. settle -------------------------------------------------------------------------------------
+    async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
+        """Reconcile quota, record usage and metrics, and log one line. Never raises."""
+        tenant_id = prepared.tenant.id
+        served = outcome.finished or outcome.streamed_any
+        try:
+            if served:
+                if not outcome.prompt_tokens:
+                    outcome.prompt_tokens = prepared.prompt.num_tokens
+                await self._quota.reconcile(reservation, outcome.prompt_tokens + outcome.completion_tokens)
+                await self._usage.record(
+                    tenant_id,
+                    requests=1,
+                    errors=int(outcome.status != 200),
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                    cached_tokens=outcome.cached_tokens,
+                )
+            else:
+                await self._quota.refund(reservation)
+                await self._usage.record(tenant_id, errors=int(outcome.status not in (200, 499)))
+        except Exception:
+            log.exception("settle_failed", request_id=prepared.rid, tenant=tenant_id)
+        latency = time.perf_counter() - prepared.arrival
+        m, label = self._metrics, self._metrics.tenant(tenant_id)
+        m.requests.labels(label, prepared.model, str(outcome.status)).inc()
+        m.e2e.labels(label, prepared.model).observe(latency)
+        if outcome.ttft_s is not None:
+            m.ttft.labels(label, prepared.model).observe(outcome.ttft_s)
+        if served:
+            m.prompt_tokens.labels(label).inc(outcome.prompt_tokens)
+            m.completion_tokens.labels(label).inc(outcome.completion_tokens)
+            m.cached_tokens.labels(label).inc(outcome.cached_tokens)
+        log.info(
+            "request",
+            request_id=prepared.rid,
+            tenant=tenant_id,
+            model=prepared.model,
+            priority_class=prepared.priority_class,
+            stream=prepared.stream,
+            worker=outcome.worker,
+            attempts=outcome.attempts,
+            status=outcome.status,
+            error=outcome.error_code,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            cached_tokens=outcome.cached_tokens,
+            reserved_tokens=reservation.tokens,
+            ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
+            latency_ms=round(latency * 1000, 1),
+        )
+
+
+def prompt_tokens_of(prepared: PreparedRequest) -> int:
+    """Prompt tokens of a prepared request."""
+    return prepared.prompt.num_tokens

@@ -1,0 +1,102 @@
+"""Prometheus metrics (prefix ``radixgate_``), in a registry owned by the app (no module globals).
+
+Tenant label cardinality is bounded: the first ``max_tenant_labels`` tenant ids seen keep their own
+label value, later ones report as ``"other"``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class TenantLabels:
+    """Maps tenant ids to bounded metric label values.
+
+    Args:
+        cap: how many distinct tenant ids get their own label; the rest become ``"other"``.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, tenant_id: str) -> str:
+        if tenant_id in self._seen:
+            return tenant_id
+        with self._lock:
+            if len(self._seen) < self._cap:
+                self._seen.add(tenant_id)
+                return tenant_id
+        return "other"
+
+
+class GatewayMetrics:
+    """Every gateway metric, registered in ``registry``.
+
+    Args:
+        registry: where to register (one per app; ``/metrics`` serves it).
+        max_tenant_labels: the tenant label cap.
+    """
+
+    def __init__(self, registry: CollectorRegistry, max_tenant_labels: int) -> None:
+        self.registry = registry
+        self.tenant = TenantLabels(max_tenant_labels)
+        self.requests = Counter(
+            "radixgate_requests_total",
+            "Completed API requests.",
+            ["tenant", "model", "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "radixgate_time_to_first_token_seconds",
+            "Time from arrival to the first token, s.",
+            ["tenant", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "radixgate_request_latency_seconds",
+            "Time from arrival to the last byte, s.",
+            ["tenant", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "radixgate_prompt_tokens_total", "Prompt tokens served.", ["tenant"], registry=registry
+        )
+        self.completion_tokens = Counter(
+            "radixgate_completion_tokens_total", "Completion tokens served.", ["tenant"], registry=registry
+        )
+        self.cached_tokens = Counter(
+            "radixgate_cached_tokens_total",
+            "Prompt tokens served from a worker's prefix cache.",
+            ["tenant"],
+            registry=registry,
+        )
+        self.quota_rejections = Counter(
+            "radixgate_quota_rejections_total",
+            "Requests refused by a token bucket.",
+            ["tenant", "bucket"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "radixgate_upstream_errors_total", "Failed worker calls.", ["worker", "kind"], registry=registry
+        )
+        self.in_flight = Gauge(
+            "radixgate_in_flight_requests", "Requests being served by this replica.", registry=registry
+        )
+        self.worker_in_flight = Gauge(
+            "radixgate_worker_in_flight_requests",
+            "Requests in flight per worker.",
+            ["worker"],
+            registry=registry,
+        )
+        self.worker_healthy = Gauge(
+            "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
+        )

@@ -1,0 +1,29 @@
+"""Long-lived objects of one gateway replica, built in the app's lifespan and reached through deps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from service.config import Settings
+from service.dispatch import Dispatcher
+from service.metrics import GatewayMetrics
+from service.workers.pool import WorkerPool
+from tenancy.quota import QuotaLimiter
+from tenancy.store import TenantStore
+from tenancy.usage import UsageRecorder
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayState:
+    """Everything a request handler may need."""
+
+    settings: Settings
+    redis: Redis
+    tenants: TenantStore
+    quota: QuotaLimiter
+    usage: UsageRecorder
+    pool: WorkerPool
+    dispatcher: Dispatcher
+    metrics: GatewayMetrics

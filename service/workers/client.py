@@ -1,0 +1,174 @@
+"""HTTP client for SGLang's native ``/generate`` API (stream and non-stream), ``/abort_request`` and health.
+
+Request body (SGLang ``GenerateReqInput``): ``{"text", "sampling_params": {...}, "stream", "rid",
+"priority"}``. Each response (or SSE chunk ``data: {...}``, ended by ``data: [DONE]``) carries ``text``
+and ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and ``finish_reason``.
+Streamed ``text`` is cumulative by default; :func:`text_delta` handles both cumulative and incremental.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class UpstreamError(Exception):
+    """A worker call failed.
+
+    Attributes:
+        worker: base URL of the worker.
+        status: HTTP status from the worker, or None for a transport error (connect, read, timeout).
+        retryable: safe to try another worker (nothing was sent to the client yet is the caller's call).
+    """
+
+    def __init__(self, worker: str, message: str, status: int | None = None, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.status = status
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamChunk:
+    """One step of a worker's answer (or the whole answer, when not streamed).
+
+    Attributes:
+        text: new text since the previous chunk (the full text for a non-streamed answer).
+        prompt_tokens, completion_tokens, cached_tokens: the worker's counts so far (tokens).
+        finish_reason: ``"stop"``, ``"length"``, or None while generating.
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str | None
+
+
+def finish_reason_of(meta: dict[str, Any]) -> str | None:
+    """Map SGLang's ``meta_info.finish_reason`` (``{"type": ...}`` or a string) to OpenAI's."""
+    reason = meta.get("finish_reason")
+    if reason is None:
+        return None
+    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+    return {"length": "length", "stop": "stop", "abort": "abort"}.get(str(kind), "stop")
+
+
+def text_delta(previous: str, current: str) -> str:
+    """New text of a streamed chunk: SGLang sends cumulative text unless told otherwise."""
+    if current.startswith(previous):
+        return current[len(previous) :]
+    return current
+
+
+def _chunk(payload: dict[str, Any], text: str) -> UpstreamChunk:
+    meta = payload.get("meta_info") or {}
+    return UpstreamChunk(
+        text=text,
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        completion_tokens=int(meta.get("completion_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        finish_reason=finish_reason_of(meta),
+    )
+
+
+def _error_message(payload: Any) -> str:
+    if isinstance(payload, dict):
+        err = payload.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        if err is not None:
+            return str(err)
+    return "worker returned an error"
+
+
+class SGLangClient:
+    """Talks to SGLang workers over one shared :class:`httpx.AsyncClient` (connection pooling).
+
+    Args:
+        http: the shared client; its timeouts apply (connect and per-read silence).
+    """
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def generate(self, worker: str, body: dict[str, Any]) -> UpstreamChunk:
+        """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""
+        try:
+            resp = await self._http.post(f"{worker}/generate", json={**body, "stream": False})
+        except httpx.HTTPError as exc:
+            raise UpstreamError(worker, f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            raise UpstreamError(
+                worker,
+                _error_message(_json_or_none(resp.text)),
+                status=resp.status_code,
+                retryable=resp.status_code >= 500,
+            )
+        payload = resp.json()
+        chunk = _chunk(payload, str(payload.get("text", "")))
+        if chunk.finish_reason == "abort":
+            raise UpstreamError(worker, "worker aborted the request", status=503)
+        return chunk
+
+    async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
+        """Streamed ``/generate``: yields deltas. Raises :class:`UpstreamError` (also mid-stream)."""
+        previous = ""
+        try:
+            async with self._http.stream("POST", f"{worker}/generate", json={**body, "stream": True}) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")
+                    raise UpstreamError(
+                        worker,
+                        _error_message(_json_or_none(text)),
+                        status=resp.status_code,
+                        retryable=resp.status_code >= 500,
+                    )
+                finished = False
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    payload = json.loads(data)
+                    if "error" in payload:
+                        raise UpstreamError(worker, _error_message(payload), status=500)
+                    current = str(payload.get("text", ""))
+                    chunk = _chunk(payload, text_delta(previous, current))
+                    previous = current
+                    if chunk.finish_reason == "abort":
+                        raise UpstreamError(worker, "worker aborted the request", status=503)
+                    finished = finished or chunk.finish_reason is not None
+                    yield chunk
+                if not finished:
+                    raise UpstreamError(worker, "stream ended before the answer finished")
+        except httpx.HTTPError as exc:
+            raise UpstreamError(worker, f"{type(exc).__name__}: {exc}") from exc
+
+    async def abort(self, worker: str, rid: str) -> bool:
+        """Ask a worker to abort request ``rid`` (SGLang ``/abort_request``). Never raises."""
+        try:
+            resp = await self._http.post(f"{worker}/abort_request", json={"rid": rid}, timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def healthy(self, worker: str, timeout_s: float = 2.0) -> bool:
+        """``GET /health`` answers 200 within ``timeout_s``."""
+        try:
+            resp = await self._http.get(f"{worker}/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -1,0 +1,121 @@
+"""The set of workers a gateway replica sends to: health probing and in-flight accounting.
+
+Each worker is probed with ``GET /health`` every ``health_interval_s``; a transport failure while
+serving marks it unhealthy at once (until the next successful probe), so retries move elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+
+import structlog
+
+from policies.routing import RoundRobin, WorkerView
+from service.workers.client import SGLangClient
+
+log = structlog.get_logger("radixgate.pool")
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """Mutable per-worker state kept by one gateway replica."""
+
+    url: str
+    healthy: bool = False
+    in_flight: int = 0
+    in_flight_tokens: int = 0
+
+    def view(self) -> WorkerView:
+        """An immutable snapshot for the routing policy."""
+        return WorkerView(self.url, self.healthy, self.in_flight, self.in_flight_tokens)
+
+
+class WorkerPool:
+    """Workers, their health, and the routing choice.
+
+    Args:
+        urls: base URLs of the workers.
+        client: SGLang client used for probes.
+        health_interval_s: probe period, seconds.
+    """
+
+    def __init__(self, urls: list[str], client: SGLangClient, health_interval_s: float) -> None:
+        self._workers = {u.rstrip("/"): WorkerState(u.rstrip("/")) for u in urls}
+        self._client = client
+        self._interval = health_interval_s
+        self._router = RoundRobin()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        """All workers, in configuration order."""
+        return list(self._workers.values())
+
+    def add(self, url: str, healthy: bool = False) -> None:
+        """Add a worker (no-op if present)."""
+        url = url.rstrip("/")
+        self._workers.setdefault(url, WorkerState(url, healthy=healthy))
+
+    def any_healthy(self) -> bool:
+        """At least one worker passes health checks."""
+        return any(w.healthy for w in self._workers.values())
+
+    async def probe_all(self) -> None:
+        """Probe every worker once, concurrently, and record the results."""
+        urls = list(self._workers)
+        results = await asyncio.gather(*(self._client.healthy(u) for u in urls))
+        for url, ok in zip(urls, results, strict=True):
+            state = self._workers.get(url)
+            if state is None:
+                continue
+            if state.healthy != ok:
+                log.info("worker_health_changed", worker=url, healthy=ok)
+            state.healthy = ok
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.probe_all()
+            except Exception:  # a probe must never kill the loop
+                log.exception("health_probe_failed")
+
+    async def start(self) -> None:
+        """Probe once, then keep probing in the background."""
+        await self.probe_all()
+        self._task = asyncio.create_task(self._probe_loop(), name="worker-health")
+
+    async def stop(self) -> None:
+        """Stop probing."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def choose(self, exclude: Collection[str] = ()) -> str | None:
+        """URL of the worker for the next request, or None when no healthy one is left."""
+        pick = self._router.choose([w.view() for w in self._workers.values()], exclude)
+        return pick.url if pick else None
+
+    def mark_failed(self, url: str) -> None:
+        """Take a worker out of rotation until its next successful probe."""
+        state = self._workers.get(url)
+        if state is not None and state.healthy:
+            state.healthy = False
+            log.warning("worker_marked_unhealthy", worker=url)
+
+    @contextlib.contextmanager
+    def lease(self, url: str, tokens: int) -> Iterator[None]:
+        """Count a request as in flight on ``url`` for the duration of the block."""
+        state = self._workers[url]
+        state.in_flight += 1
+        state.in_flight_tokens += tokens
+        try:
+            yield
+        finally:
+            state.in_flight -= 1
+            state.in_flight_tokens -= tokens

@@ -1,0 +1,143 @@
+"""Tenant and API-key records as stored in Redis (pydantic models, JSON on the wire and in Redis)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TENANT_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class Quotas(BaseModel):
+    """Per-tenant token-bucket limits. ``None`` means unlimited for that bucket.
+
+    Attributes:
+        requests_per_min: RPM refill rate, requests/min.
+        tokens_per_min: TPM refill rate, tokens/min (prompt + completion).
+        request_burst: request bucket capacity, requests (defaults to ``requests_per_min``).
+        token_burst: token bucket capacity, tokens (defaults to ``tokens_per_min``); a single request
+            reserving more tokens than this can never pass.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_min: float | None = Field(None, gt=0)
+    tokens_per_min: float | None = Field(None, gt=0)
+    request_burst: float | None = Field(None, gt=0)
+    token_burst: float | None = Field(None, gt=0)
+
+    @property
+    def effective_request_burst(self) -> float | None:
+        """Capacity of the request bucket, requests."""
+        return self.request_burst or self.requests_per_min
+
+    @property
+    def effective_token_burst(self) -> float | None:
+        """Capacity of the token bucket, tokens."""
+        return self.token_burst or self.tokens_per_min
+
+
+class TenantSpec(BaseModel):
+    """Fields an admin sets on a tenant (create or full update)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., min_length=1, max_length=200)
+    priority_class: str = Field("standard", min_length=1, max_length=64)
+    max_priority_class: str | None = Field(None, max_length=64)
+    weight: float = Field(1.0, gt=0, le=1000, description="Fair-queuing weight inside a priority band.")
+    quotas: Quotas = Field(default_factory=Quotas)
+    max_tokens_cap: int | None = Field(None, ge=1, description="Largest max_tokens per request, tokens.")
+    allowed_models: list[str] | None = Field(None, description="Model ids this tenant may use; None = all.")
+    enabled: bool = True
+
+
+class TenantPatch(BaseModel):
+    """Partial update of a tenant; absent fields are kept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    priority_class: str | None = Field(None, min_length=1, max_length=64)
+    max_priority_class: str | None = Field(None, max_length=64)
+    weight: float | None = Field(None, gt=0, le=1000)
+    quotas: Quotas | None = None
+    max_tokens_cap: int | None = Field(None, ge=1)
+    allowed_models: list[str] | None = None
+    enabled: bool | None = None
+
+
+class TenantCreate(TenantSpec):
+    """Body of ``POST /admin/tenants``: a spec plus the tenant id."""
+
+    id: str = Field(..., description="Tenant id: lowercase letters, digits, '-', '_'; 1-63 chars.")
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        if not TENANT_ID_PATTERN.match(value):
+            raise ValueError("tenant id must match ^[a-z0-9][a-z0-9_-]{0,62}$")
+        return value
+
+
+class Tenant(TenantCreate):
+    """A stored tenant."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    created_at: float = Field(default_factory=time.time, description="Unix time, s.")
+
+    @model_validator(mode="after")
+    def _default_max_class(self) -> Tenant:
+        if self.max_priority_class is None:
+            self.max_priority_class = self.priority_class
+        return self
+
+
+class ApiKeyRecord(BaseModel):
+    """A stored API key: never the key itself, only its HMAC-SHA256 digest."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    key_id: str
+    tenant_id: str
+    digest: str
+    name: str = ""
+    created_at: float = Field(default_factory=time.time)
+    revoked: bool = False
+
+
+class ApiKeyInfo(BaseModel):
+    """What admins see of a key (no digest)."""
+
+    key_id: str
+    tenant_id: str
+    name: str
+    created_at: float
+    revoked: bool
+    prefix: str = Field(..., description="The key's visible prefix, e.g. 'rg-ab12cd34ef56'.")
+
+
+class IssuedKey(ApiKeyInfo):
+    """A newly created key; ``api_key`` is shown this once and never stored."""
+
+    api_key: str
+
+
+class Usage(BaseModel):
+    """Accumulated usage of a tenant (counters since the tenant was created)."""
+
+    tenant_id: str
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    quota_rejections: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens

@@ -1,0 +1,149 @@
+"""Per-tenant RPM/TPM token buckets in Redis, taken atomically by one Lua script (EVALSHA).
+
+One admission = one round trip: the request bucket (cost 1) and the token bucket (cost = prompt tokens +
+max_tokens) are checked and debited together or not at all, so many gateway replicas sharing Redis never
+over-admit. Time comes from the Redis server's clock unless a test passes ``now_ms``.
+The arithmetic mirrors :mod:`policies.token_bucket`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from typing import Literal
+
+from redis.asyncio import Redis
+
+from tenancy.models import Quotas
+
+BucketName = Literal["requests", "tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaDecision:
+    """Outcome of :meth:`QuotaLimiter.reserve`.
+
+    Attributes:
+        allowed: the reservation was taken from every bucket.
+        never: the request is larger than a bucket's burst and can never pass (``limiting`` says which).
+        retry_after_s: when refused (and not ``never``), seconds until the slowest bucket holds enough.
+        limiting: the bucket that refused, if any.
+        remaining: bucket name -> level after the call (units; requests or tokens).
+    """
+
+    allowed: bool
+    never: bool
+    retry_after_s: float
+    limiting: BucketName | None
+    remaining: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What was taken for one request, to be reconciled or refunded later."""
+
+    tenant_id: str
+    quotas: Quotas
+    requests: int
+    tokens: int
+
+
+class QuotaLimiter:
+    """The Python face of ``token_bucket.lua``.
+
+    Args:
+        redis: async client.
+        prefix: Redis key prefix; buckets live at ``<prefix>bucket:<tenant>:{requests,tokens}``.
+    """
+
+    def __init__(self, redis: Redis, prefix: str) -> None:
+        self._prefix = prefix
+        lua = resources.files("tenancy").joinpath("token_bucket.lua").read_text()
+        self._script = redis.register_script(lua)
+
+    def bucket_key(self, tenant_id: str, bucket: BucketName) -> str:
+        """Redis key of one of a tenant's buckets."""
+        return f"{self._prefix}bucket:{tenant_id}:{bucket}"
+
+    def _buckets(
+        self, tenant_id: str, quotas: Quotas, requests: float, tokens: float
+    ) -> list[tuple[BucketName, str, float, float, float]]:
+        out: list[tuple[BucketName, str, float, float, float]] = []
+        if quotas.requests_per_min is not None:
+            cap = quotas.effective_request_burst
+            assert cap is not None
+            out.append(
+                ("requests", self.bucket_key(tenant_id, "requests"), quotas.requests_per_min, cap, requests)
+            )
+        if quotas.tokens_per_min is not None:
+            cap = quotas.effective_token_burst
+            assert cap is not None
+            out.append(("tokens", self.bucket_key(tenant_id, "tokens"), quotas.tokens_per_min, cap, tokens))
+        return out
+
+    async def _run(
+        self,
+        mode: Literal["take", "adjust"],
+        buckets: list[tuple[BucketName, str, float, float, float]],
+        now_ms: float | None,
+    ) -> list[str | int]:
+        keys = [b[1] for b in buckets]
+        args: list[str | float] = ["" if now_ms is None else repr(float(now_ms)), mode]
+        for _, _, rate, cap, amount in buckets:
+            args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
+        result: list[str | int] = await self._script(keys=keys, args=args)
+        return result
+
+    async def reserve(
+        self, tenant_id: str, quotas: Quotas, tokens: int, now_ms: float | None = None
+    ) -> QuotaDecision:
+        """Take 1 request and ``tokens`` tokens from the tenant's buckets, all or nothing.
+
+        Args:
+            tenant_id: whose buckets.
+            quotas: the tenant's limits (unlimited buckets are skipped).
+            tokens: tokens to reserve (prompt + max_tokens).
+            now_ms: test hook; ``None`` uses Redis server time.
+
+        Returns:
+            A :class:`QuotaDecision`.
+        """
+        buckets = self._buckets(tenant_id, quotas, 1, tokens)
+        if not buckets:
+            return QuotaDecision(True, False, 0.0, None, {})
+        result = await self._run("take", buckets, now_ms)
+        status, wait_ms, idx = int(result[0]), int(result[1]), int(result[2])
+        limiting = buckets[idx - 1][0] if idx > 0 else None
+        remaining: dict[str, float] = {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
+        if status == -1:
+            return QuotaDecision(False, True, math.inf, limiting, remaining)
+        if status == 0:
+            return QuotaDecision(False, False, wait_ms / 1000.0, limiting, remaining)
+        return QuotaDecision(True, False, 0.0, None, remaining)
+
+    async def adjust(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        requests: float = 0,
+        tokens: float = 0,
+        now_ms: float | None = None,
+    ) -> dict[str, float]:
+        """Add units back to (positive) or charge (negative) the tenant's buckets.
+
+        Levels are capped at the burst and floored at minus the burst. Returns bucket -> new level.
+        """
+        buckets = [b for b in self._buckets(tenant_id, quotas, requests, tokens) if b[4] != 0]
+        if not buckets:
+            return {}
+        result = await self._run("adjust", buckets, now_ms)
+        return {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
+
+    async def refund(self, reservation: Reservation) -> None:
+        """Give a whole reservation back (request rejected downstream, failed upstream, or cancelled)."""
+        await self.adjust(reservation.tenant_id, reservation.quotas, reservation.requests, reservation.tokens)
+
+    async def reconcile(self, reservation: Reservation, used_tokens: int) -> None:
+        """Settle a finished request: refund unused reserved tokens, or charge the overrun."""
+        await self.adjust(reservation.tenant_id, reservation.quotas, 0, reservation.tokens - used_tokens)
