@@ -1,0 +1,84 @@
+"""A fake SGLang worker for the gateway's error-path tests (not a model: fixed words).
+
+Speaks ``/generate`` (stream and non-stream, SGLang's cumulative-text SSE), ``/health`` and
+``/abort_request``. Its ``mode`` makes it answer 500, or break a stream after some chunks. Every request
+body it receives is kept in ``received`` so tests can assert that bad input never reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+
+
+class FakeWorker:
+    """State and behaviour of the fake worker.
+
+    Attributes:
+        mode: ``"ok"``, ``"error500"`` or ``"break_after_2"`` (stream dies after 2 chunks).
+        received: bodies of ``/generate`` calls.
+        aborted: rids passed to ``/abort_request``.
+        delay_s: pause between streamed chunks.
+    """
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.received: list[dict[str, Any]] = []
+        self.aborted: list[str] = []
+        self.delay_s = 0.0
+        self.app = Starlette(
+            routes=[
+                Route("/generate", self.generate, methods=["POST"]),
+                Route("/health", self.health),
+                Route("/abort_request", self.abort, methods=["POST"]),
+            ]
+        )
+
+    async def health(self, _: Request) -> Response:
+        return Response(status_code=200)
+
+    async def abort(self, request: Request) -> Response:
+        self.aborted.append((await request.json())["rid"])
+        return Response(status_code=200)
+
+    @staticmethod
+    def _meta(body: dict[str, Any], n: int, done: bool) -> dict[str, Any]:
+        limit = body["sampling_params"]["max_new_tokens"]
+        return {
+            "id": body.get("rid"),
+            "prompt_tokens": len(body["text"].split()),
+            "completion_tokens": n,
+            "cached_tokens": 0,
+            "finish_reason": {"type": "length", "length": limit} if done else None,
+        }
+
+    async def generate(self, request: Request) -> Response:
+        body = await request.json()
+        self.received.append(body)
+        if self.mode == "error500":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        n = min(body["sampling_params"]["max_new_tokens"], len(WORDS))
+        if not body.get("stream"):
+            text = " ".join(WORDS[:n])
+            return JSONResponse({"text": text, "meta_info": self._meta(body, n, True)})
+
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(1, n + 1):
+                if self.mode == "break_after_2" and i > 2:
+                    raise RuntimeError("worker died")
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                payload = {"text": " ".join(WORDS[:i]), "meta_info": self._meta(body, i, i == n)}
+                yield f"data: {json.dumps(payload)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")

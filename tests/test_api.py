@@ -1,0 +1,373 @@
+"""The gateway's HTTP API against a real Redis and a fake upstream worker (error paths, quotas, admin)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from service.app import create_app
+from service.config import Settings
+from tests.conftest import ADMIN_TOKEN
+from tests.support.fake_worker import WORDS, FakeWorker
+from tests.support.servers import ThreadedServer, free_port
+
+MODEL = "test-model"
+_ids = itertools.count()
+
+
+def gateway_settings(redis_url: str, model_dir: Path, workers: list[str], **api: Any) -> Settings:
+    return Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": f"api{next(_ids)}:"},
+            "engine": {"served_model_name": MODEL},
+            "upstream": {"workers": workers, "health_interval_s": 0.2, "max_attempts": 2},
+            "api": {"tokenizer_path": str(model_dir), "max_body_bytes": 4096, "context_length": 512, **api},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[tuple[FakeWorker, str]]:
+    worker = FakeWorker()
+    with ThreadedServer(worker.app) as server:
+        yield worker, server.url
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]) -> Iterator[str]:
+    app = create_app(gateway_settings(redis_url, stub_model_dir, [fake[1]]))
+    with ThreadedServer(app) as server:
+        yield server.url
+
+
+@pytest.fixture
+def worker(fake: tuple[FakeWorker, str]) -> FakeWorker:
+    fake[0].mode, fake[0].delay_s = "ok", 0.0
+    fake[0].received.clear()
+    fake[0].aborted.clear()
+    return fake[0]
+
+
+@pytest.fixture
+def http(gateway: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway, timeout=30) as client:
+        yield client
+
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def new_tenant(http: httpx.Client, **spec: Any) -> tuple[str, str]:
+    """Create a tenant and a key through the admin API; returns (tenant id, api key)."""
+    tenant_id = f"t{next(_ids)}"
+    body = {"id": tenant_id, "name": tenant_id, **spec}
+    assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
+    issued = http.post(f"/admin/tenants/{tenant_id}/keys", json={"name": "k"}, headers=ADMIN)
+    assert issued.status_code == 201
+    return tenant_id, issued.json()["api_key"]
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def chat(content: str = "hello there", **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def usage_of(http: httpx.Client, tenant_id: str) -> dict[str, Any]:
+    resp = http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN)
+    assert resp.status_code == 200
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+def assert_openai_error(resp: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"]
+    if code is not None:
+        assert err["code"] == code, err
+    return dict(err)
+
+
+def test_chat_non_stream_returns_openai_shape_and_records_usage(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    tenant_id, key = new_tenant(http)
+    resp = http.post("/v1/chat/completions", json=chat(max_tokens=3), headers=auth(key))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert resp.headers["x-request-id"] and body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "alpha beta gamma"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    sent = worker.received[-1]
+    assert sent["sampling_params"]["max_new_tokens"] == 3
+    assert sent["priority"] == 5  # the tenant's default class 'standard'
+    assert body["usage"]["prompt_tokens"] == len(sent["text"].split())
+    assert body["usage"]["completion_tokens"] == 3
+    usage = usage_of(http, tenant_id)
+    assert usage["requests"] == 1 and usage["completion_tokens"] == 3
+    assert usage["prompt_tokens"] == body["usage"]["prompt_tokens"]
+
+
+def test_chat_stream_sends_deltas_and_final_usage_chunk(http: httpx.Client, worker: FakeWorker) -> None:
+    _, key = new_tenant(http)
+    req = chat(max_tokens=4, stream=True, stream_options={"include_usage": True})
+    with http.stream("POST", "/v1/chat/completions", json=req, headers=auth(key)) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        lines = [ln[6:] for ln in resp.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(ln) for ln in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == " ".join(WORDS[:4])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_text_completion_non_stream_and_stream(http: httpx.Client, worker: FakeWorker) -> None:
+    _, key = new_tenant(http)
+    resp = http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "one two", "max_tokens": 2}, headers=auth(key)
+    )
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "alpha beta"
+    assert worker.received[-1]["text"] == "one two"
+    req = {"model": MODEL, "prompt": "one two", "max_tokens": 2, "stream": True}
+    with http.stream("POST", "/v1/completions", json=req, headers=auth(key)) as resp:
+        lines = [ln[6:] for ln in resp.iter_lines() if ln.startswith("data: ")]
+    assert "".join(json.loads(x)["choices"][0]["text"] for x in lines[:-1]) == "alpha beta"
+
+
+BAD_INPUTS: list[tuple[str, Any, int, str]] = [
+    ("invalid json", b"{not json", 400, "invalid_json"),
+    ("not an object", b"[1, 2]", 400, "invalid_json"),
+    ("missing messages", {"model": MODEL}, 400, "missing_required_parameter"),
+    ("empty messages", {"model": MODEL, "messages": []}, 400, "invalid_value"),
+    ("wrong type", {"model": MODEL, "messages": "hi"}, 400, "invalid_value"),
+    ("bad role", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_value"),
+    ("max_tokens zero", chat(max_tokens=0), 400, "invalid_value"),
+    ("max_tokens negative", chat(max_tokens=-5), 400, "invalid_value"),
+    ("max_tokens above cap", chat(max_tokens=51), 400, "max_tokens_above_cap"),
+    ("temperature too high", chat(temperature=7), 400, "invalid_value"),
+    ("n above 1", chat(n=2), 400, "invalid_value"),
+    ("unknown field", chat(frobnicate=True), 400, "unknown_parameter"),
+    ("unknown model", {**chat(), "model": "gpt-9"}, 404, "model_not_found"),
+    ("unknown priority", chat(priority="urgent"), 400, "invalid_priority"),
+    ("priority above tenant's", chat(priority="interactive"), 403, "priority_not_allowed"),
+    ("body too large", chat("word " * 2000), 413, "request_too_large"),
+    ("prompt over context", chat("word " * 600), 400, "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "code"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_rejected_charges_nothing_and_never_reaches_a_worker(
+    http: httpx.Client, worker: FakeWorker, case: str, body: Any, status: int, code: str
+) -> None:
+    tenant_id, key = new_tenant(
+        http, max_tokens_cap=50, quotas={"requests_per_min": 2, "tokens_per_min": 1000}
+    )
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = http.post(
+        "/v1/chat/completions", content=raw, headers={**auth(key), "Content-Type": "application/json"}
+    )
+    assert_openai_error(resp, status, code)
+    assert worker.received == []
+    usage = usage_of(http, tenant_id)
+    assert usage["requests"] == 0 and usage["prompt_tokens"] == 0
+    # nothing was charged: the full request burst (2) is still there
+    for _ in range(2):
+        assert (
+            http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
+        )
+
+
+def test_model_outside_the_tenants_allowed_list_gets_403(http: httpx.Client, worker: FakeWorker) -> None:
+    _, key = new_tenant(http, allowed_models=["another-model"])
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(), headers=auth(key)), 403, "model_not_allowed"
+    )
+    assert http.get("/v1/models", headers=auth(key)).json()["data"] == []
+    assert worker.received == []
+
+
+def test_missing_unknown_and_revoked_keys_get_401(http: httpx.Client, worker: FakeWorker) -> None:
+    tenant_id, key = new_tenant(http)
+    assert_openai_error(http.post("/v1/chat/completions", json=chat()), 401, "missing_api_key")
+    fake_key = "rg-000000000000." + "A" * 43
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(), headers=auth(fake_key)), 401, "invalid_api_key"
+    )
+    tampered = key[:-1] + ("A" if key[-1] != "A" else "B")
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(), headers=auth(tampered)), 401, "invalid_api_key"
+    )
+    key_id = key.split(".")[0].removeprefix("rg-")
+    assert http.delete(f"/admin/tenants/{tenant_id}/keys/{key_id}", headers=ADMIN).json()["revoked"]
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(), headers=auth(key)), 401, "invalid_api_key"
+    )
+    assert worker.received == []
+
+
+def test_disabled_tenant_gets_403_and_enabled_again_passes(http: httpx.Client, worker: FakeWorker) -> None:
+    tenant_id, key = new_tenant(http)
+    assert http.post(f"/admin/tenants/{tenant_id}/disable", headers=ADMIN).json()["enabled"] is False
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(), headers=auth(key)), 403, "tenant_disabled"
+    )
+    http.post(f"/admin/tenants/{tenant_id}/enable", headers=ADMIN)
+    assert http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
+
+
+def test_admin_routes_need_the_admin_token(http: httpx.Client) -> None:
+    _, key = new_tenant(http)
+    assert_openai_error(http.get("/admin/tenants"), 401)
+    assert_openai_error(http.get("/admin/tenants", headers=auth(key)), 403, "admin_required")
+    assert_openai_error(http.get("/admin/tenants", headers=auth(ADMIN_TOKEN + "x")), 403, "admin_required")
+    assert http.get("/admin/tenants", headers=ADMIN).status_code == 200
+
+
+def test_admin_tenant_lifecycle(http: httpx.Client) -> None:
+    tenant_id, _ = new_tenant(http, weight=2, priority_class="batch")
+    assert_openai_error(http.post("/admin/tenants", json={"id": tenant_id, "name": "x"}, headers=ADMIN), 409)
+    assert_openai_error(http.post("/admin/tenants", json={"id": "Bad Id", "name": "x"}, headers=ADMIN), 400)
+    assert_openai_error(
+        http.post("/admin/tenants", json={"id": "zz", "name": "x", "priority_class": "vip"}, headers=ADMIN),
+        400,
+        "invalid_priority",
+    )
+    got = http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()
+    assert got["weight"] == 2 and got["priority_class"] == "batch" and got["max_priority_class"] == "batch"
+    patched = http.patch(f"/admin/tenants/{tenant_id}", json={"name": "renamed"}, headers=ADMIN).json()
+    assert patched["name"] == "renamed" and patched["weight"] == 2
+    quotas = {"requests_per_min": 10, "tokens_per_min": 5000, "token_burst": 800}
+    assert http.put(f"/admin/tenants/{tenant_id}/quotas", json=quotas, headers=ADMIN).json()["quotas"] == {
+        **quotas,
+        "request_burst": None,
+    }
+    second = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()
+    keys = http.get(f"/admin/tenants/{tenant_id}/keys", headers=ADMIN).json()["data"]
+    assert len(keys) == 2 and all("digest" not in k and "api_key" not in k for k in keys)
+    assert second["api_key"].startswith(second["prefix"] + ".")
+    ids = [t["id"] for t in http.get("/admin/tenants", headers=ADMIN).json()["data"]]
+    assert tenant_id in ids
+    assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+    assert_openai_error(http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN), 404, "tenant_not_found")
+    assert_openai_error(http.post("/v1/models", headers=auth(second["api_key"])), 405)
+    assert_openai_error(http.get("/v1/models", headers=auth(second["api_key"])), 401)
+
+
+def test_keys_are_stored_only_as_digests(http: httpx.Client, redis_url: str) -> None:
+    _, key = new_tenant(http)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    secret = key.split(".", 1)[1]
+    for name in client.scan_iter("*key*"):
+        value = client.get(name) if client.type(name) == "string" else ""
+        assert secret not in (value or "") and key not in (value or "")
+    client.close()
+
+
+def test_429_with_retry_after_when_the_request_bucket_is_empty(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    tenant_id, key = new_tenant(http, quotas={"requests_per_min": 2})
+    for _ in range(2):
+        assert (
+            http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
+        )
+    resp = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
+    assert_openai_error(resp, 429, "rate_limit_exceeded")
+    assert resp.json()["error"]["type"] == "rate_limit_error"
+    assert 1 <= int(resp.headers["Retry-After"]) <= 30  # 2/min: one request back within 30 s
+    assert len(worker.received) == 2
+    usage = usage_of(http, tenant_id)
+    assert usage["requests"] == 2 and usage["quota_rejections"] == 1
+
+
+def test_429_on_tokens_and_refund_after_reconcile(http: httpx.Client, worker: FakeWorker) -> None:
+    # burst 100 tokens: a request reserving ~5 prompt + 60 max_tokens fits once, not twice ...
+    _, key = new_tenant(http, quotas={"tokens_per_min": 1, "token_burst": 100})
+    assert http.post("/v1/chat/completions", json=chat(max_tokens=60), headers=auth(key)).status_code == 200
+    # ... but it only used 8 completion tokens, so the unused reservation was refunded: it fits again
+    assert http.post("/v1/chat/completions", json=chat(max_tokens=60), headers=auth(key)).status_code == 200
+    resp = http.post("/v1/chat/completions", json=chat(max_tokens=85), headers=auth(key))
+    assert_openai_error(resp, 429, "rate_limit_exceeded")
+    assert int(resp.headers["Retry-After"]) > 60
+
+
+def test_request_larger_than_the_burst_gets_413_not_429(http: httpx.Client, worker: FakeWorker) -> None:
+    _tenant_id, key = new_tenant(http, quotas={"tokens_per_min": 1000, "token_burst": 50})
+    resp = http.post("/v1/chat/completions", json=chat(max_tokens=100), headers=auth(key))
+    err = assert_openai_error(resp, 413, "request_exceeds_burst")
+    assert "burst" in err["message"] and "Retry-After" not in resp.headers
+    assert worker.received == []
+
+
+def test_upstream_500_gives_502_and_refunds(http: httpx.Client, worker: FakeWorker) -> None:
+    tenant_id, key = new_tenant(http, quotas={"requests_per_min": 1})
+    worker.mode = "error500"
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key)), 502, "upstream_error"
+    )
+    assert_openai_error(
+        http.post("/v1/chat/completions", json=chat(max_tokens=2, stream=True), headers=auth(key)), 502
+    )
+    worker.mode = "ok"
+    # the single request slot was refunded both times
+    assert http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key)).status_code == 200
+    usage = usage_of(http, tenant_id)
+    assert usage["requests"] == 1 and usage["errors"] == 2
+
+
+def test_stream_broken_mid_way_ends_with_an_error_event(http: httpx.Client, worker: FakeWorker) -> None:
+    tenant_id, key = new_tenant(http)
+    worker.mode = "break_after_2"
+    with http.stream(
+        "POST", "/v1/chat/completions", json=chat(max_tokens=6, stream=True), headers=auth(key)
+    ) as resp:
+        lines = [ln[6:] for ln in resp.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    assert json.loads(lines[-2])["error"]["code"] == "upstream_error"
+    text = "".join(json.loads(x)["choices"][0]["delta"].get("content", "") for x in lines[:-2])
+    assert text == "alpha beta"
+    assert usage_of(http, tenant_id)["completion_tokens"] == 2  # only what was delivered is charged
+
+
+def test_upstream_down_gives_503_and_charges_nothing(redis_url: str, stub_model_dir: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = create_app(gateway_settings(redis_url, stub_model_dir, [dead]))
+    with ThreadedServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        tenant_id, key = new_tenant(http, quotas={"requests_per_min": 1})
+        for _ in range(2):
+            resp = http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key))
+            assert_openai_error(resp, 503)
+            assert resp.headers["Retry-After"] == "1"
+        assert usage_of(http, tenant_id)["requests"] == 0
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["redis"] is True
+
+
+def test_health_readiness_models_usage_and_metrics(http: httpx.Client, worker: FakeWorker) -> None:
+    tenant_id, key = new_tenant(http)
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/readyz").json()["ready"] is True
+    assert [m["id"] for m in http.get("/v1/models", headers=auth(key)).json()["data"]] == [MODEL]
+    http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key))
+    own = http.get("/v1/usage", headers=auth(key)).json()
+    assert own["tenant_id"] == tenant_id and own["completion_tokens"] == 2
+    text = http.get("/metrics").text
+    assert f'radixgate_requests_total{{model="{MODEL}",status="200",tenant="{tenant_id}"}} 1.0' in text
+    assert f'radixgate_completion_tokens_total{{tenant="{tenant_id}"}} 2.0' in text
+    assert "radixgate_time_to_first_token_seconds_bucket" in text
+    assert "radixgate_in_flight_requests 0.0" in text
