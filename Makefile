@@ -1,0 +1,31 @@
+# radixgate: the two commands of the README are `make demo` and `make test`.
+SHELL := /bin/bash
+PY := .venv/bin/python
+
+.PHONY: setup engine demo up test lint unit clean
+
+setup:            ## gateway virtualenv (.venv) + Debian redis-server
+	bash scripts/setup_gateway.sh
+
+engine:           ## SGLang CPU engine virtualenv + converted SmolLM2-135M-Instruct (cached in ~/.cache/radixgate)
+	bash scripts/engine/setup.sh
+
+demo: setup engine  ## Redis + a CPU SGLang worker + the gateway; real requests; stops everything at the end
+	$(PY) scripts/demo.py
+
+up: setup engine    ## like demo, but keeps the stack running until Ctrl-C
+	$(PY) scripts/demo.py --keep
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check service tenancy policies loadgen tests
+	.venv/bin/mypy
+
+unit: setup       ## tests that need no engine (Redis is started by the fixtures)
+	$(PY) -m pytest -q -m "not engine"
+
+test: setup engine lint  ## everything CI runs
+	$(PY) -m pytest -q -ra
+
+clean:
+	rm -rf .venv .run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,150 @@
+"""End to end: the gateway in front of a real SGLang CPU worker (SmolLM2-135M-Instruct), real Redis.
+
+The worker is started once per module by a fixture (20-60 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from service.app import create_app
+from service.config import Settings
+from service.workers.launcher import WorkerProcess
+from tests.conftest import ADMIN_TOKEN
+from tests.support.engine import running_worker
+from tests.support.servers import ThreadedServer
+
+pytestmark = pytest.mark.engine
+
+MODEL = "SmolLM2-135M-Instruct"
+_ids = itertools.count()
+LONG_SYSTEM = (
+    "You are a concise assistant for a library. Opening hours: Monday to Friday 09:00-20:00, Saturday "
+    "10:00-16:00, closed on Sunday. Loans last 21 days and can be renewed twice online. Late fees are 20 "
+    "cents per item per day. Members may borrow up to 12 items. The reading room upstairs is silent. "
+) * 3
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    with running_worker(tmp_path_factory.mktemp("engine")) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, worker: WorkerProcess) -> Iterator[str]:
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": "e2e:"},
+            "upstream": {"workers": [worker.url]},
+        }
+    )
+    with ThreadedServer(create_app(settings)) as server:
+        yield server.url
+
+
+@pytest.fixture
+def tenant(gateway: str) -> tuple[str, str]:
+    tenant_id = f"e2e{next(_ids)}"
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with httpx.Client(base_url=gateway, headers=admin) as http:
+        assert http.post("/admin/tenants", json={"id": tenant_id, "name": tenant_id}).status_code == 201
+        key = http.post(f"/admin/tenants/{tenant_id}/keys", json={}).json()["api_key"]
+    return tenant_id, key
+
+
+def client(gateway: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def direct_chat(worker: WorkerProcess, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    """The worker's own OpenAI route, bypassing the gateway."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    resp = httpx.post(f"{worker.url}/v1/chat/completions", json=body, timeout=120)
+    resp.raise_for_status()
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_greedy_chat_through_the_gateway_equals_the_workers_direct_answer(
+    gateway: str, worker: WorkerProcess, tenant: tuple[str, str]
+) -> None:
+    expected = direct_chat(worker, QUESTION, 24)
+    got = client(gateway, tenant[1]).chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=24,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert got.choices[0].message.content == expected["choices"][0]["message"]["content"]
+    assert "Paris" in (got.choices[0].message.content or "")
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == expected["usage"]["prompt_tokens"]
+    assert got.usage.completion_tokens == expected["usage"]["completion_tokens"]
+
+
+def test_streamed_chat_equals_non_streamed_and_reports_usage(gateway: str, tenant: tuple[str, str]) -> None:
+    api = client(gateway, tenant[1])
+    whole = api.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)  # type: ignore[arg-type]
+    pieces, usage = [], None
+    for chunk in api.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=24,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    assert len(pieces) > 1  # really streamed
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert usage is not None and whole.usage is not None
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_shared_system_prompt_is_served_from_the_prefix_cache(gateway: str, tenant: tuple[str, str]) -> None:
+    api = client(gateway, tenant[1])
+    cached = []
+    for question in ("When are you open on Saturday?", "How long is a loan?"):
+        resp = api.chat.completions.create(
+            model=MODEL,
+            max_tokens=8,
+            temperature=0,
+            messages=[{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": question}],
+        )
+        assert resp.usage is not None and resp.usage.prompt_tokens > 150
+        details = resp.usage.prompt_tokens_details
+        cached.append(details.cached_tokens if details else 0)
+    assert cached[1] > 150  # the whole shared system prompt came from RadixAttention's cache
+
+
+def test_text_completion_and_usage_recorded_for_the_tenant(
+    gateway: str, worker: WorkerProcess, tenant: tuple[str, str]
+) -> None:
+    tenant_id, key = tenant
+    api = client(gateway, key)
+    got = api.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0)
+    direct = httpx.post(
+        f"{worker.url}/generate",
+        timeout=120,
+        json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 6, "temperature": 0}},
+    ).json()
+    assert got.choices[0].text == direct["text"]
+    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+        usage = http.get(f"/admin/tenants/{tenant_id}/usage").json()
+    assert got.usage is not None
+    assert usage["requests"] == 1
+    assert usage["prompt_tokens"] == got.usage.prompt_tokens
+    assert usage["completion_tokens"] == got.usage.completion_tokens
