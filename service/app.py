@@ -74,7 +74,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             for worker in launched:
                 await worker.wait_ready()
         client = SGLangClient(http)
-        pool = WorkerPool([w.url for w in launched] + list(up.workers), client, up.health_interval_s)
+        pool = WorkerPool(
+            [w.url for w in launched] + list(up.workers),
+            client,
+            up.health_interval_s,
+            up.health_timeout_s,
+            up.unhealthy_after,
+        )
         await pool.start()
         prefix = settings.redis.key_prefix
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode())

@@ -49,7 +49,9 @@ class EngineSettings(BaseModel):
     dp: int = Field(1, ge=1, description="Data-parallel size (--dp) of each worker.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="--device of each worker.")
     dtype: str = Field("auto", description="--dtype; float32 is used on CPU when 'auto'.")
-    schedule_policy: str = Field("lpm", description="--schedule-policy (lpm = longest prefix match).")
+    schedule_policy: str = Field(
+        "fcfs", description="--schedule-policy; SGLang allows only fcfs or lof with priority scheduling."
+    )
     mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
     max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
     context_length: int | None = Field(None, ge=1, description="--context-length override.")
@@ -67,6 +69,8 @@ class UpstreamSettings(BaseModel):
     connect_timeout_s: float = Field(3.0, gt=0, description="TCP connect timeout to a worker, seconds.")
     read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
     health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
+    health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")
+    unhealthy_after: int = Field(3, ge=1, description="Consecutive failed probes before a worker is out.")
     max_attempts: int = Field(2, ge=1, description="Attempts before the first token (other workers).")
     send_priority: bool = Field(
         True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."

@@ -304,16 +304,29 @@ class Dispatcher:
         )
 
     # 3. upstream -----------------------------------------------------------------------------------
-    def _pick(self, tried: set[str]) -> str:
+    def _pick(self, tried: set[str], outcome: Outcome, last_error: APIError | None) -> str:
+        """An untried healthy worker (recorded in ``outcome``); else the last attempt's error, or 503."""
         worker = self._pool.choose(exclude=tried)
         if worker is None:
+            if last_error is not None:
+                raise last_error
             raise APIError(
                 503,
                 "No healthy worker is available; retry shortly.",
                 code="no_worker_available",
                 headers={"Retry-After": "1"},
             )
+        tried.add(worker)
+        outcome.worker, outcome.attempts = worker, outcome.attempts + 1
         return worker
+
+    def _retry_or_raise(self, exc: UpstreamError, outcome: Outcome) -> APIError:
+        """Record a failed attempt; raise its :class:`APIError` unless another worker may be tried."""
+        err = self._upstream_failed(exc, outcome)
+        budget_left = outcome.attempts < self._settings.upstream.max_attempts
+        if outcome.streamed_any or not exc.retryable or not budget_left:
+            raise err from exc
+        return err
 
     def _upstream_failed(self, exc: UpstreamError, outcome: Outcome) -> APIError:
         kind = "transport" if exc.status is None else f"http_{exc.status}"
@@ -342,18 +355,15 @@ class Dispatcher:
         self._metrics.in_flight.inc()
         try:
             tried: set[str] = set()
+            last_error: APIError | None = None
             while True:
-                worker = self._pick(tried)
-                tried.add(worker)
-                outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+                worker = self._pick(tried, outcome, last_error)
                 try:
                     with self._pool.lease(worker, prepared.reserved_tokens):
                         chunk = await self._client.generate(worker, prepared.body)
                     break
                 except UpstreamError as exc:
-                    err = self._upstream_failed(exc, outcome)
-                    if not exc.retryable or outcome.attempts >= self._settings.upstream.max_attempts:
-                        raise err from exc
+                    last_error = self._retry_or_raise(exc, outcome)
             outcome.ttft_s = time.perf_counter() - prepared.arrival
             self._count(outcome, chunk)
             outcome.finished = True
@@ -410,10 +420,9 @@ class Dispatcher:
         self, prepared: PreparedRequest, outcome: Outcome, created: int
     ) -> AsyncIterator[bytes]:
         tried: set[str] = set()
+        last_error: APIError | None = None
         while True:
-            worker = self._pick(tried)
-            tried.add(worker)
-            outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+            worker = self._pick(tried, outcome, last_error)
             try:
                 with self._pool.lease(worker, prepared.reserved_tokens):
                     async for chunk in self._client.stream(worker, prepared.body):
@@ -449,11 +458,7 @@ class Dispatcher:
                             outcome.finished = True
                 return
             except UpstreamError as exc:
-                err = self._upstream_failed(exc, outcome)
-                if outcome.streamed_any or not exc.retryable:
-                    raise err from exc
-                if outcome.attempts >= self._settings.upstream.max_attempts:
-                    raise err from exc
+                last_error = self._retry_or_raise(exc, outcome)
 
     @staticmethod
     def _count(outcome: Outcome, chunk: UpstreamChunk) -> None:

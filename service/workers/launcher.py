@@ -75,6 +75,9 @@ def build_env(engine: EngineSettings, base: dict[str, str] | None = None) -> dic
     """Environment for a worker process: offline hub, and on CPU the CPU engine switches."""
     env = dict(os.environ if base is None else base)
     env["HF_HUB_OFFLINE"] = "1"
+    # /health answers from the HTTP process without running a 1-token generation (SGLang's default);
+    # the gateway probes /health often and /health_generate rarely.
+    env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if engine.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"

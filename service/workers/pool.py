@@ -1,7 +1,10 @@
 """The set of workers a gateway replica sends to: health probing and in-flight accounting.
 
-Each worker is probed with ``GET /health`` every ``health_interval_s``; a transport failure while
-serving marks it unhealthy at once (until the next successful probe), so retries move elsewhere.
+Each worker is probed with ``GET /health`` every ``health_interval_s``. A busy CPU worker can answer a
+probe late, so one missed probe is not enough: a worker leaves rotation after ``unhealthy_after``
+consecutive failed probes (default 3, the same default as Kubernetes' ``failureThreshold``) and returns
+on the first successful one. A transport failure while serving (connection refused or reset) is
+definitive and takes the worker out at once, so retries move elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class WorkerState:
 
     url: str
     healthy: bool = False
+    failed_probes: int = 0
     in_flight: int = 0
     in_flight_tokens: int = 0
 
@@ -42,10 +46,19 @@ class WorkerPool:
         health_interval_s: probe period, seconds.
     """
 
-    def __init__(self, urls: list[str], client: SGLangClient, health_interval_s: float) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        client: SGLangClient,
+        health_interval_s: float,
+        health_timeout_s: float = 5.0,
+        unhealthy_after: int = 3,
+    ) -> None:
         self._workers = {u.rstrip("/"): WorkerState(u.rstrip("/")) for u in urls}
         self._client = client
         self._interval = health_interval_s
+        self._timeout = health_timeout_s
+        self._unhealthy_after = unhealthy_after
         self._router = RoundRobin()
         self._task: asyncio.Task[None] | None = None
 
@@ -66,14 +79,19 @@ class WorkerPool:
     async def probe_all(self) -> None:
         """Probe every worker once, concurrently, and record the results."""
         urls = list(self._workers)
-        results = await asyncio.gather(*(self._client.healthy(u) for u in urls))
+        results = await asyncio.gather(*(self._client.healthy(u, self._timeout) for u in urls))
         for url, ok in zip(urls, results, strict=True):
             state = self._workers.get(url)
             if state is None:
                 continue
-            if state.healthy != ok:
-                log.info("worker_health_changed", worker=url, healthy=ok)
-            state.healthy = ok
+            state.failed_probes = 0 if ok else state.failed_probes + 1
+            # never probed successfully yet (startup) counts as down at once
+            healthy = ok or (state.healthy and state.failed_probes < self._unhealthy_after)
+            if state.healthy != healthy:
+                log.info(
+                    "worker_health_changed", worker=url, healthy=healthy, failed_probes=state.failed_probes
+                )
+            state.healthy = healthy
 
     async def _probe_loop(self) -> None:
         while True:
