@@ -10,6 +10,7 @@ import uvicorn
 
 from service.app import create_app
 from service.config import Settings
+from service.config_doc import settings_table
 from service.logs import configure_logging
 from service.workers.launcher import WorkerProcess
 
@@ -51,6 +52,12 @@ def worker(port: int = typer.Option(None, help="Port (default: engine.base_port)
         asyncio.run(run())
     finally:
         proc.stop()
+
+
+@cli.command("config-table")
+def config_table() -> None:
+    """Print every setting as a markdown table (the README's configuration section)."""
+    print(settings_table())
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ def default_home() -> Path:
     return Path.home() / ".cache" / "radixgate"
 
 
+def default_cpu_shim() -> Path | None:
+    """The repository's CPU-only ``sgl_kernel`` stand-in folder, if this is a source checkout."""
+    shim = Path(__file__).resolve().parent.parent / "scripts" / "engine" / "shim"
+    return shim if shim.is_dir() else None
+
+
 class RedisSettings(BaseModel):
     """Connection to the shared Redis that holds tenants, keys, token buckets and usage."""
 
@@ -57,7 +63,8 @@ class EngineSettings(BaseModel):
     context_length: int | None = Field(None, ge=1, description="--context-length override.")
     extra_args: list[str] = Field(default_factory=list, description="Further launch_server arguments.")
     cpu_shim_path: Path | None = Field(
-        None, description="Folder with the CPU-only sgl_kernel stand-in, put on PYTHONPATH on CPU."
+        default_factory=default_cpu_shim,
+        description="Folder with the CPU-only sgl_kernel stand-in, put on PYTHONPATH on CPU only.",
     )
     startup_timeout_s: float = Field(300.0, gt=0, description="How long to wait for /health, seconds.")
 
@@ -126,14 +133,19 @@ class Settings(BaseSettings):
         SecretStr(""), description="Bearer token for /admin routes; admin API is off while empty."
     )
     key_pepper: SecretStr = Field(
-        SecretStr("radixgate-default-pepper"), description="HMAC key mixed into stored API-key hashes."
+        SecretStr("radixgate-default-pepper"),
+        description="HMAC key mixed into stored API-key digests; set your own in production "
+        "(changing it invalidates every issued key).",
     )
     redis: RedisSettings = Field(default_factory=RedisSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
-    priority_classes: dict[str, PriorityClassSettings] = Field(default_factory=default_priority_classes)
+    priority_classes: dict[str, PriorityClassSettings] = Field(
+        default_factory=default_priority_classes,
+        description="JSON object: class name -> {rank, sglang_priority}; higher rank is served first.",
+    )
     extra_models: list[str] = Field(
         default_factory=list, description="Further model ids served by the same workers (aliases)."
     )
