@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 
 import typer
 import uvicorn
@@ -55,9 +56,18 @@ def worker(port: int = typer.Option(None, help="Port (default: engine.base_port)
 
 
 @cli.command("config-table")
-def config_table() -> None:
-    """Print every setting as a markdown table (the README's configuration section)."""
-    print(settings_table())
+def config_table(
+    readme: Path | None = typer.Option(None, help="Rewrite the table between the markers of this file."),
+) -> None:
+    """Print every setting as a markdown table, or write it into the README's configuration section."""
+    table = settings_table()
+    if readme is None:
+        print(table)
+        return
+    start, end = "<!-- config-table:start -->\n", "\n<!-- config-table:end -->"
+    text = readme.read_text()
+    head, tail = text[: text.index(start) + len(start)], text[text.index(end) :]
+    readme.write_text(head + table + tail)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from service.dispatch import Dispatcher
 from service.logs import configure_logging
 from service.metrics import GatewayMetrics
 from service.prompting import PromptRenderer
+from service.scheduler import Scheduler
 from service.state import GatewayState
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
@@ -87,12 +88,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         quota = QuotaLimiter(redis, prefix)
         usage = UsageRecorder(redis, prefix)
         renderer = PromptRenderer(settings.tokenizer_path)
-        dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics)
+        scheduler = Scheduler(settings, pool, client, metrics)
+        await scheduler.start()
+        dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler)
         app.state.radixgate = GatewayState(settings, redis, tenants, quota, usage, pool, dispatcher, metrics)
         log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
         try:
             yield
         finally:
+            await scheduler.stop()
             await pool.stop()
     finally:
         await http.aclose()

@@ -96,19 +96,43 @@ class ApiSettings(BaseModel):
 
 
 class PriorityClassSettings(BaseModel):
-    """A priority class: its strict rank and the ``priority`` value SGLang's scheduler receives."""
+    """A priority class (band): strict rank, queueing budget, SLO and the SGLang ``priority`` it maps to."""
 
     rank: int = Field(..., description="Higher rank is served first (strict priority between bands).")
     sglang_priority: int = Field(..., description="'priority' sent to SGLang (higher runs first).")
+    queue_wait_budget_ms: float = Field(5000.0, gt=0, description="Longest gateway queue wait, ms.")
+    ttft_goal_ms: float = Field(5000.0, gt=0, description="Time-to-first-token goal (SLO), ms.")
+    max_queue_len: int = Field(2000, ge=1, description="Most requests waiting in this band.")
+    min_share: float = Field(0.0, ge=0, lt=1, description="Guaranteed fraction of dispatched tokens.")
 
 
 def default_priority_classes() -> dict[str, PriorityClassSettings]:
-    """``interactive`` > ``standard`` > ``batch``."""
+    """``interactive`` > ``standard`` > ``batch``; SGLang priorities 10/5/0 (a gap of 10 lets interactive
+    preempt batch: SGLang's default ``--priority-scheduling-preemption-threshold`` is 10)."""
     return {
-        "interactive": PriorityClassSettings(rank=2, sglang_priority=10),
-        "standard": PriorityClassSettings(rank=1, sglang_priority=5),
-        "batch": PriorityClassSettings(rank=0, sglang_priority=0),
+        "interactive": PriorityClassSettings(
+            rank=2, sglang_priority=10, queue_wait_budget_ms=1000, ttft_goal_ms=1000, max_queue_len=1000
+        ),
+        "standard": PriorityClassSettings(
+            rank=1, sglang_priority=5, queue_wait_budget_ms=5000, ttft_goal_ms=5000, max_queue_len=2000
+        ),
+        "batch": PriorityClassSettings(
+            rank=0, sglang_priority=0, queue_wait_budget_ms=60000, ttft_goal_ms=30000, max_queue_len=10000
+        ),
     }
+
+
+class SchedulerSettings(BaseModel):
+    """The gateway's queue: admission windows per worker and load shedding."""
+
+    max_queue_total: int = Field(10000, ge=1, description="Most requests queued across all bands.")
+    window_initial: int = Field(8, ge=1, description="Starting concurrency window per worker, requests.")
+    window_min: int = Field(1, ge=1, description="Smallest window per worker, requests.")
+    window_max: int = Field(256, ge=1, description="Largest window per worker, requests.")
+    window_max_tokens: int | None = Field(None, ge=1, description="In-flight token cap per worker, tokens.")
+    top_band_headroom: int = Field(2, ge=0, description="Extra in-flight requests for the top band.")
+    load_poll_interval_s: float = Field(1.0, gt=0, description="Period of worker /metrics load polls, s.")
+    expiry_interval_s: float = Field(0.05, gt=0, description="Period of queue-deadline checks, s.")
 
 
 class ObservabilitySettings(BaseModel):
@@ -142,6 +166,7 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object: class name -> {rank, sglang_priority}; higher rank is served first.",

@@ -11,10 +11,7 @@ from service.config import Settings
 
 
 def _default(field_default: object, factory: object) -> str:
-    if field_default is PydanticUndefined and callable(factory):
-        value = factory()
-    else:
-        value = field_default
+    value = factory() if field_default is PydanticUndefined and callable(factory) else field_default
     if isinstance(value, Path):
         repo = str(Path(__file__).resolve().parent.parent)
         return f"`{str(value).replace(repo, '<repo>').replace(str(Path.home()), '~')}`"
@@ -30,7 +27,9 @@ def _default(field_default: object, factory: object) -> str:
     return f"`{value}`"
 
 
-def settings_rows(model: type[BaseModel] = Settings, prefix: str = "RADIXGATE_") -> list[tuple[str, str, str]]:
+def settings_rows(
+    model: type[BaseModel] = Settings, prefix: str = "RADIXGATE_"
+) -> list[tuple[str, str, str]]:
     """(env var, default, description) for every leaf setting, nested models flattened with ``__``."""
     rows: list[tuple[str, str, str]] = []
     for name, field in model.model_fields.items():

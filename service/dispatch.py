@@ -16,6 +16,7 @@ upstream request and refunds what was not used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -26,7 +27,6 @@ from typing import Any
 import anyio
 import structlog
 
-from policies.cost import reserved_tokens
 from service.api.errors import APIError
 from service.api.protocol import (
     ChatCompletionRequest,
@@ -41,7 +41,9 @@ from service.api.protocol import (
 )
 from service.config import Settings
 from service.metrics import GatewayMetrics
-from service.prompting import PromptError, PromptRenderer, RenderedPrompt
+from service.preparation import PreparedRequest, RequestPreparer
+from service.prompting import PromptRenderer
+from service.scheduler import Scheduler, SchedulingRequest, Slot
 from service.workers.client import SGLangClient, UpstreamChunk, UpstreamError
 from service.workers.pool import WorkerPool
 from tenancy.models import Tenant
@@ -49,42 +51,6 @@ from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.usage import UsageRecorder
 
 log = structlog.get_logger("radixgate.request")
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedRequest:
-    """A validated request, ready to be admitted and sent.
-
-    Attributes:
-        rid: request id (also SGLang's ``rid`` and the ``x-request-id`` header).
-        tenant: the caller's tenant.
-        model: served model id.
-        chat: chat completion (True) or text completion.
-        prompt: rendered prompt and its token count.
-        max_tokens: completion limit, tokens.
-        priority_class: the class the request runs in.
-        body: the SGLang ``/generate`` body (without ``stream``).
-        stream: answer as SSE.
-        include_usage: end the stream with a usage chunk.
-        arrival: ``time.perf_counter()`` at arrival, s.
-    """
-
-    rid: str
-    tenant: Tenant
-    model: str
-    chat: bool
-    prompt: RenderedPrompt
-    max_tokens: int
-    priority_class: str
-    body: dict[str, Any]
-    stream: bool
-    include_usage: bool
-    arrival: float
-
-    @property
-    def reserved_tokens(self) -> int:
-        """Tokens reserved in the TPM bucket: prompt + max_tokens."""
-        return reserved_tokens(self.prompt.num_tokens, self.max_tokens)
 
 
 @dataclass(slots=True)
@@ -101,6 +67,7 @@ class Outcome:
     error_code: str | None = None
     streamed_any: bool = False
     finished: bool = False
+    slot: Slot | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -130,9 +97,11 @@ class Dispatcher:
         pool: WorkerPool,
         client: SGLangClient,
         metrics: GatewayMetrics,
+        scheduler: Scheduler,
     ) -> None:
         self._settings = settings
-        self._renderer = renderer
+        self._preparer = RequestPreparer(settings, renderer)
+        self._scheduler = scheduler
         self._quota = quota
         self._usage = usage
         self._pool = pool
@@ -143,127 +112,8 @@ class Dispatcher:
     def prepare(
         self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
     ) -> PreparedRequest:
-        """Check a request against the served models and the tenant's limits, and render its prompt.
-
-        Raises:
-            APIError: 404 unknown model, 403 model or priority class not allowed, 400 bad max_tokens,
-                unknown priority class, context length exceeded or template failure.
-        """
-        if req.model not in self._settings.served_models:
-            raise APIError(
-                404, f"The model '{req.model}' does not exist.", code="model_not_found", param="model"
-            )
-        if tenant.allowed_models is not None and req.model not in tenant.allowed_models:
-            raise APIError(
-                403, f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
-            )
-        priority_class = self._priority_class(tenant, req.priority)
-        try:
-            if isinstance(req, ChatCompletionRequest):
-                prompt = self._renderer.render_chat(
-                    [
-                        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in req.messages
-                    ]
-                )
-            else:
-                prompt = self._renderer.render_text(req.prompt_text())
-        except PromptError as exc:
-            raise APIError(400, str(exc), code="invalid_prompt", param="messages") from exc
-        max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens)
-        body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
-        return PreparedRequest(
-            rid=rid,
-            tenant=tenant,
-            model=req.model,
-            chat=isinstance(req, ChatCompletionRequest),
-            prompt=prompt,
-            max_tokens=max_tokens,
-            priority_class=priority_class,
-            body=body,
-            stream=req.stream,
-            include_usage=req.include_usage,
-            arrival=arrival,
-        )
-
-    def _priority_class(self, tenant: Tenant, asked: str | None) -> str:
-        classes = self._settings.priority_classes
-        name = asked or tenant.priority_class
-        if name not in classes:
-            raise APIError(
-                400,
-                f"Unknown priority class '{name}'; known: {sorted(classes)}.",
-                code="invalid_priority",
-                param="priority",
-            )
-        ceiling = classes.get(tenant.max_priority_class or tenant.priority_class)
-        if ceiling is not None and classes[name].rank > ceiling.rank:
-            raise APIError(
-                403,
-                f"This tenant may not use priority class '{name}'.",
-                code="priority_not_allowed",
-                param="priority",
-            )
-        return name
-
-    def _max_tokens(self, tenant: Tenant, asked: int | None, prompt_tokens: int) -> int:
-        context = self._settings.api.context_length
-        room = context - prompt_tokens
-        if room < 1:
-            raise APIError(
-                400,
-                f"The prompt is {prompt_tokens} tokens; this model's context is {context}.",
-                code="context_length_exceeded",
-                param="messages",
-            )
-        cap = tenant.max_tokens_cap
-        if asked is None:
-            return min(self._settings.api.default_max_tokens, cap or room, room)
-        if cap is not None and asked > cap:
-            raise APIError(
-                400,
-                f"max_tokens is {asked}; this tenant's cap is {cap}.",
-                code="max_tokens_above_cap",
-                param="max_tokens",
-            )
-        if asked > room:
-            raise APIError(
-                400,
-                f"prompt ({prompt_tokens}) + max_tokens ({asked}) exceeds the context length ({context}).",
-                code="context_length_exceeded",
-                param="max_tokens",
-            )
-        return asked
-
-    def _generate_body(
-        self,
-        req: ChatCompletionRequest | CompletionRequest,
-        text: str,
-        max_tokens: int,
-        rid: str,
-        priority_class: str,
-    ) -> dict[str, Any]:
-        sampling: dict[str, Any] = {"max_new_tokens": max_tokens}
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-        ):
-            value = getattr(req, name)
-            if value is not None:
-                sampling[name] = value
-        if req.seed is not None:
-            sampling["sampling_seed"] = req.seed
-        if req.stop_list():
-            sampling["stop"] = req.stop_list()
-        body: dict[str, Any] = {"text": text, "sampling_params": sampling, "rid": rid}
-        if self._settings.upstream.send_priority:
-            body["priority"] = self._settings.priority_classes[priority_class].sglang_priority
-        return body
+        """Validate and render a request (see :meth:`RequestPreparer.prepare`); charges nothing."""
+        return self._preparer.prepare(tenant, req, rid, arrival)
 
     # 2. admission ----------------------------------------------------------------------------------
     async def admit(self, prepared: PreparedRequest) -> Reservation:
@@ -320,6 +170,27 @@ class Dispatcher:
         outcome.worker, outcome.attempts = worker, outcome.attempts + 1
         return worker
 
+    async def _worker_for_attempt(
+        self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: APIError | None
+    ) -> tuple[str, contextlib.AbstractContextManager[None]]:
+        """The worker of the next attempt and a context that counts it as in flight there.
+
+        The first attempt waits in the scheduler's queue for a slot (may raise 503 shed/timeout); a
+        retry goes straight to another healthy worker (the request was already admitted).
+        """
+        if outcome.slot is None:
+            tenant = prepared.tenant
+            outcome.slot = await self._scheduler.acquire(
+                SchedulingRequest(tenant.id, tenant.weight, prepared.priority_class, prepared.reserved_tokens)
+            )
+            worker = outcome.slot.worker
+            tried.add(worker)
+            outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+            return worker, contextlib.nullcontext()
+        self._scheduler.release(outcome.slot)  # the failed worker's window is free again
+        worker = self._pick(tried, outcome, last_error)
+        return worker, self._pool.lease(worker, prepared.reserved_tokens)
+
     def _retry_or_raise(self, exc: UpstreamError, outcome: Outcome) -> APIError:
         """Record a failed attempt; raise its :class:`APIError` unless another worker may be tried."""
         err = self._upstream_failed(exc, outcome)
@@ -357,9 +228,9 @@ class Dispatcher:
             tried: set[str] = set()
             last_error: APIError | None = None
             while True:
-                worker = self._pick(tried, outcome, last_error)
+                worker, in_flight = await self._worker_for_attempt(prepared, outcome, tried, last_error)
                 try:
-                    with self._pool.lease(worker, prepared.reserved_tokens):
+                    with in_flight:
                         chunk = await self._client.generate(worker, prepared.body)
                     break
                 except UpstreamError as exc:
@@ -378,6 +249,8 @@ class Dispatcher:
             raise
         finally:
             self._metrics.in_flight.dec()
+            if outcome.slot is not None:
+                self._scheduler.release(outcome.slot)
             with anyio.CancelScope(shield=True):
                 await self._settle(prepared, reservation, outcome)
 
@@ -411,6 +284,8 @@ class Dispatcher:
             raise
         finally:
             self._metrics.in_flight.dec()
+            if outcome.slot is not None:
+                self._scheduler.release(outcome.slot)
             with anyio.CancelScope(shield=True):
                 if not outcome.finished and outcome.worker is not None:
                     await self._client.abort(outcome.worker, prepared.rid)
@@ -422,9 +297,9 @@ class Dispatcher:
         tried: set[str] = set()
         last_error: APIError | None = None
         while True:
-            worker = self._pick(tried, outcome, last_error)
+            worker, in_flight = await self._worker_for_attempt(prepared, outcome, tried, last_error)
             try:
-                with self._pool.lease(worker, prepared.reserved_tokens):
+                with in_flight:
                     async for chunk in self._client.stream(worker, prepared.body):
                         if not outcome.streamed_any:
                             outcome.ttft_s = time.perf_counter() - prepared.arrival

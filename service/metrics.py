@@ -97,6 +97,31 @@ class GatewayMetrics:
             ["worker"],
             registry=registry,
         )
+        self.queue_depth = Gauge(
+            "radixgate_queue_depth",
+            "Requests waiting in the gateway queue per band.",
+            ["band"],
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "radixgate_queue_wait_seconds",
+            "Time spent in the gateway queue before dispatch, s.",
+            ["band"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.scheduler_outcomes = Counter(
+            "radixgate_scheduler_outcomes_total",
+            "Queue outcomes per band and tenant: admitted, shed, expired, cancelled.",
+            ["band", "tenant", "outcome"],
+            registry=registry,
+        )
+        self.worker_window = Gauge(
+            "radixgate_worker_window_requests",
+            "Current concurrency window per worker, requests.",
+            ["worker"],
+            registry=registry,
+        )
         self.worker_healthy = Gauge(
             "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
         )

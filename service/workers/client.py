@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class UpstreamError(Exception):
@@ -84,6 +85,34 @@ def _error_message(payload: Any) -> str:
         if err is not None:
             return str(err)
     return "worker returned an error"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """Load a worker reports on ``/metrics`` (summed over its DP ranks and priorities).
+
+    Attributes:
+        running: ``sglang:num_running_reqs``, requests.
+        queued: ``sglang:num_queue_reqs``, requests waiting inside the engine.
+        kv_usage: ``sglang:token_usage``, fraction of the KV cache in use (0..1).
+    """
+
+    running: int
+    queued: int
+    kv_usage: float
+
+
+def parse_load(metrics_text: str) -> WorkerLoad:
+    """Read running/queued requests and KV usage from SGLang's Prometheus text."""
+    totals = {"sglang:num_running_reqs": 0.0, "sglang:num_queue_reqs": 0.0}
+    kv = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+            elif sample.name == "sglang:token_usage":
+                kv = max(kv, sample.value)
+    return WorkerLoad(int(totals["sglang:num_running_reqs"]), int(totals["sglang:num_queue_reqs"]), kv)
 
 
 class SGLangClient:
@@ -157,6 +186,19 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
+
+    async def load(self, worker: str, timeout_s: float = 2.0) -> WorkerLoad | None:
+        """The worker's reported load from ``GET /metrics``; None if it cannot be read."""
+        try:
+            resp = await self._http.get(f"{worker}/metrics", timeout=timeout_s)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        try:
+            return parse_load(resp.text)
+        except ValueError:
+            return None
 
     async def healthy(self, worker: str, timeout_s: float = 2.0) -> bool:
         """``GET /health`` answers 200 within ``timeout_s``."""

@@ -126,14 +126,32 @@ class WorkerPool:
             state.healthy = False
             log.warning("worker_marked_unhealthy", worker=url)
 
-    @contextlib.contextmanager
-    def lease(self, url: str, tokens: int) -> Iterator[None]:
-        """Count a request as in flight on ``url`` for the duration of the block."""
+    def views(self) -> list[WorkerView]:
+        """Immutable snapshots of every worker, for routing."""
+        return [w.view() for w in self._workers.values()]
+
+    def get(self, url: str) -> WorkerState | None:
+        """A worker's state, or None if it is not in the pool."""
+        return self._workers.get(url)
+
+    def acquire(self, url: str, tokens: int) -> None:
+        """Count one request of ``tokens`` as in flight on ``url``."""
         state = self._workers[url]
         state.in_flight += 1
         state.in_flight_tokens += tokens
+
+    def release(self, url: str, tokens: int) -> None:
+        """Undo :meth:`acquire`."""
+        state = self._workers.get(url)
+        if state is not None:
+            state.in_flight -= 1
+            state.in_flight_tokens -= tokens
+
+    @contextlib.contextmanager
+    def lease(self, url: str, tokens: int) -> Iterator[None]:
+        """Count a request as in flight on ``url`` for the duration of the block."""
+        self.acquire(url, tokens)
         try:
             yield
         finally:
-            state.in_flight -= 1
-            state.in_flight_tokens -= tokens
+            self.release(url, tokens)

@@ -1,0 +1,191 @@
+"""Step 1 of the pipeline: validate a request against the served models and the tenant, render its prompt.
+
+Nothing is charged here: every failure is a 4xx :class:`APIError` before any quota is touched and before
+anything reaches a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from policies.cost import reserved_tokens
+from service.api.errors import APIError
+from service.api.protocol import ChatCompletionRequest, CompletionRequest
+from service.config import Settings
+from service.prompting import PromptError, PromptRenderer, RenderedPrompt
+from tenancy.models import Tenant
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A validated request, ready to be admitted and sent.
+
+    Attributes:
+        rid: request id (also SGLang's ``rid`` and the ``x-request-id`` header).
+        tenant: the caller's tenant.
+        model: served model id.
+        chat: chat completion (True) or text completion.
+        prompt: rendered prompt and its token count.
+        max_tokens: completion limit, tokens.
+        priority_class: the class the request runs in.
+        body: the SGLang ``/generate`` body (without ``stream``).
+        stream: answer as SSE.
+        include_usage: end the stream with a usage chunk.
+        arrival: ``time.perf_counter()`` at arrival, s.
+    """
+
+    rid: str
+    tenant: Tenant
+    model: str
+    chat: bool
+    prompt: RenderedPrompt
+    max_tokens: int
+    priority_class: str
+    body: dict[str, Any]
+    stream: bool
+    include_usage: bool
+    arrival: float
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens reserved in the TPM bucket: prompt + max_tokens."""
+        return reserved_tokens(self.prompt.num_tokens, self.max_tokens)
+
+
+class RequestPreparer:
+    """Turns a parsed OpenAI request into a :class:`PreparedRequest`.
+
+    Args:
+        settings: the app's settings (models, priority classes, limits).
+        renderer: chat template and tokenizer.
+    """
+
+    def __init__(self, settings: Settings, renderer: PromptRenderer) -> None:
+        self._settings = settings
+        self._renderer = renderer
+
+    def prepare(
+        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
+    ) -> PreparedRequest:
+        """Check a request against the served models and the tenant's limits, and render its prompt.
+
+        Raises:
+            APIError: 404 unknown model, 403 model or priority class not allowed, 400 bad max_tokens,
+                unknown priority class, context length exceeded or template failure.
+        """
+        if req.model not in self._settings.served_models:
+            raise APIError(
+                404, f"The model '{req.model}' does not exist.", code="model_not_found", param="model"
+            )
+        if tenant.allowed_models is not None and req.model not in tenant.allowed_models:
+            raise APIError(
+                403, f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
+            )
+        priority_class = self._priority_class(tenant, req.priority)
+        try:
+            if isinstance(req, ChatCompletionRequest):
+                prompt = self._renderer.render_chat(
+                    [
+                        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                        for m in req.messages
+                    ]
+                )
+            else:
+                prompt = self._renderer.render_text(req.prompt_text())
+        except PromptError as exc:
+            raise APIError(400, str(exc), code="invalid_prompt", param="messages") from exc
+        max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens)
+        body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
+        return PreparedRequest(
+            rid=rid,
+            tenant=tenant,
+            model=req.model,
+            chat=isinstance(req, ChatCompletionRequest),
+            prompt=prompt,
+            max_tokens=max_tokens,
+            priority_class=priority_class,
+            body=body,
+            stream=req.stream,
+            include_usage=req.include_usage,
+            arrival=arrival,
+        )
+
+    def _priority_class(self, tenant: Tenant, asked: str | None) -> str:
+        classes = self._settings.priority_classes
+        name = asked or tenant.priority_class
+        if name not in classes:
+            raise APIError(
+                400,
+                f"Unknown priority class '{name}'; known: {sorted(classes)}.",
+                code="invalid_priority",
+                param="priority",
+            )
+        ceiling = classes.get(tenant.max_priority_class or tenant.priority_class)
+        if ceiling is not None and classes[name].rank > ceiling.rank:
+            raise APIError(
+                403,
+                f"This tenant may not use priority class '{name}'.",
+                code="priority_not_allowed",
+                param="priority",
+            )
+        return name
+
+    def _max_tokens(self, tenant: Tenant, asked: int | None, prompt_tokens: int) -> int:
+        context = self._settings.api.context_length
+        room = context - prompt_tokens
+        if room < 1:
+            raise APIError(
+                400,
+                f"The prompt is {prompt_tokens} tokens; this model's context is {context}.",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        cap = tenant.max_tokens_cap
+        if asked is None:
+            return min(self._settings.api.default_max_tokens, cap or room, room)
+        if cap is not None and asked > cap:
+            raise APIError(
+                400,
+                f"max_tokens is {asked}; this tenant's cap is {cap}.",
+                code="max_tokens_above_cap",
+                param="max_tokens",
+            )
+        if asked > room:
+            raise APIError(
+                400,
+                f"prompt ({prompt_tokens}) + max_tokens ({asked}) exceeds the context length ({context}).",
+                code="context_length_exceeded",
+                param="max_tokens",
+            )
+        return asked
+
+    def _generate_body(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        text: str,
+        max_tokens: int,
+        rid: str,
+        priority_class: str,
+    ) -> dict[str, Any]:
+        sampling: dict[str, Any] = {"max_new_tokens": max_tokens}
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
+            value = getattr(req, name)
+            if value is not None:
+                sampling[name] = value
+        if req.seed is not None:
+            sampling["sampling_seed"] = req.seed
+        if req.stop_list():
+            sampling["stop"] = req.stop_list()
+        body: dict[str, Any] = {"text": text, "sampling_params": sampling, "rid": rid}
+        if self._settings.upstream.send_priority:
+            body["priority"] = self._settings.priority_classes[priority_class].sglang_priority
+        return body
