@@ -177,6 +177,7 @@ class RequestPreparer:
             "presence_penalty",
             "frequency_penalty",
             "repetition_penalty",
+            "ignore_eos",
         ):
             value = getattr(req, name)
             if value is not None:

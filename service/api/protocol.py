@@ -1,7 +1,8 @@
 """Typed protocol between HTTP and the dispatch pipeline: OpenAI request/response models.
 
 Unknown top-level fields are rejected (400 ``Unrecognized request argument supplied``) as OpenAI does.
-Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty`` (SGLang sampling) and ``priority``
+Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos`` (SGLang sampling) and
+``priority``
 (a radixgate priority class name).
 """
 
@@ -64,6 +65,7 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
+    ignore_eos: bool | None = Field(None, description="SGLang/vLLM extension: generate max_tokens.")
     seed: int | None = None
     user: str | None = Field(None, max_length=256)
     priority: str | None = Field(None, max_length=64, description="radixgate priority class name.")

@@ -27,7 +27,7 @@ class FakeWorker:
         mode: ``"ok"``, ``"error500"`` or ``"break_after_2"`` (stream dies after 2 chunks).
         received: bodies of ``/generate`` calls.
         aborted: rids passed to ``/abort_request``.
-        delay_s: pause between streamed chunks.
+        delay_s: pause per generated word (between streamed chunks; summed for non-streamed answers).
     """
 
     def __init__(self) -> None:
@@ -68,6 +68,8 @@ class FakeWorker:
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
         n = min(body["sampling_params"]["max_new_tokens"], len(WORDS))
         if not body.get("stream"):
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s * n)
             text = " ".join(WORDS[:n])
             return JSONResponse({"text": text, "meta_info": self._meta(body, n, True)})
 
