@@ -1,35 +1,55 @@
-"""Choosing a worker for a request (pure: the caller passes a snapshot of the pool).
+"""Choosing a worker for a request (pure: the caller passes a snapshot of the pool and the time).
 
-Policies here: round robin and least load. Cache-aware routing builds on the same
-:class:`WorkerView` snapshot.
+Four policies behind one interface (:class:`~policies.route_types.Router`), selected by a setting through
+:func:`make_router`:
+
+- ``round_robin``: cycle through eligible workers (:class:`RoundRobinRouter`).
+- ``least_load``: fewest in-flight requests, then tokens (:class:`LeastLoadRouter`).
+- ``consistent_hash``: hash ring over session id or prompt head (:mod:`policies.consistent_hash`).
+- ``cache_aware``: SGLang router's prefix-tree affinity with load balancing (:mod:`policies.cache_aware`).
+
+The older helpers :class:`RoundRobin` and :func:`least_loaded` (returning a :class:`WorkerView`) stay for
+existing callers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from typing import Literal
 
+from policies.cache_aware import CacheAwareConfig, CacheAwarePolicy, is_imbalanced
+from policies.consistent_hash import ConsistentHash, ConsistentHashConfig
+from policies.route_types import (
+    ROUTE_REASONS,
+    RouteDecision,
+    Router,
+    RouteReason,
+    WorkerView,
+    candidates,
+    load_key,
+)
 
-@dataclass(frozen=True, slots=True)
-class WorkerView:
-    """What routing knows of a worker at decision time.
+__all__ = [
+    "ROUTE_REASONS",
+    "CacheAwareConfig",
+    "CacheAwarePolicy",
+    "ConsistentHash",
+    "ConsistentHashConfig",
+    "LeastLoadRouter",
+    "RoundRobin",
+    "RoundRobinRouter",
+    "RouteDecision",
+    "RouteReason",
+    "Router",
+    "RouterName",
+    "WorkerView",
+    "candidates",
+    "is_imbalanced",
+    "least_loaded",
+    "make_router",
+]
 
-    Attributes:
-        url: the worker's base URL (its identity).
-        healthy: passing health checks and accepting new requests.
-        in_flight: requests the gateway has running on it.
-        in_flight_tokens: tokens (prompt + max_tokens) of those requests.
-    """
-
-    url: str
-    healthy: bool
-    in_flight: int = 0
-    in_flight_tokens: int = 0
-
-
-def candidates(workers: Sequence[WorkerView], exclude: Collection[str] = ()) -> list[WorkerView]:
-    """Healthy workers not in ``exclude`` (e.g. those a retry already tried)."""
-    return [w for w in workers if w.healthy and w.url not in exclude]
+RouterName = Literal["round_robin", "least_load", "consistent_hash", "cache_aware"]
 
 
 class RoundRobin:
@@ -57,3 +77,87 @@ def least_loaded(workers: Sequence[WorkerView], exclude: Collection[str] = ()) -
     if not eligible:
         return None
     return min(eligible, key=lambda w: (w.in_flight_tokens, w.in_flight))
+
+
+class _Stateless:
+    """No-op feedback hooks shared by the policies that keep no per-worker state."""
+
+    def remove_worker(self, url: str) -> None:
+        """Nothing to forget."""
+
+    def observe_cached_tokens(
+        self,
+        worker: str,
+        prompt_text: str,
+        engine_cached_tokens: int,
+        prompt_tokens: int,
+        predicted_chars: int | None = None,
+    ) -> bool:
+        """Feedback is not used; always False."""
+        return False
+
+
+class RoundRobinRouter(_Stateless):
+    """:class:`RoundRobin` behind the common interface; reason ``round_robin``; ignores prompt and time."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._rr = RoundRobin()
+
+    def choose(
+        self,
+        workers: Sequence[WorkerView],
+        prompt: str,
+        now: float,
+        exclude: Collection[str] = (),
+        session_id: str | None = None,
+    ) -> RouteDecision | None:
+        """Next eligible worker in list order; None when there is none."""
+        pick = self._rr.choose(workers, exclude)
+        return RouteDecision(pick.url, "round_robin") if pick else None
+
+
+class LeastLoadRouter(_Stateless):
+    """Least in-flight requests, then in-flight tokens, ties in list order; reason ``least_load``.
+
+    Requests first, like the shortest-queue branch of SGLang's router (its load is the request count).
+    """
+
+    name = "least_load"
+
+    def choose(
+        self,
+        workers: Sequence[WorkerView],
+        prompt: str,
+        now: float,
+        exclude: Collection[str] = (),
+        session_id: str | None = None,
+    ) -> RouteDecision | None:
+        """The least loaded eligible worker; None when there is none."""
+        eligible = candidates(workers, exclude)
+        if not eligible:
+            return None
+        return RouteDecision(min(eligible, key=load_key).url, "least_load")
+
+
+def make_router(
+    name: RouterName,
+    *,
+    cache_aware: CacheAwareConfig | None = None,
+    consistent_hash: ConsistentHashConfig | None = None,
+) -> Router:
+    """Build the router a setting names, with optional per-policy configuration (defaults documented there).
+
+    Raises:
+        ValueError: unknown ``name``.
+    """
+    if name == "round_robin":
+        return RoundRobinRouter()
+    if name == "least_load":
+        return LeastLoadRouter()
+    if name == "consistent_hash":
+        return ConsistentHash(consistent_hash)
+    if name == "cache_aware":
+        return CacheAwarePolicy(cache_aware)
+    raise ValueError(f"unknown routing policy {name!r}")
