@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -29,7 +30,7 @@ def prompt(start: int, n: int) -> tuple[int, ...]:
     return tuple(range(start, start + n))
 
 
-# ----- radix cache -------------------------------------------------------------------------------------------
+# ----- radix cache
 def test_radix_cache_matches_shared_prefix_and_splits_edges() -> None:
     cache = RadixCache()
     cache.insert([1, 2, 3, 4, 5], now_s=0.0)
@@ -83,7 +84,7 @@ def test_kv_capacity_evicts_old_prefixes_lru() -> None:
     assert done["again-new"].cached_tokens == 799  # capped at prompt length − 1, as SGLang does
 
 
-# ----- batching ------------------------------------------------------------------------------------------------
+# ----- batching
 @pytest.mark.parametrize("profile", [H100, CPU], ids=lambda p: p.name)
 def test_two_concurrent_requests_finish_sooner_than_twice_one(profile: SimProfile) -> None:
     one = SimEngine(profile)
@@ -102,7 +103,7 @@ def test_events_stream_one_token_per_step_and_finish_with_length() -> None:
     events = run(engine)
     assert [e.completion_tokens for e in events] == [1, 2, 3, 4, 5]
     assert [e.finish_reason for e in events] == [None, None, None, None, "length"]
-    assert all(a.time_s < b.time_s for a, b in zip(events, events[1:], strict=False))
+    assert all(a.time_s < b.time_s for a, b in itertools.pairwise(events))
 
 
 def test_natural_stop_finishes_with_stop() -> None:
@@ -122,7 +123,7 @@ def test_max_running_requests_queues_the_rest() -> None:
     assert len(finished(run(engine))) == 5
 
 
-# ----- priority and preemption --------------------------------------------------------------------------------
+# ----- priority and preemption
 def test_high_priority_request_sent_after_many_low_ones_finishes_first() -> None:
     engine = SimEngine(dataclasses.replace(CPU, max_running_requests=1))
     for i in range(6):
@@ -165,7 +166,7 @@ def test_kv_pressure_during_decode_retracts_and_resumes() -> None:
     assert engine.stats().preemptions_total >= 1
 
 
-# ----- abort, determinism, validation --------------------------------------------------------------------------
+# ----- abort, determinism, validation
 def test_abort_frees_the_request() -> None:
     engine = SimEngine(CPU)
     engine.submit(SimRequest("a", prompt(1, 20), 100), 0.0)

@@ -36,5 +36,5 @@ def test_throughput_rises_with_concurrency_as_the_profile_says() -> None:
 
 
 def test_unknown_profile_names_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="llama-3.1-8b-h100"):
+    with pytest.raises(KeyError, match=r"llama-3\.1-8b-h100"):
         get_profile("nope")
