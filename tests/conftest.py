@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from service.workers.launcher import WorkerProcess
+from tests.support.engine import running_worker
 from tests.support.model_stub import write_stub_model
 from tests.support.servers import redis_server
 
@@ -34,3 +36,10 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 def stub_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder with a word-level tokenizer and a ChatML template."""
     return write_stub_model(tmp_path_factory.mktemp("stub-model"))
+
+
+@pytest.fixture(scope="session")
+def engine_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """One real SGLang CPU worker (SmolLM2-135M-Instruct) shared by the engine tests of a session."""
+    with running_worker(tmp_path_factory.mktemp("engine")) as proc:
+        yield proc

@@ -1,6 +1,6 @@
 """End to end: the gateway in front of a real SGLang CPU worker (SmolLM2-135M-Instruct), real Redis.
 
-The worker is started once per module by a fixture (20-60 s on 2 cores).
+The worker is started once per session by the ``engine_worker`` fixture (20-60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from service.app import create_app
 from service.config import Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
-from tests.support.engine import running_worker
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -32,9 +31,8 @@ LONG_SYSTEM = (
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    with running_worker(tmp_path_factory.mktemp("engine")) as proc:
-        yield proc
+def worker(engine_worker: WorkerProcess) -> WorkerProcess:
+    return engine_worker
 
 
 @pytest.fixture(scope="module")
