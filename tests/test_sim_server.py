@@ -172,7 +172,12 @@ def test_info_and_health_routes(url: str) -> None:
 
 
 def test_bad_requests_get_400_in_sglangs_error_shape(url: str) -> None:
-    bads: list[dict[str, Any]] = [{"sampling_params": {}}, {"text": "x", "input_ids": [1]}, body("x", 0), body("", 3)]
+    bads: list[dict[str, Any]] = [
+        {"sampling_params": {}},
+        {"text": "x", "input_ids": [1]},
+        body("x", 0),
+        body("", 3),
+    ]
     for bad in bads:
         resp = httpx.post(f"{url}/generate", json=bad)
         assert resp.status_code == 400 and resp.json()["error"]["message"], bad

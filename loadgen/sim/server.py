@@ -128,6 +128,7 @@ class SimServer:
         self.fault = FaultSpec()
         self.set_fault(fault or FaultSpec())
         self._salts = random.Random(seed)
+        self.generate_calls = 0  # /generate requests received, faulted ones included
         self._live: dict[str, _Live] = {}
         self._wake: asyncio.Event | None = None
         self._t0 = 0.0
@@ -203,6 +204,7 @@ class SimServer:
     # ----- /generate
     async def generate(self, request: Request) -> Response:
         """SGLang's native ``/generate`` (see the module docstring)."""
+        self.generate_calls += 1
         try:
             body = GenerateBody.model_validate(await request.json())
             req = self._build(body)
@@ -404,6 +406,7 @@ class SimServer:
                 "profile": self.profile.name,
                 "fault": self.fault.model_dump(),
                 "live_requests": len(self._live),
+                "generate_calls": self.generate_calls,
                 "stats": dataclasses.asdict(stats),
                 "vocabulary_size": len(VOCAB_IDS),
             }
