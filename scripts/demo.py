@@ -12,18 +12,14 @@ Run by ``make demo`` (or ``make up`` with ``--keep``). Steps:
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 import openai
+
+from loadgen.stack import LocalStack, StackError
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / ".run"
@@ -39,98 +35,25 @@ SYSTEM_PROMPT = (
 QUESTIONS = ["How much is a day pass?", "Can I take my bicycle at 08:15?", "Do dogs need a ticket?"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(url: str, timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with code {proc.returncode}; see the logs in {RUN}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    sys.exit(f"{what} not ready after {timeout_s:.0f} s; see the logs in {RUN}")
-
-
-def start_redis(port: int) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        sys.exit("redis-server is not installed: run `make setup`")
-    log = open(RUN / "redis.log", "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(RUN)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def start_gateway(port: int, redis_port: int, admin_token: str, worker_port: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "RADIXGATE_PORT": str(port),
-        "RADIXGATE_ADMIN_TOKEN": admin_token,
-        "RADIXGATE_KEY_PEPPER": secrets.token_hex(16),
-        "RADIXGATE_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
-        "RADIXGATE_ENGINE__LAUNCH": "true",
-        "RADIXGATE_ENGINE__BASE_PORT": str(worker_port),
-        "RADIXGATE_ENGINE__CPU_SHIM_PATH": str(ROOT / "scripts" / "engine" / "shim"),
-    }
-    log = open(RUN / "gateway.log", "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "service", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def stop(proc: subprocess.Popen[bytes], group: bool = False) -> None:
-    if proc.poll() is not None:
-        return
-    if group:
-        os.killpg(proc.pid, signal.SIGTERM)
-    else:
-        proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL) if group else proc.kill()
-
-
-def create_tenant(admin: httpx.Client, body: dict[str, object]) -> str:
-    resp = admin.post("/admin/tenants", json=body)
-    resp.raise_for_status()
-    key = admin.post(f"/admin/tenants/{body['id']}/keys", json={"name": "demo"})
-    key.raise_for_status()
-    api_key: str = key.json()["api_key"]
-    print(f"  tenant {body['id']!r:8} quotas={body.get('quotas', {})} key={api_key[:16]}… (shown once)")
+def create_tenant(stack: LocalStack, tenant_id: str, **spec: object) -> str:
+    api_key = stack.create_tenant(tenant_id, **spec)
+    print(f"  tenant {tenant_id!r:8} quotas={spec.get('quotas', {})} key={api_key[:16]}… (shown once)")
     return api_key
 
 
-def run_requests(base: str, admin_token: str) -> None:
-    admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60)
+def run_requests(stack: LocalStack) -> None:
+    base = stack.url
+    admin = stack.admin()
     print("\n== 1. tenants, created through the admin API")
     acme_key = create_tenant(
-        admin,
-        {
-            "id": "acme",
-            "name": "Acme Corp",
-            "priority_class": "interactive",
-            "quotas": {"requests_per_min": 600, "tokens_per_min": 200_000},
-        },
+        stack,
+        "acme",
+        name="Acme Corp",
+        priority_class="interactive",
+        quotas={"requests_per_min": 600, "tokens_per_min": 200_000},
     )
     tiny_key = create_tenant(
-        admin,
-        {"id": "tiny", "name": "Tiny Startup", "quotas": {"requests_per_min": 2, "tokens_per_min": 20_000}},
+        stack, "tiny", name="Tiny Startup", quotas={"requests_per_min": 2, "tokens_per_min": 20_000}
     )
     model = admin.get("/v1/models", headers={"Authorization": f"Bearer {acme_key}"}).json()["data"][0]["id"]
 
@@ -201,31 +124,32 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the stack running until Ctrl-C")
     parser.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     args = parser.parse_args()
-    RUN.mkdir(exist_ok=True)
-    redis_port, worker_port = free_port(), free_port()
-    admin_token = os.environ.get("RADIXGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
-    base = f"http://127.0.0.1:{args.port}"
-    print(f"starting redis-server :{redis_port}, gateway {base} with one SGLang CPU worker :{worker_port}")
+    stack = LocalStack(RUN, port=args.port)
+    print(f"starting redis-server, one SGLang CPU worker and the gateway on {stack.url}")
     print(f"(logs in {RUN}; the worker needs 20-60 s to load the model)")
-    redis_proc = start_redis(redis_port)
-    gateway = start_gateway(args.port, redis_port, admin_token, worker_port)
+    t0 = time.monotonic()
     try:
-        t0 = time.monotonic()
-        wait_until(f"{base}/readyz", 600, "gateway", gateway)
+        stack.start()
+    except StackError as exc:
+        stack.stop()
+        sys.exit(str(exc))
+    try:
         print(f"gateway ready after {time.monotonic() - t0:.0f} s")
-        run_requests(base, admin_token)
+        run_requests(stack)
         if args.keep:
-            print(f"\nThe stack keeps running: gateway {base}, admin token {admin_token}\nCtrl-C stops it.")
+            print(
+                f"\nThe stack keeps running: gateway {stack.url}, admin token {stack.admin_token}\n"
+                "Ctrl-C stops it."
+            )
             try:
-                while gateway.poll() is None:
+                while True:
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
         else:
             print("\nstopping (use `make up` to keep the stack running)")
     finally:
-        stop(gateway, group=True)
-        stop(redis_proc)
+        stack.stop()
 
 
 if __name__ == "__main__":

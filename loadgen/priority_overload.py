@@ -1,0 +1,219 @@
+"""Experiment: three priority classes under 2x overload, through the gateway, over HTTP.
+
+1. Start a local stack (Redis + gateway + one SGLang CPU worker), or use ``--gateway URL --admin-token T``.
+2. Measure capacity: a closed loop of ``--concurrency`` clients for ``--probe-s`` seconds -> R requests/s.
+3. Offer an open-loop Poisson load of ``--overload`` x R for ``--duration-s`` seconds, each arrival a
+   streamed chat request from one of three tenants (interactive, standard, batch; equal shares).
+4. Print per class: sent, served, shed (503), P50/P99 TTFT of the served ones, goodput (share of all sent
+   that was served within the class's TTFT goal).
+
+Run: ``.venv/bin/python -m loadgen.priority_overload`` (about 2 minutes on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from loadgen.stack import LocalStack
+
+CLASSES = ("interactive", "standard", "batch")
+# CPU-sized classes: wait budget and TTFT goal (ms) per class, ranks 2/1/0
+CLASS_ENV = {
+    "RADIXGATE_PRIORITY_CLASSES": json.dumps(
+        {
+            "interactive": {
+                "rank": 2,
+                "sglang_priority": 10,
+                "queue_wait_budget_ms": 1500,
+                "ttft_goal_ms": 1500,
+            },
+            "standard": {"rank": 1, "sglang_priority": 5, "queue_wait_budget_ms": 4000, "ttft_goal_ms": 4000},
+            "batch": {"rank": 0, "sglang_priority": 0, "queue_wait_budget_ms": 15000, "ttft_goal_ms": 15000},
+        }
+    ),
+    "RADIXGATE_SCHEDULER__WINDOW_INITIAL": "4",
+    "RADIXGATE_SCHEDULER__WINDOW_MAX": "8",
+}
+GOAL_MS = {"interactive": 1500.0, "standard": 4000.0, "batch": 15000.0}
+
+
+@dataclass(slots=True)
+class Result:
+    """One request's outcome: class, HTTP status, TTFT (ms, None when not served)."""
+
+    cls: str
+    status: int
+    ttft_ms: float | None
+
+
+async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: int, i: int) -> Result:
+    """Send one streamed chat request; measure the time to its first content chunk."""
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"Tell me fact number {i} about rivers."}],
+    }
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    try:
+        async with http.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return Result(cls, resp.status_code, None)
+            async for line in resp.aiter_lines():
+                if (
+                    ttft is None
+                    and line.startswith("data: {")
+                    and '"content":"' in line
+                    and '"content":""' not in line
+                ):
+                    ttft = (time.perf_counter() - t0) * 1000
+    except httpx.HTTPError:
+        return Result(cls, 599, None)
+    return Result(cls, 200, ttft)
+
+
+async def measure_capacity(base: str, key: str, concurrency: int, seconds: float, max_tokens: int) -> float:
+    """Closed loop: completed requests/s with ``concurrency`` clients."""
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def client(http: httpx.AsyncClient, c: int) -> None:
+        nonlocal done
+        i = 0
+        while time.monotonic() < deadline:
+            if (await one_request(http, key, "standard", max_tokens, c * 1000 + i)).status == 200:
+                done += 1
+            i += 1
+
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+        await asyncio.gather(*(client(http, c) for c in range(concurrency)))
+    return done / (time.monotonic() - t0)
+
+
+async def open_loop(
+    base: str, keys: dict[str, str], rate: float, seconds: float, max_tokens: int, seed: int
+) -> list[Result]:
+    """Poisson arrivals at ``rate`` req/s for ``seconds``; arrivals never wait for responses."""
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[Result]] = []
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
+        t_end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < t_end:
+            cls = rng.choice(CLASSES)
+            tasks.append(asyncio.create_task(one_request(http, keys[cls], cls, max_tokens, i)))
+            i += 1
+            await asyncio.sleep(rng.expovariate(rate))
+        return list(await asyncio.gather(*tasks))
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of ``values``, nearest rank; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(results: list[Result]) -> list[dict[str, Any]]:
+    """Per-class figures: sent, served, shed, P50/P99 TTFT (ms), goodput."""
+    rows = []
+    for cls in CLASSES:
+        mine = [r for r in results if r.cls == cls]
+        served = [r.ttft_ms for r in mine if r.status == 200 and r.ttft_ms is not None]
+        good = [t for t in served if t <= GOAL_MS[cls]]
+        rows.append(
+            {
+                "class": cls,
+                "sent": len(mine),
+                "served": len(served),
+                "shed_rate": sum(r.status == 503 for r in mine) / max(1, len(mine)),
+                "ttft_p50_ms": pct(served, 0.5),
+                "ttft_p99_ms": pct(served, 0.99),
+                "goal_ms": GOAL_MS[cls],
+                "goodput": len(good) / max(1, len(mine)),
+                "mean_ttft_ms": statistics.fmean(served) if served else float("nan"),
+            }
+        )
+    return rows
+
+
+async def run(stack_url: str, keys: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """Measure capacity, then offer ``args.overload`` x capacity; returns the figures."""
+    capacity = await measure_capacity(
+        stack_url, keys["standard"], args.concurrency, args.probe_s, args.max_tokens
+    )
+    rate = args.overload * capacity
+    results = await open_loop(stack_url, keys, rate, args.duration_s, args.max_tokens, args.seed)
+    return {
+        "capacity_rps": capacity,
+        "offered_rps": rate,
+        "overload": args.overload,
+        "classes": report(results),
+    }
+
+
+def print_figures(figures: dict[str, Any]) -> None:
+    """A rich table of the per-class figures."""
+    console = Console()
+    console.print(
+        f"capacity (closed loop): {figures['capacity_rps']:.2f} req/s; offered {figures['offered_rps']:.2f} "
+        f"req/s ({figures['overload']:g}x)"
+    )
+    table = Table("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
+    for r in figures["classes"]:
+        table.add_row(
+            r["class"],
+            str(r["sent"]),
+            str(r["served"]),
+            f"{r['shed_rate']:.1%}",
+            f"{r['ttft_p50_ms']:.0f}",
+            f"{r['ttft_p99_ms']:.0f}",
+            f"{r['goal_ms']:.0f}",
+            f"{r['goodput']:.1%}",
+        )
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--overload", type=float, default=2.0, help="offered load / measured capacity")
+    parser.add_argument("--duration-s", type=float, default=40.0)
+    parser.add_argument("--probe-s", type=float, default=15.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args()
+    with LocalStack(Path(".run/priority-overload"), env=CLASS_ENV) as stack:
+        keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
+        figures = asyncio.run(run(stack.url, keys, args))
+    print_figures(figures)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

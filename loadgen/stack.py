@@ -1,0 +1,166 @@
+"""A local radixgate stack as child processes: redis-server + the gateway (which launches its workers).
+
+Used by the demo (``scripts/demo.py``) and by experiments. Everything listens on 127.0.0.1; logs go to a
+run folder. Talks to the gateway over HTTP only.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class StackError(RuntimeError):
+    """A process of the stack exited or did not become ready."""
+
+
+class LocalStack:
+    """Redis + gateway (+ the SGLang workers the gateway launches), started and stopped together.
+
+    Args:
+        run_dir: folder for logs and Redis files.
+        port: gateway port (0 = a free one).
+        env: extra ``RADIXGATE_*`` settings for the gateway (e.g. scheduler or priority classes).
+        launch_workers: let the gateway launch its SGLang CPU worker(s) (``RADIXGATE_ENGINE__LAUNCH``).
+        ready_timeout_s: how long to wait for ``/readyz``, s.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        port: int = 0,
+        env: dict[str, str] | None = None,
+        launch_workers: bool = True,
+        ready_timeout_s: float = 600.0,
+    ) -> None:
+        self.run_dir = run_dir
+        self.port = port or free_port()
+        self.admin_token = os.environ.get("RADIXGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+        self._env = env or {}
+        self._launch = launch_workers
+        self._timeout = ready_timeout_s
+        self._procs: list[tuple[subprocess.Popen[bytes], bool]] = []
+
+    @property
+    def url(self) -> str:
+        """Base URL of the gateway."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def _spawn(
+        self, argv: list[str], log_name: str, env: dict[str, str] | None = None, group: bool = False
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.run_dir / log_name, "wb")  # noqa: SIM115 - owned by the child process
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=group)
+        log.close()
+        self._procs.append((proc, group))
+        return proc
+
+    def start(self) -> LocalStack:
+        """Start Redis and the gateway; return when ``/readyz`` answers 200.
+
+        Raises:
+            StackError: redis-server missing, a process exited, or readiness timed out.
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise StackError("redis-server is not installed: run `make setup`")
+        redis_port = free_port()
+        self._spawn(
+            [
+                binary,
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--dir",
+                str(self.run_dir),
+            ],
+            "redis.log",
+        )
+        env = {
+            **os.environ,
+            "RADIXGATE_PORT": str(self.port),
+            "RADIXGATE_ADMIN_TOKEN": self.admin_token,
+            "RADIXGATE_KEY_PEPPER": secrets.token_hex(16),
+            "RADIXGATE_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
+            **(
+                {"RADIXGATE_ENGINE__LAUNCH": "true", "RADIXGATE_ENGINE__BASE_PORT": str(free_port())}
+                if self._launch
+                else {}
+            ),
+            **self._env,
+        }
+        gateway = self._spawn([sys.executable, "-m", "service", "serve"], "gateway.log", env, group=True)
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            if gateway.poll() is not None:
+                raise StackError(f"gateway exited with {gateway.returncode}; see {self.run_dir}/gateway.log")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise StackError(f"gateway not ready after {self._timeout:.0f} s; see {self.run_dir}/gateway.log")
+
+    def stop(self) -> None:
+        """Stop the gateway (and its workers) and Redis."""
+        for proc, group in reversed(self._procs):
+            if proc.poll() is not None:
+                continue
+            if group:
+                os.killpg(proc.pid, signal.SIGTERM)
+            else:
+                proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                if group:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    proc.kill()
+                proc.wait(timeout=10)
+        self._procs.clear()
+
+    def admin(self) -> httpx.Client:
+        """An HTTP client carrying the admin token."""
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=60
+        )
+
+    def create_tenant(self, tenant_id: str, **spec: object) -> str:
+        """Create a tenant and one API key; returns the key."""
+        with self.admin() as http:
+            http.post("/admin/tenants", json={"id": tenant_id, "name": tenant_id, **spec}).raise_for_status()
+            resp = http.post(f"/admin/tenants/{tenant_id}/keys", json={"name": "loadgen"})
+            resp.raise_for_status()
+            key: str = resp.json()["api_key"]
+            return key
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
