@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +20,7 @@ from loadgen.sim.__main__ import parse_args
 from loadgen.sim.profiles import get_profile
 from loadgen.sim.server import SimServer
 from service.workers.client import SGLangClient, UpstreamError
-from tests.support.servers import ThreadedServer
+from tests.support.servers import ThreadedServer, free_port
 
 SYSTEM = "You are a helpful assistant of the radixgate test suite. " * 20
 
@@ -225,3 +229,49 @@ def test_cli_parses_and_lists_profiles(capsys: pytest.CaptureFixture[str]) -> No
     assert cli_main(["--list-profiles"]) == 0
     assert "smollm2-135m-cpu2" in capsys.readouterr().out
     assert cli_main(["--profile", "nope"]) == 2
+
+
+def test_speed_scales_wall_time_and_eos_gives_stop() -> None:
+    cpu = get_profile("smollm2-135m-cpu2")  # ~1.7 simulated s for 32 tokens
+    server = SimServer(cpu, speed=10.0, eos_per_token=0.2)
+    with ThreadedServer(server.app) as running:
+        started = time.monotonic()
+        no_eos = body("one two three four", 32)
+        no_eos["sampling_params"]["ignore_eos"] = True
+        resp = httpx.post(f"{running.url}/generate", json=no_eos)
+        wall = time.monotonic() - started
+        meta = resp.json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 32
+        assert 1.4 < meta["e2e_latency"] < 2.0  # simulated seconds
+        assert wall < 0.6  # ten times faster on the wall clock
+        stopped = httpx.post(f"{running.url}/generate", json=body("one two three four", 32)).json()
+        assert stopped["meta_info"]["finish_reason"]["type"] == "stop"
+        assert stopped["meta_info"]["completion_tokens"] < 32
+
+
+def test_cli_process_serves_and_exits_on_a_crash_fault(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["--profile", "llama-3.1-8b-h100", "--port", str(port), "--fault", "crash_mid_stream"]
+    args += ["--fault-after-tokens", "2", "--fault-exit"]
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen.sim", *args], cwd=Path(__file__).parent.parent)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        lines: list[str] = []
+        with (
+            pytest.raises(httpx.HTTPError),
+            httpx.stream("POST", f"{base}/generate", json=body("crash now", 50, stream=True)) as resp,
+        ):
+            lines.extend(ln for ln in resp.iter_lines() if ln.startswith("data: "))
+        assert len(lines) == 2
+        assert proc.wait(timeout=10) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -212,8 +212,9 @@ class SimServer:
             return _error(400, str(exc))
         if self._hit("http_500"):
             return _error(500, "simulated fault: http_500")
-        crash_after = self.fault.after_tokens if self._hit("crash_mid_stream") else None
-        exit_on_crash = self.fault.exit_process
+        spec = self.fault  # read before _hit, which may switch the fault off
+        crash_after = spec.after_tokens if self._hit("crash_mid_stream") else None
+        exit_on_crash = spec.exit_process
         live = _Live(req.rid, len(req.prompt), req.max_new_tokens, self.now())
         self._live[req.rid] = live
         try:
