@@ -127,8 +127,9 @@ _NIM_NOTE = (
     "The engine is TensorRT-LLM with in-flight batching, so the profile uses mixed_chunk (SGLang "
     "--enable-mixed-chunk). Fit: step_base ≈ ITL at concurrency 1; the per-request slope of ITL over "
     "concurrency is split into prefill (from TTFT at concurrency 1), per-KV-token (HBM bandwidth: KV bytes "
-    "per token / 3.35 TB/s) and per-sequence (the rest). A linear step model cannot follow the table's "
-    "saturation above concurrency ~150 (8B): there the simulator is optimistic."
+    "per token / 3.35 TB/s) and per-sequence, set so that the simulated closed-loop ITL "
+    "follows the table's slope (python -m loadgen.sim.calibrate). A linear step model cannot "
+    "follow the table's saturation above concurrency ~150 (8B): there the simulator is optimistic."
 )
 
 LLAMA_8B_H100 = SimProfile(
