@@ -124,7 +124,7 @@ _NIM_NOTE = (
     "The NIM tables' headers (GPU count, precision, input/output lengths) are not in the stored copy that "
     "was read; 200 input / 200 output tokens is derived from the table itself: at concurrency 100, "
     "c·OSL / (TTFT + (OSL − 1)·ITL) equals the published throughput only for OSL ≈ 200 (8B: 205, 70B: 203). "
-    "The engine is TensorRT-LLM with in-flight batching, so the profile uses mixed_chunk (SGLang "
+    "NIM serves these with TensorRT-LLM (assumed) and in-flight batching, so mixed_chunk is on (SGLang "
     "--enable-mixed-chunk). Fit: step_base ≈ ITL at concurrency 1; the per-request slope of ITL over "
     "concurrency is split into prefill (from TTFT at concurrency 1), per-KV-token (HBM bandwidth: KV bytes "
     "per token / 3.35 TB/s) and per-sequence, set so that the simulated closed-loop ITL "
