@@ -135,6 +135,27 @@ class SchedulerSettings(BaseModel):
     expiry_interval_s: float = Field(0.05, gt=0, description="Period of queue-deadline checks, s.")
 
 
+class RoutingSettings(BaseModel):
+    """How a dispatched request picks its worker (``policies.routing``; defaults from SGLang's router)."""
+
+    policy: Literal["cache_aware", "round_robin", "least_load", "consistent_hash"] = Field(
+        "cache_aware", description="Routing policy among workers with room in their window."
+    )
+    cache_threshold: float = Field(
+        0.3, ge=0, le=1, description="cache_aware: prefix match rate above which the best match wins."
+    )
+    balance_abs_threshold: int = Field(
+        64, ge=0, description="cache_aware: in-flight spread (requests) that counts as imbalance..."
+    )
+    balance_rel_threshold: float = Field(
+        1.5, ge=1, description="...together with max > min x this factor; then route to least load."
+    )
+    max_tree_chars_per_worker: int = Field(
+        2**24, ge=1024, description="cache_aware: prompt characters remembered per worker (LRU)."
+    )
+    eviction_interval_s: float = Field(120.0, gt=0, description="cache_aware: LRU eviction period, s.")
+
+
 class ObservabilitySettings(BaseModel):
     """Logs and metrics."""
 
@@ -167,6 +188,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object: class name -> {rank, sglang_priority}; higher rank is served first.",

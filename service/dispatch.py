@@ -181,7 +181,14 @@ class Dispatcher:
         if outcome.slot is None:
             tenant = prepared.tenant
             outcome.slot = await self._scheduler.acquire(
-                SchedulingRequest(tenant.id, tenant.weight, prepared.priority_class, prepared.reserved_tokens)
+                SchedulingRequest(
+                    tenant.id,
+                    tenant.weight,
+                    prepared.priority_class,
+                    prepared.reserved_tokens,
+                    prepared.prompt.text,
+                    prepared.session_id,
+                )
             )
             worker = outcome.slot.worker
             tried.add(worker)
@@ -346,6 +353,9 @@ class Dispatcher:
         """Reconcile quota, record usage and metrics, and log one line. Never raises."""
         tenant_id = prepared.tenant.id
         served = outcome.finished or outcome.streamed_any
+        slot = outcome.slot
+        if served and slot is not None and outcome.worker == slot.worker:
+            self._scheduler.observe(slot, prepared.prompt.text, outcome.cached_tokens, outcome.prompt_tokens)
         try:
             if served:
                 if not outcome.prompt_tokens:

@@ -122,6 +122,20 @@ class GatewayMetrics:
             ["worker"],
             registry=registry,
         )
+        self.routing_decisions = Counter(
+            "radixgate_routing_decisions_total",
+            "Worker choices by policy and reason.",
+            ["policy", "reason"],
+            registry=registry,
+        )
+        self.routing_predicted_cached_chars = Counter(
+            "radixgate_routing_predicted_cached_chars_total",
+            "Prompt characters the router expected the chosen worker to have cached.",
+            registry=registry,
+        )
+        self.routing_prompt_chars = Counter(
+            "radixgate_routing_prompt_chars_total", "Prompt characters routed.", registry=registry
+        )
         self.worker_healthy = Gauge(
             "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
         )

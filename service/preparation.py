@@ -33,6 +33,7 @@ class PreparedRequest:
         stream: answer as SSE.
         include_usage: end the stream with a usage chunk.
         arrival: ``time.perf_counter()`` at arrival, s.
+        session_id: ``<tenant>:<user>`` when the request names a ``user`` (consistent-hash routing key).
     """
 
     rid: str
@@ -46,6 +47,7 @@ class PreparedRequest:
     stream: bool
     include_usage: bool
     arrival: float
+    session_id: str | None = None
 
     @property
     def reserved_tokens(self) -> int:
@@ -109,6 +111,7 @@ class RequestPreparer:
             stream=req.stream,
             include_usage=req.include_usage,
             arrival=arrival,
+            session_id=f"{tenant.id}:{req.user}" if req.user else None,
         )
 
     def _priority_class(self, tenant: Tenant, asked: str | None) -> str:

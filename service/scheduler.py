@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import structlog
 
 from policies.admission import ConcurrencyWindow, WindowConfig
+from policies.cache_aware import CacheAwareConfig
 from policies.fair_queue import BandConfig, PriorityBands, QueuedItem
-from policies.routing import RoundRobin
+from policies.routing import RouteDecision, Router, make_router
 from policies.shedding import DispatchRate, decide_admission
 from service.api.errors import APIError
 from service.config import Settings
@@ -31,7 +32,7 @@ from service.workers.pool import WorkerPool
 
 log = structlog.get_logger("radixgate.scheduler")
 
-Waiter = asyncio.Future[str]
+Waiter = asyncio.Future["Slot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +50,30 @@ class SchedulingRequest:
     weight: float
     band: str
     cost: int
+    prompt: str = ""
+    session_id: str | None = None
 
 
 @dataclass(slots=True)
 class Slot:
-    """A request's place on a worker, held from dispatch to :meth:`Scheduler.release`."""
+    """A request's place on a worker, held from dispatch to :meth:`Scheduler.release`.
+
+    Attributes:
+        worker: base URL of the chosen worker.
+        cost: reserved tokens counted in the worker's window.
+        decision: the routing decision (reason, predicted cached characters).
+    """
 
     worker: str
     cost: int
+    decision: RouteDecision | None = None
     released: bool = False
+
+
+@dataclass(slots=True)
+class _Pending:
+    waiter: Waiter
+    request: SchedulingRequest
 
 
 class Scheduler:
@@ -80,7 +96,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         classes = settings.priority_classes
-        self._bands: PriorityBands[Waiter] = PriorityBands(
+        self._bands: PriorityBands[_Pending] = PriorityBands(
             [
                 BandConfig(name, c.rank, c.max_queue_len, c.queue_wait_budget_ms / 1000.0, c.min_share)
                 for name, c in classes.items()
@@ -103,7 +119,17 @@ class Scheduler:
         self._metrics = metrics
         self._clock = clock
         self._rate = DispatchRate()
-        self._router = RoundRobin()
+        routing = settings.routing
+        self._router: Router = make_router(
+            routing.policy,
+            cache_aware=CacheAwareConfig(
+                cache_threshold=routing.cache_threshold,
+                balance_abs_threshold=routing.balance_abs_threshold,
+                balance_rel_threshold=routing.balance_rel_threshold,
+                max_tree_chars_per_worker=routing.max_tree_chars_per_worker,
+                eviction_interval_s=routing.eviction_interval_s,
+            ),
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- public API ----------------------------------------------------------------------------------
@@ -144,22 +170,35 @@ class Scheduler:
             self._evict_newest(decision.evict_band)
         waiter: Waiter = asyncio.get_running_loop().create_future()
         budget = self._bands.configs[req.band].wait_budget_s
-        item = QueuedItem(waiter, req.tenant, req.weight, float(req.cost), req.band, now, now + budget)
+        pending = _Pending(waiter, req)
+        item = QueuedItem(pending, req.tenant, req.weight, float(req.cost), req.band, now, now + budget)
         self._bands.push(item)
         self._pump()
         self._metrics.queue_depth.labels(req.band).set(self._bands.depth(req.band))
         try:
-            worker = await waiter
+            slot = await waiter
         except asyncio.CancelledError:
             if self._bands.remove(item):
                 m.scheduler_outcomes.labels(req.band, tenant_label, "cancelled").inc()
             elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.release(Slot(waiter.result(), req.cost))  # dispatched in the same instant
+                self.release(waiter.result())  # dispatched in the same instant
             self._metrics.queue_depth.labels(req.band).set(self._bands.depth(req.band))
             raise
         m.queue_wait.labels(req.band).observe(self._clock() - now)
         m.scheduler_outcomes.labels(req.band, tenant_label, "admitted").inc()
-        return Slot(worker, req.cost)
+        return slot
+
+    def observe(self, slot: Slot, prompt: str, engine_cached_tokens: int, prompt_tokens: int) -> None:
+        """Feed a finished request's engine-reported cached tokens back to the router."""
+        predicted = slot.decision.matched_chars if slot.decision else None
+        self._router.observe_cached_tokens(
+            slot.worker, prompt, engine_cached_tokens, prompt_tokens, predicted
+        )
+
+    def remove_worker(self, url: str) -> None:
+        """Forget a worker's routing state (it left the pool)."""
+        self._router.remove_worker(url)
+        self._windows.pop(url, None)
 
     def release(self, slot: Slot) -> None:
         """Give a slot back (idempotent) and dispatch what now fits."""
@@ -184,37 +223,45 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for item in self._bands.expired(math.inf):
-            if not item.payload.done():
-                item.payload.set_exception(
+            if not item.payload.waiter.done():
+                item.payload.waiter.set_exception(
                     APIError(503, "The gateway is shutting down.", code="shutting_down")
                 )
 
     # -- internals -----------------------------------------------------------------------------------
-    def _choose_worker(self, item: QueuedItem[Waiter]) -> str | None:
+    def _choose_worker(self, item: QueuedItem[_Pending]) -> RouteDecision | None:
+        """Route among healthy workers whose window has room for ``item``; None if there is none."""
         top = item.band == self._top_band
+        cost = int(item.cost)
         views = [
             v
             for v in self._pool.views()
-            if v.healthy and self.window(v.url).has_room(v.in_flight, v.in_flight_tokens, int(item.cost), top)
+            if v.healthy and self.window(v.url).has_room(v.in_flight, v.in_flight_tokens, cost, top)
         ]
-        pick = self._router.choose(views)
-        return pick.url if pick else None
+        if not views:
+            return None
+        req = item.payload.request
+        return self._router.choose(views, req.prompt, self._clock(), session_id=req.session_id)
 
     def _pump(self) -> None:
         """Dispatch queued requests, in band/WFQ order, while some worker window has room."""
+        m = self._metrics
         while (head := self._bands.peek()) is not None:
-            if head.payload.done():  # cancelled or failed while queued
+            if head.payload.waiter.done():  # cancelled or failed while queued
                 self._bands.remove(head)
                 continue
-            worker = self._choose_worker(head)
-            if worker is None:
+            decision = self._choose_worker(head)
+            if decision is None:
                 break
             popped = self._bands.pop()
             assert popped is head
-            self._pool.acquire(worker, int(head.cost))
+            self._pool.acquire(decision.url, int(head.cost))
             self._rate.record(self._clock(), head.cost)
-            head.payload.set_result(worker)
-            self._metrics.queue_depth.labels(head.band).set(self._bands.depth(head.band))
+            head.payload.waiter.set_result(Slot(decision.url, int(head.cost), decision))
+            m.queue_depth.labels(head.band).set(self._bands.depth(head.band))
+            m.routing_decisions.labels(self._router.name, decision.reason).inc()
+            m.routing_predicted_cached_chars.inc(decision.matched_chars)
+            m.routing_prompt_chars.inc(len(head.payload.request.prompt))
 
     def _evict_newest(self, band: str) -> None:
         victim = self._bands.queue(band).newest()
@@ -222,8 +269,8 @@ class Scheduler:
             return
         self._bands.remove(victim)
         self._metrics.scheduler_outcomes.labels(band, self._metrics.tenant(victim.tenant), "shed").inc()
-        if not victim.payload.done():
-            victim.payload.set_exception(
+        if not victim.payload.waiter.done():
+            victim.payload.waiter.set_exception(
                 APIError(
                     503,
                     f"Shed from the '{band}' queue to make room for higher-priority work; retry later.",
@@ -240,8 +287,8 @@ class Scheduler:
                 self._metrics.scheduler_outcomes.labels(
                     item.band, self._metrics.tenant(item.tenant), "expired"
                 ).inc()
-                if not item.payload.done():
-                    item.payload.set_exception(
+                if not item.payload.waiter.done():
+                    item.payload.waiter.set_exception(
                         APIError(
                             503,
                             f"Waited longer than the '{item.band}' class allows "
