@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from policies.circuit_breaker import BreakerConfig
 from service.api import admin_routes, health_routes, openai_routes
 from service.api.errors import install_error_handlers
 from service.config import Settings
@@ -80,7 +81,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             client,
             up.health_interval_s,
             up.health_timeout_s,
-            up.unhealthy_after,
+            BreakerConfig(up.breaker_failures, up.breaker_successes, up.breaker_cooldown_s),
+            on_transition=lambda url, state: metrics.breaker_transitions.labels(url, state).inc(),
         )
         await pool.start()
         prefix = settings.redis.key_prefix

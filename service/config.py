@@ -77,7 +77,14 @@ class UpstreamSettings(BaseModel):
     read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
     health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
     health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")
-    unhealthy_after: int = Field(3, ge=1, description="Consecutive failed probes before a worker is out.")
+    breaker_failures: int = Field(
+        5, ge=1, description="Consecutive failures (probes or requests) that open a worker's breaker."
+    )
+    breaker_successes: int = Field(2, ge=1, description="Consecutive half-open successes that close it.")
+    breaker_cooldown_s: float = Field(30.0, gt=0, description="Time an open breaker blocks a worker, s.")
+    retry_backoff_s: float = Field(
+        0.05, ge=0, description="Base of the jittered exponential backoff between attempts, s."
+    )
     max_attempts: int = Field(2, ge=1, description="Attempts before the first token (other workers).")
     send_priority: bool = Field(
         True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."

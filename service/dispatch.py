@@ -4,8 +4,9 @@
    count (nothing charged yet; bad input raises :class:`APIError` 4xx).
 2. :meth:`Dispatcher.admit`: one atomic Redis call takes 1 request and prompt+max_tokens tokens from the
    tenant's buckets (429 with ``Retry-After``, or 413 when the request exceeds a burst).
-3. :meth:`Dispatcher.complete` / :meth:`Dispatcher.stream`: pick a worker, call SGLang ``/generate``,
-   retrying on another worker before the first token.
+3. :meth:`Dispatcher.complete` / :meth:`Dispatcher.stream`: wait for a slot in the scheduler's queue
+   (priority bands, fair queuing, shedding; it routes the request), then call SGLang ``/generate``
+   through :class:`service.upstream.UpstreamCaller` (retries, mid-stream resume, circuit breakers).
 4. Settle once, whatever happened: reconcile the reservation with the real usage (refund on failure or
    cancellation), record usage, metrics and one log line.
 
@@ -16,12 +17,10 @@ upstream request and refunds what was not used.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
@@ -43,32 +42,15 @@ from service.config import Settings
 from service.metrics import GatewayMetrics
 from service.preparation import PreparedRequest, RequestPreparer
 from service.prompting import PromptRenderer
-from service.scheduler import Scheduler, SchedulingRequest, Slot
-from service.workers.client import SGLangClient, UpstreamChunk, UpstreamError
+from service.scheduler import Scheduler
+from service.upstream import Outcome, UpstreamCaller
+from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 from tenancy.models import Tenant
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.usage import UsageRecorder
 
 log = structlog.get_logger("radixgate.request")
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What happened to a request, filled in as it runs and settled once."""
-
-    status: int = 200
-    worker: str | None = None
-    attempts: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_s: float | None = None
-    error_code: str | None = None
-    streamed_any: bool = False
-    finished: bool = False
-    slot: Slot | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -101,10 +83,10 @@ class Dispatcher:
     ) -> None:
         self._settings = settings
         self._preparer = RequestPreparer(settings, renderer)
+        self._upstream = UpstreamCaller(settings, pool, scheduler, client, metrics, renderer)
         self._scheduler = scheduler
         self._quota = quota
         self._usage = usage
-        self._pool = pool
         self._client = client
         self._metrics = metrics
 
@@ -154,97 +136,18 @@ class Dispatcher:
         )
 
     # 3. upstream -----------------------------------------------------------------------------------
-    def _pick(self, tried: set[str], outcome: Outcome, last_error: APIError | None) -> str:
-        """An untried healthy worker (recorded in ``outcome``); else the last attempt's error, or 503."""
-        worker = self._pool.choose(exclude=tried)
-        if worker is None:
-            if last_error is not None:
-                raise last_error
-            raise APIError(
-                503,
-                "No healthy worker is available; retry shortly.",
-                code="no_worker_available",
-                headers={"Retry-After": "1"},
-            )
-        tried.add(worker)
-        outcome.worker, outcome.attempts = worker, outcome.attempts + 1
-        return worker
-
-    async def _worker_for_attempt(
-        self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: APIError | None
-    ) -> tuple[str, contextlib.AbstractContextManager[None]]:
-        """The worker of the next attempt and a context that counts it as in flight there.
-
-        The first attempt waits in the scheduler's queue for a slot (may raise 503 shed/timeout); a
-        retry goes straight to another healthy worker (the request was already admitted).
-        """
-        if outcome.slot is None:
-            tenant = prepared.tenant
-            outcome.slot = await self._scheduler.acquire(
-                SchedulingRequest(
-                    tenant.id,
-                    tenant.weight,
-                    prepared.priority_class,
-                    prepared.reserved_tokens,
-                    prepared.prompt.text,
-                    prepared.session_id,
-                )
-            )
-            worker = outcome.slot.worker
-            tried.add(worker)
-            outcome.worker, outcome.attempts = worker, outcome.attempts + 1
-            return worker, contextlib.nullcontext()
-        self._scheduler.release(outcome.slot)  # the failed worker's window is free again
-        worker = self._pick(tried, outcome, last_error)
-        return worker, self._pool.lease(worker, prepared.reserved_tokens)
-
-    def _retry_or_raise(self, exc: UpstreamError, outcome: Outcome) -> APIError:
-        """Record a failed attempt; raise its :class:`APIError` unless another worker may be tried."""
-        err = self._upstream_failed(exc, outcome)
-        budget_left = outcome.attempts < self._settings.upstream.max_attempts
-        if outcome.streamed_any or not exc.retryable or not budget_left:
-            raise err from exc
-        return err
-
-    def _upstream_failed(self, exc: UpstreamError, outcome: Outcome) -> APIError:
-        kind = "transport" if exc.status is None else f"http_{exc.status}"
-        self._metrics.upstream_errors.labels(exc.worker, kind).inc()
-        if exc.status is None:
-            self._pool.mark_failed(exc.worker)
-        if exc.status is not None and 400 <= exc.status < 500:
-            outcome.error_code = "upstream_rejected"
-            return APIError(400, f"The worker rejected the request: {exc}", code="upstream_rejected")
-        outcome.error_code = "upstream_unavailable"
-        status = 503 if exc.status is None else 502
-        return APIError(
-            status,
-            "The upstream worker failed; retry shortly.",
-            code="upstream_error",
-            headers={"Retry-After": "1"},
-        )
-
     async def complete(self, prepared: PreparedRequest, reservation: Reservation) -> dict[str, Any]:
         """Serve a non-streamed request; returns the OpenAI response object.
 
         Raises:
-            APIError: 502/503 after the retry budget is spent, 400 if the worker rejects the input.
+            APIError: 503 shed/timeout from the queue, 502/503 once the attempts are spent, 400 if the
+                worker rejects the input.
         """
         outcome = Outcome()
         self._metrics.in_flight.inc()
         try:
-            tried: set[str] = set()
-            last_error: APIError | None = None
-            while True:
-                worker, in_flight = await self._worker_for_attempt(prepared, outcome, tried, last_error)
-                try:
-                    with in_flight:
-                        chunk = await self._client.generate(worker, prepared.body)
-                    break
-                except UpstreamError as exc:
-                    last_error = self._retry_or_raise(exc, outcome)
+            chunk = await self._upstream.generate(prepared, outcome)
             outcome.ttft_s = time.perf_counter() - prepared.arrival
-            self._count(outcome, chunk)
-            outcome.finished = True
             usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
             make = chat_response if prepared.chat else text_response
             return make(prepared.rid, prepared.model, chunk.text, chunk.finish_reason, usage)
@@ -255,27 +158,37 @@ class Dispatcher:
             outcome.status = 499
             raise
         finally:
-            self._metrics.in_flight.dec()
-            if outcome.slot is not None:
-                self._scheduler.release(outcome.slot)
-            with anyio.CancelScope(shield=True):
-                await self._settle(prepared, reservation, outcome)
+            await self._finish(prepared, reservation, outcome)
 
     async def stream(
         self, prepared: PreparedRequest, reservation: Reservation
     ) -> AsyncGenerator[bytes, None]:
         """Serve a streamed request as OpenAI SSE chunks, ending with ``data: [DONE]``.
 
-        Errors before the first token are retried on another worker and, once the retry budget is spent,
-        raised as :class:`APIError` before anything is yielded; later ones end the stream with an OpenAI
-        error event. Cancellation aborts the upstream request and refunds the unused tokens.
+        Errors before the first token are retried on another worker and, once the attempts are spent,
+        raised as :class:`APIError` before anything is yielded (the route answers with that status). A
+        stream that breaks later is resumed on another worker; if that fails too the stream ends with an
+        OpenAI error event. Cancellation aborts the upstream request and refunds the unused tokens.
         """
         outcome = Outcome()
         created = now_s()
         self._metrics.in_flight.inc()
         try:
-            async for event in self._stream_events(prepared, outcome, created):
-                yield event
+            async for chunk in self._upstream.stream(prepared, outcome):
+                if outcome.ttft_s is None:
+                    outcome.ttft_s = time.perf_counter() - prepared.arrival
+                    if prepared.chat:
+                        role = {"role": "assistant", "content": ""}
+                        yield _sse(chat_chunk(prepared.rid, prepared.model, created, role, None))
+                if chunk.text or chunk.finish_reason:
+                    if prepared.chat:
+                        delta = {"content": chunk.text} if chunk.text else {}
+                        event = chat_chunk(prepared.rid, prepared.model, created, delta, chunk.finish_reason)
+                    else:
+                        event = text_chunk(
+                            prepared.rid, prepared.model, created, chunk.text, chunk.finish_reason
+                        )
+                    yield _sse(event)
             if prepared.include_usage:
                 usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
                 yield _sse(usage_chunk(prepared.rid, prepared.model, created, prepared.chat, usage))
@@ -290,63 +203,17 @@ class Dispatcher:
             outcome.status = 499
             raise
         finally:
-            self._metrics.in_flight.dec()
-            if outcome.slot is not None:
-                self._scheduler.release(outcome.slot)
-            with anyio.CancelScope(shield=True):
-                if not outcome.finished and outcome.worker is not None:
-                    await self._client.abort(outcome.worker, prepared.rid)
-                await self._settle(prepared, reservation, outcome)
+            await self._finish(prepared, reservation, outcome)
 
-    async def _stream_events(
-        self, prepared: PreparedRequest, outcome: Outcome, created: int
-    ) -> AsyncIterator[bytes]:
-        tried: set[str] = set()
-        last_error: APIError | None = None
-        while True:
-            worker, in_flight = await self._worker_for_attempt(prepared, outcome, tried, last_error)
-            try:
-                with in_flight:
-                    async for chunk in self._client.stream(worker, prepared.body):
-                        if not outcome.streamed_any:
-                            outcome.ttft_s = time.perf_counter() - prepared.arrival
-                            outcome.streamed_any = True
-                            if prepared.chat:
-                                yield _sse(
-                                    chat_chunk(
-                                        prepared.rid,
-                                        prepared.model,
-                                        created,
-                                        {"role": "assistant", "content": ""},
-                                        None,
-                                    )
-                                )
-                        self._count(outcome, chunk)
-                        if chunk.text or chunk.finish_reason:
-                            yield _sse(
-                                chat_chunk(
-                                    prepared.rid,
-                                    prepared.model,
-                                    created,
-                                    {"content": chunk.text} if chunk.text else {},
-                                    chunk.finish_reason,
-                                )
-                                if prepared.chat
-                                else text_chunk(
-                                    prepared.rid, prepared.model, created, chunk.text, chunk.finish_reason
-                                )
-                            )
-                        if chunk.finish_reason:
-                            outcome.finished = True
-                return
-            except UpstreamError as exc:
-                last_error = self._retry_or_raise(exc, outcome)
-
-    @staticmethod
-    def _count(outcome: Outcome, chunk: UpstreamChunk) -> None:
-        outcome.prompt_tokens = chunk.prompt_tokens or outcome.prompt_tokens
-        outcome.completion_tokens = max(outcome.completion_tokens, chunk.completion_tokens)
-        outcome.cached_tokens = max(outcome.cached_tokens, chunk.cached_tokens)
+    async def _finish(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
+        """Release the queue slot, abort an unfinished upstream request, settle. Shielded from cancel."""
+        self._metrics.in_flight.dec()
+        if outcome.slot is not None:
+            self._scheduler.release(outcome.slot)
+        with anyio.CancelScope(shield=True):
+            if not outcome.finished and outcome.worker is not None and outcome.status != 200:
+                await self._client.abort(outcome.worker, str(outcome.extra.get("rid", prepared.rid)))
+            await self._settle(prepared, reservation, outcome)
 
     # 4. settle -------------------------------------------------------------------------------------
     async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:

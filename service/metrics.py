@@ -136,6 +136,18 @@ class GatewayMetrics:
         self.routing_prompt_chars = Counter(
             "radixgate_routing_prompt_chars_total", "Prompt characters routed.", registry=registry
         )
+        self.breaker_transitions = Counter(
+            "radixgate_breaker_transitions_total",
+            "Circuit-breaker state changes per worker.",
+            ["worker", "state"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "radixgate_retries_total",
+            "Attempts on another worker: before the first token or mid-stream.",
+            ["kind"],
+            registry=registry,
+        )
         self.worker_healthy = Gauge(
             "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
         )

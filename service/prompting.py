@@ -70,6 +70,10 @@ class PromptRenderer:
         self._bos = _special(config.get("bos_token"))
         self._eos = _special(config.get("eos_token"))
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as the engine tokenizes a raw prompt (no special tokens added)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
     def count(self, text: str) -> int:
         """Tokens in ``text`` as the engine tokenizes a raw prompt (no special tokens added)."""
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)

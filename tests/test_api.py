@@ -28,7 +28,12 @@ def gateway_settings(redis_url: str, model_dir: Path, workers: list[str], **api:
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": f"api{next(_ids)}:"},
             "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": workers, "health_interval_s": 0.2, "max_attempts": 2},
+            "upstream": {
+                "workers": workers,
+                "health_interval_s": 0.2,
+                "max_attempts": 2,
+                "breaker_cooldown_s": 0.3,
+            },
             "api": {"tokenizer_path": str(model_dir), "max_body_bytes": 4096, "context_length": 512, **api},
         }
     )

@@ -24,13 +24,22 @@ class UpstreamError(Exception):
         worker: base URL of the worker.
         status: HTTP status from the worker, or None for a transport error (connect, read, timeout).
         retryable: safe to try another worker (nothing was sent to the client yet is the caller's call).
+        refused: the connection could not be opened (the worker is down, not just slow).
     """
 
-    def __init__(self, worker: str, message: str, status: int | None = None, retryable: bool = True) -> None:
+    def __init__(
+        self,
+        worker: str,
+        message: str,
+        status: int | None = None,
+        retryable: bool = True,
+        refused: bool = False,
+    ) -> None:
         super().__init__(message)
         self.worker = worker
         self.status = status
         self.retryable = retryable
+        self.refused = refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,7 @@ class UpstreamChunk:
         text: new text since the previous chunk (the full text for a non-streamed answer).
         prompt_tokens, completion_tokens, cached_tokens: the worker's counts so far (tokens).
         finish_reason: ``"stop"``, ``"length"``, or None while generating.
+        output_ids: all token ids generated so far (SGLang streams them cumulatively), if sent.
     """
 
     text: str
@@ -48,6 +58,7 @@ class UpstreamChunk:
     completion_tokens: int
     cached_tokens: int
     finish_reason: str | None
+    output_ids: tuple[int, ...] | None = None
 
 
 def finish_reason_of(meta: dict[str, Any]) -> str | None:
@@ -74,6 +85,7 @@ def _chunk(payload: dict[str, Any], text: str) -> UpstreamChunk:
         completion_tokens=int(meta.get("completion_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
         finish_reason=finish_reason_of(meta),
+        output_ids=tuple(ids) if isinstance(ids := payload.get("output_ids"), list) else None,
     )
 
 
@@ -130,7 +142,7 @@ class SGLangClient:
         try:
             resp = await self._http.post(f"{worker}/generate", json={**body, "stream": False})
         except httpx.HTTPError as exc:
-            raise UpstreamError(worker, f"{type(exc).__name__}: {exc}") from exc
+            raise _transport_error(worker, exc) from exc
         if resp.status_code != 200:
             raise UpstreamError(
                 worker,
@@ -177,7 +189,7 @@ class SGLangClient:
                 if not finished:
                     raise UpstreamError(worker, "stream ended before the answer finished")
         except httpx.HTTPError as exc:
-            raise UpstreamError(worker, f"{type(exc).__name__}: {exc}") from exc
+            raise _transport_error(worker, exc) from exc
 
     async def abort(self, worker: str, rid: str) -> bool:
         """Ask a worker to abort request ``rid`` (SGLang ``/abort_request``). Never raises."""
@@ -207,6 +219,11 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
+
+
+def _transport_error(worker: str, exc: httpx.HTTPError) -> UpstreamError:
+    refused = isinstance(exc, httpx.ConnectError)
+    return UpstreamError(worker, f"{type(exc).__name__}: {exc}", refused=refused)
 
 
 def _json_or_none(text: str) -> Any:

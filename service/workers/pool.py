@@ -1,25 +1,30 @@
-"""The set of workers a gateway replica sends to: health probing and in-flight accounting.
+"""The workers one gateway replica sends to: health probes, circuit breakers, draining, in-flight counts.
 
-Each worker is probed with ``GET /health`` every ``health_interval_s``. A busy CPU worker can answer a
-probe late, so one missed probe is not enough: a worker leaves rotation after ``unhealthy_after``
-consecutive failed probes (default 3, the same default as Kubernetes' ``failureThreshold``) and returns
-on the first successful one. A transport failure while serving (connection refused or reset) is
-definitive and takes the worker out at once, so retries move elsewhere.
+Each worker has a :class:`policies.circuit_breaker.CircuitBreaker` fed by ``GET /health`` probes (every
+``health_interval_s``) and by the outcome of real requests: consecutive failures open it, a refused
+connection opens it at once, and after the cool-down probes (half-open) close it again. A worker is
+eligible for new requests when it has answered a probe at least once, its breaker lets traffic through
+and it is not draining. A draining worker finishes what it runs and is removed when its in-flight count
+reaches zero.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
 
 import structlog
 
+from policies.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker
 from policies.routing import RoundRobin, WorkerView
 from service.workers.client import SGLangClient
 
 log = structlog.get_logger("radixgate.pool")
+
+TransitionHook = Callable[[str, BreakerState], None]
 
 
 @dataclass(slots=True)
@@ -27,23 +32,39 @@ class WorkerState:
     """Mutable per-worker state kept by one gateway replica."""
 
     url: str
-    healthy: bool = False
-    failed_probes: int = 0
+    breaker: CircuitBreaker
+    seen_up: bool = False
+    draining: bool = False
     in_flight: int = 0
     in_flight_tokens: int = 0
+    last_probe_ok: bool = False
+    extra: dict[str, object] = field(default_factory=dict)
 
-    def view(self) -> WorkerView:
+    def eligible(self, now: float) -> bool:
+        """Accepts new requests at ``now`` (s)."""
+        return self.seen_up and not self.draining and self.breaker.allow(now)
+
+    @property
+    def healthy(self) -> bool:
+        """Breaker closed (or probing) and seen up; for display and readiness."""
+        return self.seen_up and self.breaker.state != "open"
+
+    def view(self, now: float) -> WorkerView:
         """An immutable snapshot for the routing policy."""
-        return WorkerView(self.url, self.healthy, self.in_flight, self.in_flight_tokens)
+        return WorkerView(self.url, self.eligible(now), self.in_flight, self.in_flight_tokens)
 
 
 class WorkerPool:
-    """Workers, their health, and the routing choice.
+    """Workers, their health, and the choice of a worker for retries.
 
     Args:
         urls: base URLs of the workers.
         client: SGLang client used for probes.
-        health_interval_s: probe period, seconds.
+        health_interval_s: probe period, s.
+        health_timeout_s: timeout of one probe, s.
+        breaker: circuit-breaker thresholds.
+        on_transition: called with (url, new state) when a breaker changes state.
+        clock: monotonic clock in s.
     """
 
     def __init__(
@@ -52,46 +73,111 @@ class WorkerPool:
         client: SGLangClient,
         health_interval_s: float,
         health_timeout_s: float = 5.0,
-        unhealthy_after: int = 3,
+        breaker: BreakerConfig | None = None,
+        on_transition: TransitionHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._workers = {u.rstrip("/"): WorkerState(u.rstrip("/")) for u in urls}
+        self._breaker_config = breaker or BreakerConfig()
+        self._workers: dict[str, WorkerState] = {}
+        for url in urls:
+            self.add(url)
         self._client = client
         self._interval = health_interval_s
         self._timeout = health_timeout_s
-        self._unhealthy_after = unhealthy_after
+        self._on_transition = on_transition
+        self._clock = clock
         self._router = RoundRobin()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def workers(self) -> list[WorkerState]:
-        """All workers, in configuration order."""
+        """All workers, in the order they were added."""
         return list(self._workers.values())
 
-    def add(self, url: str, healthy: bool = False) -> None:
-        """Add a worker (no-op if present)."""
+    def add(self, url: str) -> WorkerState:
+        """Add a worker (kept as it is if present); it becomes eligible after its first good probe."""
         url = url.rstrip("/")
-        self._workers.setdefault(url, WorkerState(url, healthy=healthy))
+        if url not in self._workers:
+            self._workers[url] = WorkerState(url, CircuitBreaker(self._breaker_config))
+        return self._workers[url]
+
+    def drain(self, url: str) -> bool:
+        """Stop sending new requests to ``url``; it is removed once idle. False if unknown."""
+        state = self._workers.get(url.rstrip("/"))
+        if state is None:
+            return False
+        state.draining = True
+        self._remove_if_drained(state)
+        return True
+
+    def remove(self, url: str) -> bool:
+        """Forget ``url`` at once (in-flight requests finish on their own). False if unknown."""
+        return self._workers.pop(url.rstrip("/"), None) is not None
+
+    def _remove_if_drained(self, state: WorkerState) -> None:
+        if state.draining and state.in_flight == 0:
+            self._workers.pop(state.url, None)
+            log.info("worker_drained", worker=state.url)
+
+    def get(self, url: str) -> WorkerState | None:
+        """A worker's state, or None if it is not in the pool."""
+        return self._workers.get(url)
 
     def any_healthy(self) -> bool:
-        """At least one worker passes health checks."""
-        return any(w.healthy for w in self._workers.values())
+        """At least one worker is eligible now."""
+        now = self._clock()
+        return any(w.eligible(now) for w in self._workers.values())
+
+    def views(self) -> list[WorkerView]:
+        """Immutable snapshots of every worker, for routing."""
+        now = self._clock()
+        return [w.view(now) for w in self._workers.values()]
+
+    # -- health ----------------------------------------------------------------------------------------
+    def _transition(self, state: WorkerState, before: BreakerState) -> None:
+        after = state.breaker.state
+        if after != before:
+            log.info("worker_breaker", worker=state.url, state=after, before=before)
+            if self._on_transition is not None:
+                self._on_transition(state.url, after)
+
+    def record_success(self, url: str) -> None:
+        """A request or probe to ``url`` succeeded."""
+        state = self._workers.get(url)
+        if state is None:
+            return
+        before = state.breaker.state
+        state.seen_up = True
+        state.breaker.record_success()
+        self._transition(state, before)
+
+    def record_failure(self, url: str, definitive: bool = False) -> None:
+        """A request or probe to ``url`` failed; ``definitive`` (connection refused) opens the breaker."""
+        state = self._workers.get(url)
+        if state is None:
+            return
+        before = state.breaker.state
+        now = self._clock()
+        if definitive:
+            state.breaker.trip(now)
+        else:
+            state.breaker.record_failure(now)
+        self._transition(state, before)
 
     async def probe_all(self) -> None:
-        """Probe every worker once, concurrently, and record the results."""
-        urls = list(self._workers)
-        results = await asyncio.gather(*(self._client.healthy(u, self._timeout) for u in urls))
-        for url, ok in zip(urls, results, strict=True):
+        """Probe every worker whose breaker admits a probe, concurrently, and record the results."""
+        now = self._clock()
+        due = [w.url for w in self._workers.values() if not w.seen_up or w.breaker.allow(now)]
+        results = await asyncio.gather(*(self._client.healthy(u, self._timeout) for u in due))
+        for url, ok in zip(due, results, strict=True):
             state = self._workers.get(url)
             if state is None:
                 continue
-            state.failed_probes = 0 if ok else state.failed_probes + 1
-            # never probed successfully yet (startup) counts as down at once
-            healthy = ok or (state.healthy and state.failed_probes < self._unhealthy_after)
-            if state.healthy != healthy:
-                log.info(
-                    "worker_health_changed", worker=url, healthy=healthy, failed_probes=state.failed_probes
-                )
-            state.healthy = healthy
+            state.last_probe_ok = ok
+            if ok:
+                self.record_success(url)
+            elif state.seen_up:
+                self.record_failure(url)
 
     async def _probe_loop(self) -> None:
         while True:
@@ -114,29 +200,17 @@ class WorkerPool:
                 await self._task
             self._task = None
 
+    # -- choice and accounting ---------------------------------------------------------------------
     def choose(self, exclude: Collection[str] = ()) -> str | None:
-        """URL of the worker for the next request, or None when no healthy one is left."""
-        pick = self._router.choose([w.view() for w in self._workers.values()], exclude)
+        """An eligible worker not in ``exclude`` (round robin), for retries; None when there is none."""
+        pick = self._router.choose(self.views(), exclude)
         return pick.url if pick else None
-
-    def mark_failed(self, url: str) -> None:
-        """Take a worker out of rotation until its next successful probe."""
-        state = self._workers.get(url)
-        if state is not None and state.healthy:
-            state.healthy = False
-            log.warning("worker_marked_unhealthy", worker=url)
-
-    def views(self) -> list[WorkerView]:
-        """Immutable snapshots of every worker, for routing."""
-        return [w.view() for w in self._workers.values()]
-
-    def get(self, url: str) -> WorkerState | None:
-        """A worker's state, or None if it is not in the pool."""
-        return self._workers.get(url)
 
     def acquire(self, url: str, tokens: int) -> None:
         """Count one request of ``tokens`` as in flight on ``url``."""
-        state = self._workers[url]
+        state = self._workers.get(url)
+        if state is None:  # removed meanwhile: nothing to count
+            return
         state.in_flight += 1
         state.in_flight_tokens += tokens
 
@@ -146,6 +220,7 @@ class WorkerPool:
         if state is not None:
             state.in_flight -= 1
             state.in_flight_tokens -= tokens
+            self._remove_if_drained(state)
 
     @contextlib.contextmanager
     def lease(self, url: str, tokens: int) -> Iterator[None]:

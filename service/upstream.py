@@ -1,0 +1,254 @@
+"""Calling workers for one request: queue slot, retries before the first token, mid-stream failover.
+
+- The first attempt waits for a slot in the scheduler's queue (which routes it).
+- Before the first token, a connect error, 5xx or timeout is retried on another eligible worker, at
+  most ``max_attempts`` attempts in all, after a "full jitter" exponential backoff (AWS Architecture
+  Blog, "Exponential Backoff and Jitter", 2015). The client sees one response.
+- After the first token, a broken stream is resumed on another worker: the new request's prompt is the
+  original prompt followed by what was already generated, ``max_new_tokens`` reduced by the tokens
+  already produced. When the worker streams ``output_ids`` and the gateway's tokenization of the prompt
+  matches the worker's prompt-token count, the resume is exact at the token level (``input_ids`` =
+  prompt ids + generated ids); otherwise it resumes on the text. With greedy sampling the client's text
+  equals an uninterrupted run's. Usage counts each token once.
+- Every outcome feeds the worker's circuit breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.api.errors import APIError
+from service.config import Settings
+from service.metrics import GatewayMetrics
+from service.preparation import PreparedRequest
+from service.prompting import PromptRenderer
+from service.scheduler import Scheduler, SchedulingRequest, Slot
+from service.workers.client import SGLangClient, UpstreamChunk, UpstreamError
+from service.workers.pool import WorkerPool
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to a request, filled in as it runs and settled once."""
+
+    status: int = 200
+    worker: str | None = None
+    attempts: int = 0
+    resumes: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_s: float | None = None
+    error_code: str | None = None
+    streamed_any: bool = False
+    finished: bool = False
+    slot: Slot | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What one streamed request has produced so far, across resumes."""
+
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    ids_known: bool = True
+    completion_base: int = 0
+
+
+class UpstreamCaller:
+    """Runs the attempts of one request against the workers.
+
+    Args:
+        settings: app settings (upstream section).
+        pool: workers and their breakers.
+        scheduler: the queue that hands out the first worker.
+        client: SGLang HTTP client.
+        metrics: the app's metrics.
+        renderer: the tokenizer, for exact token-level resume.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: WorkerPool,
+        scheduler: Scheduler,
+        client: SGLangClient,
+        metrics: GatewayMetrics,
+        renderer: PromptRenderer,
+    ) -> None:
+        self._up = settings.upstream
+        self._pool = pool
+        self._scheduler = scheduler
+        self._client = client
+        self._metrics = metrics
+        self._renderer = renderer
+
+    # -- attempts ------------------------------------------------------------------------------------
+    async def _next_worker(
+        self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: APIError | None
+    ) -> tuple[str, contextlib.AbstractContextManager[None]]:
+        """The worker of the next attempt and a context counting it as in flight there."""
+        if outcome.slot is None:
+            tenant = prepared.tenant
+            outcome.slot = await self._scheduler.acquire(
+                SchedulingRequest(
+                    tenant.id,
+                    tenant.weight,
+                    prepared.priority_class,
+                    prepared.reserved_tokens,
+                    prepared.prompt.text,
+                    prepared.session_id,
+                )
+            )
+            worker: str | None = outcome.slot.worker
+            lease: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        else:
+            self._scheduler.release(outcome.slot)  # the failed worker's window is free again
+            backoff = self._up.retry_backoff_s * 2 ** max(0, outcome.attempts - 1)
+            await asyncio.sleep(random.uniform(0, backoff))
+            worker = self._pool.choose(exclude=tried)
+            if worker is None:
+                if last_error is not None:
+                    raise last_error
+                raise APIError(
+                    503,
+                    "No healthy worker is available; retry shortly.",
+                    code="no_worker_available",
+                    headers={"Retry-After": "1"},
+                )
+            lease = self._pool.lease(worker, prepared.reserved_tokens)
+        assert worker is not None
+        tried.add(worker)
+        outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+        return worker, lease
+
+    def _failed(self, exc: UpstreamError, outcome: Outcome) -> APIError:
+        """Record a failed attempt (metrics, breaker) and the error the client would get."""
+        kind = "transport" if exc.status is None else f"http_{exc.status}"
+        self._metrics.upstream_errors.labels(exc.worker, kind).inc()
+        if exc.status is not None and 400 <= exc.status < 500:
+            outcome.error_code = "upstream_rejected"
+            return APIError(400, f"The worker rejected the request: {exc}", code="upstream_rejected")
+        self._pool.record_failure(exc.worker, definitive=exc.refused)
+        outcome.error_code = "upstream_unavailable"
+        return APIError(
+            503 if exc.status is None else 502,
+            "The upstream worker failed; retry shortly.",
+            code="upstream_error",
+            headers={"Retry-After": "1"},
+        )
+
+    def _may_retry(self, exc: UpstreamError, outcome: Outcome) -> bool:
+        return exc.retryable and outcome.attempts < self._up.max_attempts
+
+    @staticmethod
+    def _count(outcome: Outcome, chunk: UpstreamChunk, base: int) -> None:
+        if outcome.resumes == 0:
+            outcome.prompt_tokens = chunk.prompt_tokens or outcome.prompt_tokens
+            outcome.cached_tokens = max(outcome.cached_tokens, chunk.cached_tokens)
+        outcome.completion_tokens = max(outcome.completion_tokens, base + chunk.completion_tokens)
+
+    # -- non-streamed --------------------------------------------------------------------------------
+    async def generate(self, prepared: PreparedRequest, outcome: Outcome) -> UpstreamChunk:
+        """One whole answer, retried on other workers on failure.
+
+        Raises:
+            APIError: 400 the worker rejected the input; 502/503 once the attempts are spent; 503 from
+                the queue (shed, timeout).
+        """
+        tried: set[str] = set()
+        last_error: APIError | None = None
+        while True:
+            worker, lease = await self._next_worker(prepared, outcome, tried, last_error)
+            try:
+                with lease:
+                    chunk = await self._client.generate(worker, prepared.body)
+            except UpstreamError as exc:
+                last_error = self._failed(exc, outcome)
+                if not self._may_retry(exc, outcome):
+                    raise last_error from exc
+                self._metrics.retries.labels("before_first_token").inc()
+                continue
+            self._pool.record_success(worker)
+            self._count(outcome, chunk, 0)
+            outcome.finished = True
+            return chunk
+
+    # -- streamed ------------------------------------------------------------------------------------
+    async def stream(self, prepared: PreparedRequest, outcome: Outcome) -> AsyncIterator[UpstreamChunk]:
+        """Text deltas of the answer, continued on another worker if a stream breaks.
+
+        ``outcome.completion_tokens`` counts across resumes. Raises :class:`APIError` when the attempts
+        are spent (before the first chunk the caller answers with that status; after it, an error event).
+        """
+        tried: set[str] = set()
+        last_error: APIError | None = None
+        progress = _Progress()
+        body = prepared.body
+        while True:
+            worker, lease = await self._next_worker(prepared, outcome, tried, last_error)
+            ids_base = len(progress.output_ids)  # this attempt's output_ids restart from zero
+            try:
+                with lease:
+                    async for chunk in self._client.stream(worker, body):
+                        self._count(outcome, chunk, progress.completion_base)
+                        progress.text += chunk.text
+                        if chunk.output_ids is None:
+                            progress.ids_known = False
+                        elif progress.ids_known:
+                            progress.output_ids[ids_base:] = chunk.output_ids
+                        outcome.streamed_any = True
+                        if chunk.finish_reason:
+                            outcome.finished = True
+                        yield chunk
+                self._pool.record_success(worker)
+                return
+            except UpstreamError as exc:
+                last_error = self._failed(exc, outcome)
+                if not self._may_retry(exc, outcome) and not outcome.streamed_any:
+                    raise last_error from exc
+                if outcome.streamed_any:
+                    if outcome.resumes >= self._up.max_attempts:
+                        raise last_error from exc
+                    remaining = prepared.max_tokens - outcome.completion_tokens
+                    if remaining <= 0:
+                        outcome.finished = True
+                        yield UpstreamChunk("", outcome.prompt_tokens, 0, 0, "length")
+                        return
+                    body = self._resume_body(prepared, outcome, progress, remaining)
+                    outcome.resumes += 1
+                    progress.completion_base = outcome.completion_tokens
+                    tried = {worker}  # any other eligible worker may take the continuation
+                    self._metrics.retries.labels("mid_stream").inc()
+                else:
+                    self._metrics.retries.labels("before_first_token").inc()
+
+    def _resume_body(
+        self, prepared: PreparedRequest, outcome: Outcome, progress: _Progress, remaining: int
+    ) -> dict[str, Any]:
+        """The ``/generate`` body that continues a broken stream."""
+        sampling = {**prepared.body["sampling_params"], "max_new_tokens": remaining}
+        body = {k: v for k, v in prepared.body.items() if k not in ("text", "input_ids", "sampling_params")}
+        body["sampling_params"] = sampling
+        body["rid"] = outcome.extra["rid"] = f"{prepared.rid}-r{outcome.resumes + 1}"
+        prompt_ids = self._renderer.encode(prepared.prompt.text)
+        exact = (
+            progress.ids_known
+            and len(progress.output_ids) == outcome.completion_tokens
+            and len(prompt_ids) == outcome.prompt_tokens
+        )
+        if exact:
+            body["input_ids"] = prompt_ids + progress.output_ids
+        else:
+            body["text"] = prepared.prompt.text + progress.text
+        outcome.extra["resume_mode"] = "token_ids" if exact else "text"
+        return body
+
+
+__all__ = ["Outcome", "UpstreamCaller"]
