@@ -1,0 +1,117 @@
+"""Retries, mid-stream resume and circuit breaking over HTTP with two fake workers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.config import Settings
+from tests.conftest import ADMIN_TOKEN
+from tests.support.fake_worker import WORDS, FakeWorker
+from tests.support.servers import ThreadedServer
+from tests.test_api import MODEL, auth, chat, new_tenant, usage_of
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[tuple[FakeWorker, FakeWorker, str, str]]:
+    a, b = FakeWorker(), FakeWorker()
+    with ThreadedServer(a.app) as sa, ThreadedServer(b.app) as sb:
+        yield a, b, sa.url, sb.url
+
+
+@pytest.fixture
+def pair(fakes: tuple[FakeWorker, FakeWorker, str, str]) -> tuple[FakeWorker, FakeWorker]:
+    for worker in fakes[:2]:
+        worker.mode, worker.delay_s = "ok", 0.0
+        worker.received.clear()
+        worker.aborted.clear()
+    return fakes[0], fakes[1]
+
+
+@pytest.fixture
+def http(
+    redis_url: str, stub_model_dir: Path, fakes: tuple[FakeWorker, FakeWorker, str, str]
+) -> Iterator[httpx.Client]:
+    """A fresh gateway per test (round robin starts at the first worker)."""
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": "fo:"},
+            "engine": {"served_model_name": MODEL},
+            "upstream": {
+                "workers": [fakes[2], fakes[3]],
+                "health_interval_s": 0.2,
+                "max_attempts": 2,
+                "breaker_failures": 2,
+                "breaker_cooldown_s": 60,
+                "retry_backoff_s": 0.01,
+            },
+            "routing": {"policy": "round_robin"},
+            "api": {"tokenizer_path": str(stub_model_dir)},
+        }
+    )
+    with ThreadedServer(create_app(settings)) as server, httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+def stream_chat(http: httpx.Client, key: str, max_tokens: int) -> tuple[str, list[dict[str, object]]]:
+    req = chat(max_tokens=max_tokens, stream=True, stream_options={"include_usage": True})
+    with http.stream("POST", "/v1/chat/completions", json=req, headers=auth(key)) as resp:
+        assert resp.status_code == 200
+        events = [json.loads(ln[6:]) for ln in resp.iter_lines() if ln.startswith("data: {")]
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e.get("choices"))  # type: ignore[index,union-attr]
+    return text, events
+
+
+def test_broken_stream_is_resumed_on_the_other_worker(
+    http: httpx.Client, pair: tuple[FakeWorker, FakeWorker]
+) -> None:
+    a, b = pair
+    tenant_id, key = new_tenant(http)
+    a.mode = "break_after_2"
+    text, events = stream_chat(http, key, max_tokens=6)
+    assert not any("error" in e for e in events)
+    first = a.received[0]
+    resumed = b.received[0]
+    # the continuation's prompt is the original prompt plus what was already streamed
+    assert resumed["text"] == first["text"] + "alpha beta"
+    assert resumed["sampling_params"]["max_new_tokens"] == 4
+    assert resumed["rid"] == first["rid"] + "-r1"
+    assert text == "alpha beta" + " ".join(WORDS[:4])  # the fake restarts its words: no duplicate chunk
+    usage = events[-1]["usage"]
+    assert usage["completion_tokens"] == 6  # type: ignore[index]
+    assert usage_of(http, tenant_id)["completion_tokens"] == 6
+
+
+def test_error_before_the_first_token_is_retried_elsewhere(
+    http: httpx.Client, pair: tuple[FakeWorker, FakeWorker]
+) -> None:
+    a, b = pair
+    _, key = new_tenant(http)
+    a.mode = "error500"
+    resp = http.post("/v1/chat/completions", json=chat(max_tokens=3), headers=auth(key))
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "alpha beta gamma"
+    assert len(a.received) == 1 and len(b.received) == 1
+
+
+def test_failing_worker_trips_its_breaker_and_traffic_moves(
+    http: httpx.Client, pair: tuple[FakeWorker, FakeWorker]
+) -> None:
+    a, b = pair
+    _, key = new_tenant(http)
+    a.mode = "error500"
+    for _ in range(6):
+        assert (
+            http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
+        )
+    assert len(a.received) == 2  # breaker_failures = 2: after that, no request reaches it
+    assert len(b.received) == 6
+    metrics = http.get("/metrics").text
+    assert 'radixgate_breaker_transitions_total{state="open"' in metrics
+    assert 'radixgate_retries_total{kind="before_first_token"} 2.0' in metrics
+    assert http.get("/readyz").json()["ready"] is True
