@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +16,7 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
-from service.api import admin_routes, health_routes, openai_routes
+from service.api import admin_routes, admin_workers, health_routes, openai_routes
 from service.api.errors import install_error_handlers
 from service.config import Settings
 from service.dispatch import Dispatcher
@@ -26,6 +28,7 @@ from service.state import GatewayState
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
+from service.workers.registry import WorkerRegistry, sync_loop
 from tenancy.quota import QuotaLimiter
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
@@ -93,11 +96,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = Scheduler(settings, pool, client, metrics)
         await scheduler.start()
         dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler)
-        app.state.radixgate = GatewayState(settings, redis, tenants, quota, usage, pool, dispatcher, metrics)
+        registry = WorkerRegistry(redis, prefix)
+        registry_task = asyncio.create_task(
+            sync_loop(pool, registry, up.health_interval_s), name="worker-registry"
+        )
+        app.state.radixgate = GatewayState(
+            settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry
+        )
         log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
         try:
             yield
         finally:
+            registry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await registry_task
             await scheduler.stop()
             await pool.stop()
     finally:
@@ -124,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(admin_workers.router)
     app.include_router(health_routes.router)
     app.add_middleware(RequestIdMiddleware)
     return app

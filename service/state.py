@@ -9,7 +9,9 @@ from redis.asyncio import Redis
 from service.config import Settings
 from service.dispatch import Dispatcher
 from service.metrics import GatewayMetrics
+from service.scheduler import Scheduler
 from service.workers.pool import WorkerPool
+from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
@@ -27,3 +29,5 @@ class GatewayState:
     pool: WorkerPool
     dispatcher: Dispatcher
     metrics: GatewayMetrics
+    scheduler: Scheduler
+    registry: WorkerRegistry

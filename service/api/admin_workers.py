@@ -1,0 +1,89 @@
+"""Admin API for workers: add, drain, remove, list with health and load (admin token required)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, Field, HttpUrl
+
+from service.api.deps import AdminDep, JsonBody, StateDep
+from service.api.errors import APIError
+from service.api.openai_routes import parse
+from service.state import GatewayState
+from service.workers.registry import WorkerMode, worker_id
+
+router = APIRouter(prefix="/admin/workers", tags=["admin"], dependencies=[AdminDep])
+
+
+class WorkerAdd(BaseModel):
+    """Body of ``POST /admin/workers``."""
+
+    url: HttpUrl = Field(..., description="Base URL of an SGLang worker, e.g. http://10.0.0.5:30000")
+
+
+async def _find(state: GatewayState, wid: str) -> tuple[str, WorkerMode | None]:
+    """The URL behind a worker id and its registry mode (None for settings workers)."""
+    entries = await state.registry.entries()
+    for url, mode in entries.items():
+        if worker_id(url) == wid:
+            return url, mode
+    for worker in state.pool.workers:
+        if worker_id(worker.url) == wid:
+            return worker.url, None
+    raise APIError(404, f"Worker '{wid}' does not exist.", code="worker_not_found")
+
+
+@router.get("")
+async def list_workers(state: StateDep) -> dict[str, Any]:
+    """Every worker this replica knows, with its source, mode, breaker, in-flight and window."""
+    entries = await state.registry.entries()
+    urls = list(dict.fromkeys([w.url for w in state.pool.workers] + list(entries)))
+    data = []
+    for url in urls:
+        worker = state.pool.get(url)
+        data.append(
+            {
+                "id": worker_id(url),
+                "url": url,
+                "source": "admin" if url in entries else "settings",
+                "mode": entries.get(url, "draining" if worker and worker.draining else "active"),
+                "in_pool": worker is not None,
+                "healthy": bool(worker and worker.healthy),
+                "breaker": worker.breaker.state if worker else None,
+                "in_flight": worker.in_flight if worker else 0,
+                "in_flight_tokens": worker.in_flight_tokens if worker else 0,
+                "window": state.scheduler.window(url).size if worker else None,
+            }
+        )
+    return {"object": "list", "data": data}
+
+
+@router.post("", status_code=201)
+async def add_worker(body: JsonBody, state: StateDep) -> dict[str, Any]:
+    """Register a worker for every replica (it takes traffic after its first good health probe)."""
+    url = str(parse(WorkerAdd, body).url).rstrip("/")
+    await state.registry.add(url)
+    state.pool.add(url)  # this replica at once; the others at their next sync
+    return {"id": worker_id(url), "url": url, "mode": "active"}
+
+
+@router.post("/{wid}/drain")
+async def drain_worker(wid: str, state: StateDep) -> dict[str, Any]:
+    """Stop new traffic to a worker; it leaves the pool once its in-flight requests finish."""
+    url, mode = await _find(state, wid)
+    if mode is not None:
+        await state.registry.set_mode(url, "draining")
+    state.pool.drain(url)
+    return {"id": wid, "url": url, "mode": "draining"}
+
+
+@router.delete("/{wid}", status_code=204)
+async def remove_worker(wid: str, state: StateDep) -> Response:
+    """Remove a worker now (requests already running on it finish)."""
+    url, mode = await _find(state, wid)
+    if mode is not None:
+        await state.registry.remove(url)
+    state.pool.remove(url)
+    state.scheduler.remove_worker(url)
+    return Response(status_code=204)

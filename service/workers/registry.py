@@ -1,0 +1,95 @@
+"""Workers added through the admin API, shared by every gateway replica through Redis.
+
+Layout: hash ``<prefix>workers`` mapping worker URL -> ``"active"`` or ``"draining"``. Each replica
+copies it into its own :class:`~service.workers.pool.WorkerPool` every sync period (routing state stays
+per replica, as in SGLang's router, and converges through feedback). Workers from settings are local
+to each replica and not in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from typing import Literal
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from service.workers.pool import WorkerPool
+
+log = structlog.get_logger("radixgate.registry")
+
+WorkerMode = Literal["active", "draining"]
+
+
+def worker_id(url: str) -> str:
+    """Stable short id of a worker URL (12 hex chars of its SHA-256), for admin routes."""
+    return hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
+
+
+class WorkerRegistry:
+    """The shared set of admin-managed workers.
+
+    Args:
+        redis: async client (``decode_responses=True``).
+        prefix: Redis key prefix.
+    """
+
+    def __init__(self, redis: Redis, prefix: str) -> None:
+        self._redis = redis
+        self._key = f"{prefix}workers"
+
+    async def entries(self) -> dict[str, WorkerMode]:
+        """URL -> mode of every registered worker."""
+        raw = await self._redis.hgetall(self._key)
+        return {str(k): "draining" if v == "draining" else "active" for k, v in raw.items()}
+
+    async def add(self, url: str) -> bool:
+        """Register a worker as active; False if it was already registered (then it becomes active)."""
+        url = url.rstrip("/")
+        existed = await self._redis.hexists(self._key, url)
+        await self._redis.hset(self._key, url, "active")
+        return not existed
+
+    async def set_mode(self, url: str, mode: WorkerMode) -> bool:
+        """Mark a registered worker active or draining; False if unknown."""
+        if not await self._redis.hexists(self._key, url):
+            return False
+        await self._redis.hset(self._key, url, mode)
+        return True
+
+    async def remove(self, url: str) -> bool:
+        """Unregister a worker; False if unknown."""
+        return bool(await self._redis.hdel(self._key, url))
+
+
+def apply_registry(pool: WorkerPool, entries: dict[str, WorkerMode], managed: set[str]) -> set[str]:
+    """Make ``pool`` follow the registry; returns the URLs now managed through it.
+
+    ``managed`` is what the previous sync took from the registry: those no longer listed are removed
+    (settings workers are never touched).
+    """
+    for url, mode in entries.items():
+        state = pool.get(url)
+        if state is None and mode == "active":
+            pool.add(url)
+            log.info("worker_added", worker=url)
+        elif state is not None and mode == "draining" and not state.draining:
+            pool.drain(url)
+        elif state is not None and mode == "active":
+            state.draining = False
+    for url in managed - set(entries):
+        if pool.remove(url):
+            log.info("worker_removed", worker=url)
+    return set(entries)
+
+
+async def sync_loop(pool: WorkerPool, registry: WorkerRegistry, interval_s: float) -> None:
+    """Follow the registry every ``interval_s`` seconds until cancelled (Redis errors are logged)."""
+    managed: set[str] = set()
+    while True:
+        with contextlib.suppress(RedisError):
+            managed = apply_registry(pool, await registry.entries(), managed)
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,76 @@
+"""Admin worker management shared by two gateway replicas through Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.config import Settings
+from tests.conftest import ADMIN_TOKEN
+from tests.support.fake_worker import FakeWorker
+from tests.support.servers import ThreadedServer
+from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant
+
+
+def replica(redis_url: str, model_dir: Path) -> ThreadedServer:
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": "aw:"},
+            "engine": {"served_model_name": MODEL},
+            "upstream": {"workers": [], "health_interval_s": 0.1},
+            "api": {"tokenizer_path": str(model_dir)},
+        }
+    )
+    return ThreadedServer(create_app(settings))
+
+
+@pytest.fixture
+def replicas(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    with (
+        replica(redis_url, stub_model_dir) as r1,
+        replica(redis_url, stub_model_dir) as r2,
+        httpx.Client(base_url=r1.url, timeout=30) as c1,
+        httpx.Client(base_url=r2.url, timeout=30) as c2,
+    ):
+        yield c1, c2
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def workers(http: httpx.Client) -> list[dict[str, object]]:
+    data: list[dict[str, object]] = http.get("/admin/workers", headers=ADMIN).json()["data"]
+    return data
+
+
+def test_add_drain_remove_a_worker_across_replicas(replicas: tuple[httpx.Client, httpx.Client]) -> None:
+    r1, r2 = replicas
+    fake = FakeWorker()
+    with ThreadedServer(fake.app) as server:
+        assert_openai_error(r1.post("/admin/workers", json={"url": "not a url"}, headers=ADMIN), 400)
+        added = r1.post("/admin/workers", json={"url": server.url}, headers=ADMIN)
+        assert added.status_code == 201
+        wid = added.json()["id"]
+        # the other replica picks it up from Redis and probes it healthy
+        wait_for(lambda: any(w["id"] == wid and w["healthy"] for w in workers(r2)))
+        _, key = new_tenant(r2)
+        assert r2.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
+        assert len(fake.received) == 1
+        assert r1.post(f"/admin/workers/{wid}/drain", headers=ADMIN).json()["mode"] == "draining"
+        wait_for(lambda: not any(w["id"] == wid and w["in_pool"] for w in workers(r2)))
+        assert_openai_error(r2.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)), 503)
+        assert len(fake.received) == 1  # drained: no new traffic
+        assert r1.delete(f"/admin/workers/{wid}", headers=ADMIN).status_code == 204
+        wait_for(lambda: workers(r2) == [])
+        assert_openai_error(r1.delete(f"/admin/workers/{wid}", headers=ADMIN), 404, "worker_not_found")
+        assert_openai_error(r1.get("/admin/workers", headers=auth(key)), 403)
