@@ -1,0 +1,199 @@
+"""``python -m loadgen``: plan, run and report load scenarios against any OpenAI-compatible endpoint.
+
+Commands:
+  plan SCENARIO                      validate a scenario and summarize its plan (no network)
+  tenants SCENARIO --admin-token T   create the scenario's tenants on a radixgate gateway; write their keys
+  run SCENARIO [--base-url URL]      send the plan open-loop; write results.json, report.json and PNG plots
+  report RESULTS.json                recompute the report (table, JSON, plots) from a results file
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loadgen.plots import write_plots
+from loadgen.report import build_report, print_report
+from loadgen.runner import MissingKeyError, RequestRecord, load_results, resolve_keys, run_plan, save_results
+from loadgen.scenario import Scenario, ScenarioError, generate_requests, load_scenario, parse_scenario
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Plan, run and report load scenarios against any OpenAI-compatible endpoint.",
+)
+
+ScenarioArg = Annotated[Path, typer.Argument(help="Scenario file (.yaml, .yml, .toml or .json).")]
+
+
+def _load(path: Path, console: Console) -> Scenario:
+    try:
+        return load_scenario(path)
+    except ScenarioError as err:
+        console.print(f"[red]{err}[/]")
+        raise typer.Exit(2) from err
+
+
+@app.command()
+def plan(scenario_file: ScenarioArg) -> None:
+    """Validate a scenario and summarize its request plan (counts, rates, shares, lengths)."""
+    console = Console()
+    scenario = _load(scenario_file, console)
+    reqs = generate_requests(scenario)
+    console.print(f"[bold]{scenario.name}[/]: {len(reqs)} requests in {scenario.duration_s:g} s")
+    if not reqs:
+        return
+    measured = [r for r in reqs if not r.warmup]
+    console.print(
+        f"  offered {len(reqs) / scenario.duration_s:.2f} req/s; measured {len(measured)} after "
+        f"{scenario.warmup_s:g} s warm-up; streamed {sum(r.stream for r in reqs) / len(reqs):.0%}"
+    )
+    tenants = Counter(r.tenant for r in reqs)
+    for t in scenario.tenants:
+        console.print(
+            f"  {t.id:<20} {t.priority_class:<12} {tenants[t.id]:>6} ({tenants[t.id] / len(reqs):.1%})"
+        )
+    words = [r.prompt_words for r in reqs]
+    outs = [r.max_tokens for r in reqs]
+    console.print(
+        f"  prompt words: mean {statistics.fmean(words):.0f}, max {max(words)}; max_tokens: mean "
+        f"{statistics.fmean(outs):.0f}, max {max(outs)}; sessions {len({r.session_id for r in reqs})}, "
+        f"system prompts {len({r.system_prompt_id for r in reqs} - {None})}"
+    )
+
+
+@app.command()
+def tenants(
+    scenario_file: ScenarioArg,
+    base_url: Annotated[
+        str | None, typer.Option(help="Gateway URL (default: the scenario's target).")
+    ] = None,
+    admin_token: Annotated[
+        str | None, typer.Option(envvar="RADIXGATE_ADMIN_TOKEN", help="Admin token.")
+    ] = None,
+    keys_out: Annotated[Path, typer.Option(help="Where to write {tenant: key} (JSON).")] = Path("keys.json"),
+) -> None:
+    """Create (or update) the scenario's tenants on a radixgate gateway and issue one key each."""
+    console = Console()
+    scenario = _load(scenario_file, console)
+    if not admin_token:
+        console.print("[red]--admin-token (or RADIXGATE_ADMIN_TOKEN) is required[/]")
+        raise typer.Exit(2)
+    url = (base_url or scenario.target.base_url).rstrip("/")
+    keys = create_tenants(scenario, url, admin_token)
+    keys_out.write_text(json.dumps(keys, indent=2))
+    keys_out.chmod(0o600)
+    console.print(f"{len(keys)} tenants ready on {url}; keys in {keys_out}")
+
+
+def create_tenants(scenario: Scenario, base_url: str, admin_token: str) -> dict[str, str]:
+    """Create or update each tenant (``POST``/``PATCH /admin/tenants``) and issue a key; returns the keys."""
+    keys: dict[str, str] = {}
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=30) as http:
+        for t in scenario.tenants:
+            spec: dict[str, Any] = {"name": t.id, "priority_class": t.priority_class, "weight": t.weight}
+            if t.quotas is not None:
+                spec["quotas"] = t.quotas
+            if t.max_tokens_cap is not None:
+                spec["max_tokens_cap"] = t.max_tokens_cap
+            resp = http.post("/admin/tenants", json={"id": t.id, **spec})
+            if resp.status_code == 409:
+                resp = http.patch(f"/admin/tenants/{t.id}", json=spec)
+            resp.raise_for_status()
+            issued = http.post(f"/admin/tenants/{t.id}/keys", json={"name": f"loadgen-{scenario.name}"})
+            issued.raise_for_status()
+            keys[t.id] = str(issued.json()["api_key"])
+    return keys
+
+
+def _finish(
+    scenario: Scenario, records: list[RequestRecord], run: dict[str, Any], out: Path, plots: bool
+) -> dict[str, Any]:
+    console = Console()
+    report = build_report(scenario, records, run)
+    print_report(report, console)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    written = [out / "report.json"]
+    if plots:
+        written += write_plots(report, records, out)
+    console.print("wrote " + ", ".join(str(p) for p in written))
+    return report
+
+
+@app.command()
+def run(
+    scenario_file: ScenarioArg,
+    base_url: Annotated[str | None, typer.Option(help="Endpoint (default: the scenario's target).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name (default: the scenario's).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default .run/loadgen/NAME-TIME).")] = None,
+    keys: Annotated[Path | None, typer.Option(help="JSON {tenant: key} from `loadgen tenants`.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Key for tenants without one (e.g. a bare worker).")
+    ] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    drain_timeout_s: Annotated[float | None, typer.Option(help="Wait after the last arrival, s.")] = None,
+) -> None:
+    """Send the scenario open-loop, then print the report and write results.json, report.json and plots."""
+    console = Console()
+    scenario = _load(scenario_file, console)
+    if model:
+        scenario = scenario.model_copy(update={"target": scenario.target.model_copy(update={"model": model})})
+    try:
+        key_map = resolve_keys(scenario, json.loads(keys.read_text()) if keys else None, api_key)
+    except MissingKeyError as err:
+        console.print(f"[red]{err}[/]")
+        raise typer.Exit(2) from err
+    reqs = generate_requests(scenario)
+    out = out or Path(".run/loadgen") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    url = base_url or scenario.target.base_url
+    console.print(f"{scenario.name}: {len(reqs)} requests over {scenario.duration_s:g} s → {url}")
+    counts: Counter[str] = Counter()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        refresh_per_second=4,
+    ) as progress:
+        task = progress.add_task("requests", total=len(reqs), status="")
+
+        def done(rec: RequestRecord) -> None:
+            counts["ok" if rec.ok else str(rec.status) if rec.status else "err"] += 1
+            progress.update(task, advance=1, status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+
+        result = asyncio.run(run_plan(scenario, reqs, key_map, url, done, drain_timeout_s))
+    save_results(out / "results.json", scenario, result)
+    _finish(scenario, result.records, result.to_json(scenario)["run"], out, plots)
+
+
+@app.command()
+def report(
+    results: Annotated[Path, typer.Argument(help="results.json written by `loadgen run`.")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: the results' folder).")] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+) -> None:
+    """Recompute the report (table, report.json, plots) from a results file."""
+    scenario_data, run_data, records = load_results(results)
+    scenario = parse_scenario(scenario_data, str(results))
+    _finish(scenario, records, run_data, out or results.parent, plots)
+
+
+def main() -> None:
+    """Entry point of ``python -m loadgen``."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    app()
