@@ -431,7 +431,7 @@ def generate_requests(scenario: Scenario) -> list[PlannedRequest]:
         if key not in prompt_cache:
             prng = random.Random(f"radixgate-loadgen:{scenario.seed}:system:{key}")
             length = sp.length.sample(prng)
-            prompt_cache[key] = f"You are assistant {key}. " + _words(prng, max(0, length - 3))
+            prompt_cache[key] = f"You are assistant {key}. " + _words(prng, max(0, length - 4))
         return prompt_cache[key]
 
     n_users = sp.count * sp.users_per_prompt if sp.count else sp.users_per_prompt
@@ -455,7 +455,7 @@ def generate_requests(scenario: Scenario) -> list[PlannedRequest]:
             user_len = max(1, mix.user_turn.sample(rng))
             max_tokens = max(1, mix.output.sample(rng))
             stream = rng.random() < mix.stream_ratio
-            content = f"Question {s_index}.{turn}: " + _words(rng, max(0, user_len - 3))
+            content = f"Question {s_index}.{turn}: " + _words(rng, max(0, user_len - 2))
             history.append(ChatMessage("user", content))
             if t < scenario.duration_s:
                 messages = tuple(history)
