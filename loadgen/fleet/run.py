@@ -1,0 +1,111 @@
+"""Run a scenario through the fleet simulation and report it like an HTTP run.
+
+``python -m loadgen.fleet SCENARIO.yaml --workers 8 --routing cache_aware [--profile P] [--json out.json]``
+prints the same report as ``python -m loadgen run`` (``loadgen.report``), plus the fleet's own figures
+(per-worker balance, engine preemptions, simulation speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.fleet.bridge import fleet_requests, runner_records, tenant_specs
+from loadgen.fleet.config import FleetConfig
+from loadgen.fleet.records import FleetResult
+from loadgen.fleet.sim import simulate
+from loadgen.report import build_report, print_report
+from loadgen.runner import RequestRecord
+from loadgen.scenario import Scenario, generate_requests, load_scenario
+
+
+@dataclass(slots=True)
+class FleetRun:
+    """A scenario run in virtual time.
+
+    Attributes:
+        report: :func:`loadgen.report.build_report`'s dict, plus ``fleet`` (:func:`fleet_figures`).
+        records: the runner-shaped records (one per planned request).
+        result: the raw simulation result.
+    """
+
+    report: dict[str, Any]
+    records: list[RequestRecord]
+    result: FleetResult
+
+
+def fleet_figures(result: FleetResult, warmup_s: float = 0.0) -> dict[str, Any]:
+    """Balance and speed figures the HTTP report cannot have.
+
+    ``imbalance``: max / mean of the requests each worker received after the warm-up (1.0 = even);
+    ``requests_cv``: their coefficient of variation (std / mean); ``sim_requests_per_cpu_s``: planned
+    requests simulated per CPU second (the simulation's speed); ``preemptions``: engine retractions.
+    """
+    per_worker = [0] * len(result.workers)
+    for r in result.records:
+        if r.worker >= 0 and r.arrival_s >= warmup_s:
+            per_worker[r.worker] += 1
+    mean = statistics.fmean(per_worker) if per_worker else 0.0
+    return {
+        "workers": len(result.workers),
+        "requests_per_worker": per_worker,
+        "imbalance": max(per_worker) / mean if mean else None,
+        "requests_cv": statistics.pstdev(per_worker) / mean if mean else None,
+        "final_windows": [w.window_sizes[-1] if w.window_sizes else None for w in result.workers],
+        "preemptions": result.preemptions,
+        "virtual_s": result.duration_s,
+        "cpu_s": result.cpu_s,
+        "events": result.events,
+        "sim_requests_per_cpu_s": len(result.records) / result.cpu_s if result.cpu_s > 0 else None,
+        "shed_reasons": _count(r.shed_reason for r in result.records if r.shed_reason),
+        "outcomes": _count(r.outcome for r in result.records),
+    }
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def run_scenario(scenario: Scenario, config: FleetConfig, until_s: float | None = None) -> FleetRun:
+    """Plan ``scenario``, simulate it on ``config`` (its tenants taken from the scenario), report it."""
+    plan = generate_requests(scenario)
+    tenants = {**config.tenants, **tenant_specs(scenario)}
+    result = simulate(dataclasses.replace(config, tenants=tenants), fleet_requests(plan), until_s)
+    records = runner_records(plan, result)
+    run = {"base_url": f"virtual://{config.workers}x{config.profile_name}/{config.routing}", "wall_s": 0.0}
+    report = build_report(scenario, records, run)
+    report["fleet"] = fleet_figures(result, scenario.warmup_s)
+    return FleetRun(report, records, result)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: simulate a scenario file and print its report."""
+    ap = argparse.ArgumentParser(prog="python -m loadgen.fleet", description=__doc__)
+    ap.add_argument("scenario", type=Path)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--profile", default="llama-3.1-70b-h100-tp8")
+    ap.add_argument("--routing", default="cache_aware", choices=["cache_aware", "round_robin", "least_load"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write the report as JSON here")
+    args = ap.parse_args(argv)
+    config = FleetConfig(profile=args.profile, workers=args.workers, routing=args.routing, seed=args.seed)
+    fr = run_scenario(load_scenario(args.scenario), config)
+    print_report(fr.report)
+    fleet = fr.report["fleet"]
+    print(
+        f"fleet: imbalance {fleet['imbalance']:.3f}, preemptions {fleet['preemptions']}, "
+        f"{fleet['virtual_s']:.1f} virtual s in {fleet['cpu_s']:.2f} CPU s "
+        f"({fleet['sim_requests_per_cpu_s']:.0f} requests/CPU s)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(fr.report, indent=1, default=str))
+    return 0
