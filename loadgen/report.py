@@ -251,6 +251,7 @@ def build_report(
             "wall_s": wall,
             "cpu_s": cpu,
             "cpu_cores": cpu / wall if wall > 0 else None,
+            "cpu_ms_per_request": 1000 * cpu / len(records) if records else None,
             "send_lag_ms": latency_summary(lags) | {"max": max(lags, default=None)},
         },
         "timeline": timeline(records, bin_s or max(1.0, scenario.duration_s / 60)),
@@ -269,20 +270,35 @@ def _pct(v: Any) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def _table(title: str, groups: Mapping[str, Mapping[str, Any]]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("", "sent", "ok", "429", "503", "err", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms",
-                "E2E p50/p90/p99 ms", "req/s", "out tok/s", "goodput", "cache hit"):  # fmt: skip
+def _outcomes(sections: Sequence[Mapping[str, Mapping[str, Any]]]) -> Table:
+    table = Table(title="requests (measured)", title_justify="left")
+    for col in ("", "sent", "ok", "429", "503", "err", "req/s", "out tok/s", "goodput", "cache hit"):
         table.add_column(col, justify="left" if not col else "right")
-    for name, g in groups.items():
-        lat = [
-            "/".join(_ms(g[m][p]) for p in ("p50", "p90", "p99")) for m in ("ttft_ms", "tpot_ms", "e2e_ms")
-        ]
+    for name, g in ((n, g) for groups in sections for n, g in groups.items()):
+        if name in ("all", next(iter(sections[-1]), None)):
+            table.add_section()  # classes | all | tenants
         table.add_row(
             name, str(g["sent"]), str(g["ok"]), str(g["status_429"]), str(g["status_503"]), str(g["errors"]),
-            *lat, f"{g['throughput_rps']:.2f}", f"{g['completion_tokens_per_s']:.0f}", _pct(g["goodput"]),
+            f"{g['throughput_rps']:.2f}", f"{g['completion_tokens_per_s']:.0f}", _pct(g["goodput"]),
             _pct(g["cache_hit_rate"]),
         )  # fmt: skip
+    return table
+
+
+def _latencies(sections: Sequence[Mapping[str, Mapping[str, Any]]]) -> Table:
+    table = Table(title="latency ms: p50 / p90 / p99", title_justify="left")
+    for col in ("", "TTFT", "TPOT", "E2E"):
+        table.add_column(col, justify="left" if not col else "right")
+    for name, g in ((n, g) for groups in sections for n, g in groups.items()):
+        if name in ("all", next(iter(sections[-1]), None)):
+            table.add_section()  # classes | all | tenants
+        table.add_row(
+            name,
+            *(
+                " / ".join(_ms(g[m][p]) for p in ("p50", "p90", "p99"))
+                for m in ("ttft_ms", "tpot_ms", "e2e_ms")
+            ),
+        )
     return table
 
 
@@ -294,8 +310,9 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
         f"[bold]{report['scenario']}[/] → {report['base_url']}: {report['measured']} measured of "
         f"{report['planned']} planned over {report['window_s']:.1f} s (warm-up {report['warmup_s']:g} s)"
     )
-    console.print(_table("per class", {**report["classes"], "[bold]all[/]": o}))
-    console.print(_table("per tenant", report["tenants"]))
+    sections = [report["classes"], {"all": o}, report["tenants"]]  # classes, all, then tenants
+    console.print(_outcomes(sections))
+    console.print(_latencies(sections))
     for f in report["fairness"]:
         console.print(
             f"Jain fairness, {f['priority_class']} tenants of weight {f['weight']:g} "
@@ -306,7 +323,7 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
     lag = lg["send_lag_ms"]
     console.print(
         f"load generator: {lg['cpu_s']:.2f} s CPU in {lg['wall_s']:.1f} s wall = "
-        f"{_num(lg['cpu_cores'])} cores; "
+        f"{_num(lg['cpu_cores'])} cores ({_ms(lg['cpu_ms_per_request'])} ms a request); "
         f"send lag p50 {_ms(lag['p50'])} ms, p99 {_ms(lag['p99'])} ms, max {_ms(lag['max'])} ms"
     )
 

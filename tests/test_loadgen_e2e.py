@@ -176,7 +176,7 @@ def test_cli_runs_against_any_openai_endpoint(tmp_path: Path) -> None:
         out = tmp_path / "out"
         res = runner.invoke(cli_app, ["run", str(path), "--api-key", "none", "--out", str(out)])
         assert res.exit_code == 0, res.output
-        assert "per class" in res.output and "load generator" in res.output
+        assert "requests (measured)" in res.output and "load generator" in res.output
     report = json.loads((out / "report.json").read_text())
     check_report(report, {"standard", "interactive"})
     assert report["overall"]["cache_hit_rate"] is None  # the stub reports no cached tokens

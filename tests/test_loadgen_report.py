@@ -128,4 +128,4 @@ def test_build_report_excludes_warmup_and_computes_fairness() -> None:
     console = Console(record=True, width=200)
     print_report(report, console)
     text = console.export_text()
-    assert "per class" in text and "Jain fairness, interactive" in text and "0.05" in text
+    assert "requests (measured)" in text and "Jain fairness, interactive" in text and "0.05" in text
