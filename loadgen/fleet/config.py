@@ -127,6 +127,8 @@ class FleetConfig:
         network_latency_s: time from dispatch to the worker's receipt, and from a token's generation to
             the client, s.
         seed: seeds every worker's step jitter (worker i gets ``seed * 1000 + i``).
+        fair_queuing: WFQ between tenants inside a band (the gateway always does this); False is an
+            ablation for experiments: every tenant is one flow, so a band is served first come, first served.
     """
 
     profile: str | SimProfile = "llama-3.1-70b-h100-tp8"
@@ -144,6 +146,7 @@ class FleetConfig:
     gateway_latency_s: float = 0.0
     network_latency_s: float = 0.0
     seed: int = 0
+    fair_queuing: bool = True
 
     def sim_profile(self) -> SimProfile:
         """The workers' profile (looked up when given by name)."""

@@ -228,8 +228,9 @@ class FleetSim:
         if not verdict.allowed:
             rec.outcome = "too_large" if verdict.never else "quota"
             return rec
+        flow = spec.id if cfg.fair_queuing else "*"
         decision = decide_admission(
-            self.bands, band, spec.id, spec.weight, cost, self.rate.rate(now), cfg.max_queue_total
+            self.bands, band, flow, spec.weight, cost, self.rate.rate(now), cfg.max_queue_total
         )
         if not decision.admit:
             rec.outcome, rec.shed_reason = "shed", decision.reason
@@ -242,7 +243,7 @@ class FleetSim:
                 self._fail(victim.payload, "evicted", now)
         job = _Job(rec, req.prompt, ids, cost, spec.weight, req.session_id)
         budget = cfg.classes[band].wait_budget_s
-        self.bands.push(QueuedItem(job, spec.id, spec.weight, float(cost), band, now, now + budget))
+        self.bands.push(QueuedItem(job, flow, spec.weight, float(cost), band, now, now + budget))
         self._pump(now)
         return rec
 
