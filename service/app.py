@@ -72,11 +72,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     launched: list[WorkerProcess] = []
     try:
         if settings.engine.launch:
+            # one after another: SGLang sizes its KV cache from the memory left after loading the
+            # weights, which a second worker loading at the same time would distort
             for i in range(settings.engine.num_workers):
                 worker = WorkerProcess(settings.engine, settings.engine.base_port + i)
                 worker.start()
                 launched.append(worker)
-            for worker in launched:
                 await worker.wait_ready()
         client = SGLangClient(http)
         pool = WorkerPool(
