@@ -36,7 +36,6 @@ __all__ = [
     "ConsistentHash",
     "ConsistentHashConfig",
     "LeastLoadRouter",
-    "RoundRobin",
     "RoundRobinRouter",
     "RouteDecision",
     "RouteReason",
@@ -45,38 +44,10 @@ __all__ = [
     "WorkerView",
     "candidates",
     "is_imbalanced",
-    "least_loaded",
     "make_router",
 ]
 
 RouterName = Literal["round_robin", "least_load", "consistent_hash", "cache_aware"]
-
-
-class RoundRobin:
-    """Cycles through eligible workers in order; skips unhealthy and excluded ones.
-
-    Holds only a counter; ``choose`` is deterministic given the call sequence.
-    """
-
-    def __init__(self) -> None:
-        self._next = 0
-
-    def choose(self, workers: Sequence[WorkerView], exclude: Collection[str] = ()) -> WorkerView | None:
-        """Next eligible worker, or None if there is none."""
-        eligible = candidates(workers, exclude)
-        if not eligible:
-            return None
-        pick = eligible[self._next % len(eligible)]
-        self._next += 1
-        return pick
-
-
-def least_loaded(workers: Sequence[WorkerView], exclude: Collection[str] = ()) -> WorkerView | None:
-    """Eligible worker with the fewest in-flight tokens, then requests; ties keep list order."""
-    eligible = candidates(workers, exclude)
-    if not eligible:
-        return None
-    return min(eligible, key=lambda w: (w.in_flight_tokens, w.in_flight))
 
 
 class _Stateless:
@@ -98,12 +69,14 @@ class _Stateless:
 
 
 class RoundRobinRouter(_Stateless):
-    """:class:`RoundRobin` behind the common interface; reason ``round_robin``; ignores prompt and time."""
+    """Cycles through eligible workers in list order (skipping unhealthy and excluded ones); reason
+    ``round_robin``; ignores prompt and time. Holds only a counter, so it is deterministic given the
+    call sequence."""
 
     name = "round_robin"
 
     def __init__(self) -> None:
-        self._rr = RoundRobin()
+        self._next = 0
 
     def choose(
         self,
@@ -114,8 +87,12 @@ class RoundRobinRouter(_Stateless):
         session_id: str | None = None,
     ) -> RouteDecision | None:
         """Next eligible worker in list order; None when there is none."""
-        pick = self._rr.choose(workers, exclude)
-        return RouteDecision(pick.url, "round_robin") if pick else None
+        eligible = candidates(workers, exclude)
+        if not eligible:
+            return None
+        pick = eligible[self._next % len(eligible)]
+        self._next += 1
+        return RouteDecision(pick.url, "round_robin")
 
 
 class LeastLoadRouter(_Stateless):

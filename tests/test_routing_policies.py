@@ -12,13 +12,11 @@ from policies.routing import (
     CacheAwarePolicy,
     ConsistentHash,
     LeastLoadRouter,
-    RoundRobin,
     RoundRobinRouter,
     RouteDecision,
     RouterName,
     WorkerView,
     is_imbalanced,
-    least_loaded,
     make_router,
 )
 
@@ -34,14 +32,6 @@ def views(*loads: int, unhealthy: tuple[str, ...] = ()) -> list[WorkerView]:
 
 
 # ---- legacy helpers keep working ---------------------------------------------------------------------
-
-
-def test_legacy_round_robin_and_least_loaded() -> None:
-    ws = views(0, 0, 0, unhealthy=("w1",))
-    rr = RoundRobin()
-    assert [rr.choose(ws).url for _ in range(4)] == ["w0", "w2", "w0", "w2"]  # type: ignore[union-attr]
-    assert least_loaded(views(3, 1, 2)) == WorkerView("w1", True, 1, 100)
-    assert least_loaded(views(1), exclude=("w0",)) is None
 
 
 def test_is_imbalanced_table() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from policies.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker
-from policies.routing import RoundRobin, WorkerView
+from policies.routing import LeastLoadRouter, WorkerView
 from service.workers.client import SGLangClient
 
 log = structlog.get_logger("radixgate.pool")
@@ -86,7 +86,7 @@ class WorkerPool:
         self._timeout = health_timeout_s
         self._on_transition = on_transition
         self._clock = clock
-        self._router = RoundRobin()
+        self._retry_router = LeastLoadRouter()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -202,8 +202,8 @@ class WorkerPool:
 
     # -- choice and accounting ---------------------------------------------------------------------
     def choose(self, exclude: Collection[str] = ()) -> str | None:
-        """An eligible worker not in ``exclude`` (round robin), for retries; None when there is none."""
-        pick = self._router.choose(self.views(), exclude)
+        """The least-loaded eligible worker not in ``exclude``, for retries; None when there is none."""
+        pick = self._retry_router.choose(self.views(), "", self._clock(), exclude)
         return pick.url if pick else None
 
     def acquire(self, url: str, tokens: int) -> None:
