@@ -227,7 +227,9 @@ prompts (cache-aware sends misses to the smallest tree, which balances counts li
 gateway's default AIMD windows the answer is far larger: the window shrinks ×0.7 on every load poll that
 sees `num_queue_reqs > 0` (`engine_queue_target = 0`), and at tens of arrivals per second per worker almost
 every poll catches a request waiting for the next scheduler step, so windows settle around 10-30 requests
-and each worker serves a fraction of what it could. Simulation speed: {min(speeds):.0f}-{max(speeds):.0f}
+and each worker serves a fraction of what it could. Near that
+threshold P99 is not monotone in the worker count (the windows oscillate), so the AIMD answer is good to a
+few workers. Simulation speed: {min(speeds):.0f}-{max(speeds):.0f}
 planned requests per CPU second ({time.monotonic() - t0:.0f} s wall for all runs on {os.cpu_count()} CPUs).
 """
     write_section("workers", body)
