@@ -4,8 +4,10 @@ The gateway keeps the queue itself, where priority and fairness apply, and lets 
 requests (and tokens) as it can run without queueing inside the engine. The window adapts with AIMD
 (additive increase, multiplicative decrease; Chiu & Jain 1989, as in TCP congestion control and Netflix's
 ``concurrency-limits``) from the load the worker reports (SGLang ``/metrics``: ``num_queue_reqs``,
-``token_usage``): the engine queueing or its KV cache nearly full shrinks the window by ``decrease``;
-a saturated window with an empty engine queue and spare KV grows it by ``increase``.
+``token_usage``): the engine queueing more than a fraction of the window, or its KV cache nearly full,
+shrinks the window by ``decrease``; a saturated window with a short engine queue and spare KV grows it,
+doubling in slow start (until the first decrease, as TCP's slow start) and by ``increase`` after.
+A short engine queue is normal (arrivals wait for the next scheduler step), hence the tolerance.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ class WindowConfig:
         max_tokens: cap on in-flight tokens (prompt + max_tokens) per worker; None = no cap.
         increase: additive step per saturated, healthy report, requests.
         decrease: multiplicative factor when the engine queues or KV is high (0 < decrease < 1).
-        engine_queue_target: engine queue length tolerated before shrinking, requests.
+        engine_queue_fraction: engine queue tolerated before shrinking, as a fraction of the window
+            (at least 1 request).
+        slow_start: double the window on each saturated report until the first decrease.
         kv_high: KV usage fraction (0..1) above which the window shrinks.
         top_band_headroom: extra requests the highest band may send beyond the window, so an
             interactive request reaches a busy worker and overtakes batch work in SGLang's scheduler.
@@ -35,7 +39,8 @@ class WindowConfig:
     max_tokens: int | None = None
     increase: float = 1.0
     decrease: float = 0.7
-    engine_queue_target: int = 0
+    engine_queue_fraction: float = 0.25
+    slow_start: bool = True
     kv_high: float = 0.92
     top_band_headroom: int = 2
 
@@ -50,6 +55,7 @@ class ConcurrencyWindow:
     def __init__(self, config: WindowConfig) -> None:
         self.config = config
         self.limit = float(config.initial)
+        self.in_slow_start = config.slow_start
 
     @property
     def size(self) -> int:
@@ -73,8 +79,11 @@ class ConcurrencyWindow:
             in_flight: requests the gateway has on this worker now.
         """
         cfg = self.config
-        if engine_queue > cfg.engine_queue_target or kv_usage > cfg.kv_high:
+        tolerated = max(1.0, cfg.engine_queue_fraction * self.limit)
+        if engine_queue > tolerated or kv_usage > cfg.kv_high:
             self.limit = max(float(cfg.minimum), self.limit * cfg.decrease)
+            self.in_slow_start = False
         elif in_flight >= self.size:
-            self.limit = min(float(cfg.maximum), self.limit + cfg.increase)
+            grown = self.limit * 2 if self.in_slow_start else self.limit + cfg.increase
+            self.limit = min(float(cfg.maximum), grown)
         return self.limit

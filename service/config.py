@@ -124,7 +124,7 @@ def default_priority_classes() -> dict[str, PriorityClassSettings]:
             rank=1, sglang_priority=5, queue_wait_budget_ms=5000, ttft_goal_ms=5000, max_queue_len=2000
         ),
         "batch": PriorityClassSettings(
-            rank=0, sglang_priority=0, queue_wait_budget_ms=60000, ttft_goal_ms=30000, max_queue_len=10000
+            rank=0, sglang_priority=0, queue_wait_budget_ms=30000, ttft_goal_ms=30000, max_queue_len=10000
         ),
     }
 
@@ -138,6 +138,9 @@ class SchedulerSettings(BaseModel):
     window_max: int = Field(256, ge=1, description="Largest window per worker, requests.")
     window_max_tokens: int | None = Field(None, ge=1, description="In-flight token cap per worker, tokens.")
     top_band_headroom: int = Field(2, ge=0, description="Extra in-flight requests for the top band.")
+    engine_queue_fraction: float = Field(
+        0.25, ge=0, description="Engine queue tolerated before a window shrinks, fraction of the window."
+    )
     load_poll_interval_s: float = Field(1.0, gt=0, description="Period of worker /metrics load polls, s.")
     expiry_interval_s: float = Field(0.05, gt=0, description="Period of queue-deadline checks, s.")
 

@@ -110,6 +110,7 @@ class Scheduler:
             maximum=cfg.window_max,
             max_tokens=cfg.window_max_tokens,
             top_band_headroom=cfg.top_band_headroom,
+            engine_queue_fraction=cfg.engine_queue_fraction,
         )
         self._windows: dict[str, ConcurrencyWindow] = {}
         self._max_total = cfg.max_queue_total

@@ -152,9 +152,11 @@ def test_overload_sheds_and_priority_protects_the_top_band() -> None:
     by = {c: [r for r in res.records if r.band == c] for c in tenants}
     served = {c: [r for r in rs if r.outcome == "ok"] for c, rs in by.items()}
     failed = {c: sum(r.outcome in ("shed", "expired", "evicted") for r in rs) for c, rs in by.items()}
-    assert failed["interactive"] < failed["standard"]  # batch fails least: its budget (60 s) outlasts the run
+    assert failed["interactive"] < failed["standard"]  # batch fails least: its budget (30 s) outlasts the run
     p90 = {c: sorted(r.ttft_s or 0.0 for r in rs)[int(0.9 * len(rs))] for c, rs in served.items() if rs}
-    assert p90["interactive"] < 1.2 < 5.0 < p90["batch"]  # wait budgets 1 s (+ expiry tick), 5 s, 60 s
+    # wait budgets 1 s, 5 s, 30 s; interactive also pays prefill inside a busy engine (AIMD lets the
+    # engine queue up to 25% of the window)
+    assert p90["interactive"] < 1.5 < 5.0 < p90["batch"]
     assert sum(failed.values()) > len(reqs) // 4  # 120 RPS offered to one worker: far over capacity
 
 

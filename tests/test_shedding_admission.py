@@ -71,23 +71,35 @@ def test_dispatch_rate_window() -> None:
     assert rate.rate(30.0) == pytest.approx(0.0)
 
 
-# (engine queue, kv usage, in flight) -> limit after, starting from 8
+# (slow start, engine queue, kv usage, in flight) -> limit after, starting from 8
 WINDOW_TABLE = [
-    (0, 0.1, 8, 9.0),  # saturated and healthy: +1
-    (0, 0.1, 3, 8.0),  # not saturated: unchanged
-    (2, 0.1, 8, 5.6),  # engine queueing: x0.7
-    (0, 0.95, 8, 5.6),  # KV nearly full: x0.7
+    (False, 0, 0.1, 8, 9.0),  # saturated and healthy: +1
+    (True, 0, 0.1, 8, 16.0),  # ... doubling in slow start
+    (False, 0, 0.1, 3, 8.0),  # not saturated: unchanged
+    (False, 2, 0.1, 8, 9.0),  # a short engine queue (<= 25% of the window) is normal
+    (False, 3, 0.1, 8, 5.6),  # engine queueing more: x0.7
+    (True, 3, 0.1, 8, 5.6),  # ... also in slow start
+    (False, 0, 0.95, 8, 5.6),  # KV nearly full: x0.7
 ]
 
 
-@pytest.mark.parametrize(("queue", "kv", "in_flight", "after"), WINDOW_TABLE)
-def test_aimd_window_table(queue: int, kv: float, in_flight: int, after: float) -> None:
-    window = ConcurrencyWindow(WindowConfig(initial=8))
+@pytest.mark.parametrize(("slow_start", "queue", "kv", "in_flight", "after"), WINDOW_TABLE)
+def test_aimd_window_table(slow_start: bool, queue: int, kv: float, in_flight: int, after: float) -> None:
+    window = ConcurrencyWindow(WindowConfig(initial=8, slow_start=slow_start))
     assert window.on_load_report(queue, kv, in_flight) == pytest.approx(after)
 
 
+def test_slow_start_ends_at_the_first_decrease() -> None:
+    window = ConcurrencyWindow(WindowConfig(initial=4))
+    assert [window.on_load_report(q, 0.0, 999) for q in (0, 0, 10, 0, 0)] == pytest.approx(
+        [8, 16, 11.2, 12.2, 13.2]
+    )
+
+
 def test_window_bounds_room_and_top_band_headroom() -> None:
-    window = ConcurrencyWindow(WindowConfig(initial=2, minimum=1, maximum=3, max_tokens=1000))
+    window = ConcurrencyWindow(
+        WindowConfig(initial=2, minimum=1, maximum=3, max_tokens=1000, slow_start=False)
+    )
     for _ in range(10):
         window.on_load_report(5, 0.0, 0)
     assert window.size == 1

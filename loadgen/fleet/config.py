@@ -45,7 +45,7 @@ def default_classes() -> dict[str, ClassSpec]:
     return {
         "interactive": ClassSpec(2, 10, 1.0, 1.0, 1000),
         "standard": ClassSpec(1, 5, 5.0, 5.0, 2000),
-        "batch": ClassSpec(0, 0, 60.0, 30.0, 10000),
+        "batch": ClassSpec(0, 0, 30.0, 30.0, 10000),
     }
 
 
