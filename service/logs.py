@@ -1,29 +1,47 @@
-"""structlog configured for one JSON object per line on stdout."""
+"""structlog configured for one JSON object per line on stdout, stdlib logging (uvicorn, httpx) included."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
 
-def configure_logging(level: str) -> None:
-    """Route structlog (and stdlib logging) to JSON lines at ``level`` (e.g. ``"INFO"``).
+def configure_logging(level: str, stream: TextIO | None = None) -> None:
+    """Route structlog and stdlib logging to JSON lines at ``level`` (e.g. ``"INFO"``) on ``stream``
+    (default stdout).
 
+    httpx's per-request INFO lines are lowered to WARNING (the gateway logs one line per request itself).
     Safe to call more than once (the last call wins).
     """
+    out = stream or sys.stdout
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-    logging.basicConfig(stream=sys.stdout, level=numeric, format="%(message)s", force=True)
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(numeric)
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
+        processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )

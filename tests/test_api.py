@@ -376,3 +376,28 @@ def test_health_readiness_models_usage_and_metrics(http: httpx.Client, worker: F
     assert f'radixgate_completion_tokens_total{{tenant="{tenant_id}"}} 2.0' in text
     assert "radixgate_time_to_first_token_seconds_bucket" in text
     assert "radixgate_in_flight_requests 0.0" in text
+
+
+def test_one_json_log_line_per_request_without_prompt_or_key(http: httpx.Client, worker: FakeWorker) -> None:
+    import io
+
+    from service.logs import configure_logging
+
+    buf = io.StringIO()
+    configure_logging("INFO", stream=buf)
+    try:
+        tenant_id, key = new_tenant(http)
+        secret_prompt = "zebra-unique-prompt-words"
+        resp = http.post("/v1/chat/completions", json=chat(secret_prompt, max_tokens=2), headers=auth(key))
+        rid = resp.headers["x-request-id"]
+    finally:
+        configure_logging("INFO")
+    lines = [json.loads(line) for line in buf.getvalue().splitlines() if line.startswith("{")]
+    mine = [line for line in lines if line.get("event") == "request" and line.get("request_id") == rid]
+    assert len(mine) == 1
+    entry = mine[0]
+    assert entry["tenant"] == tenant_id and entry["status"] == 200 and entry["worker"]
+    assert entry["completion_tokens"] == 2 and entry["ttft_ms"] is not None and entry["latency_ms"] > 0
+    assert worker.received[-1]["rid"] == rid  # the same id reaches SGLang
+    text = buf.getvalue()
+    assert secret_prompt not in text and key not in text and key.split(".")[1] not in text
