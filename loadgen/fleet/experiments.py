@@ -224,13 +224,15 @@ Bisection over the worker count; every run it made is listed.
 Reading: with a fixed window of 256 per worker the fleet is sized by the engines: ~45 requests/s per worker
 at ~256 concurrent (the window, not SGLang's 512 slots, is the cap); routing matters little for unique
 prompts (cache-aware sends misses to the smallest tree, which balances counts like round robin). With the
-gateway's default AIMD windows the answer is far larger: the window shrinks ×0.7 on every load poll that
-sees `num_queue_reqs > 0` (`engine_queue_target = 0`), and at tens of arrivals per second per worker almost
-every poll catches a request waiting for the next scheduler step, so windows settle around 10-30 requests
-and each worker serves a fraction of what it could. Near that
-threshold P99 is not monotone in the worker count (the windows oscillate), so the AIMD answer is good to a
-few workers. Simulation speed: {min(speeds):.0f}-{max(speeds):.0f}
-planned requests per CPU second ({time.monotonic() - t0:.0f} s wall for all runs on {os.cpu_count()} CPUs).
+gateway's default AIMD windows (start 8, doubling in slow start, ×0.7 when the engine queue exceeds 25% of
+the window or KV use 92%, then +1 per 1 s load poll) the answer is larger: near the SLO the engine queue
+regularly exceeds the tolerance, each decrease ends slow start, and additive increase recovers slowly, so
+windows sit below what the engines could take. (With the earlier AIMD, which shrank on any queued request,
+it took ~125 workers.) For a GPU fleet whose engines schedule by priority themselves, a fixed window sized to
+the engine is the better setting; AIMD protects small or unknown workers. Near the threshold P99 is not
+monotone in the worker count (windows oscillate), so the AIMD answer is good to a few workers.
+Simulation speed: {min(speeds):.0f}-{max(speeds):.0f} planned requests per CPU second
+({time.monotonic() - t0:.0f} s wall for all runs on {os.cpu_count()} CPUs).
 """
     write_section("workers", body)
     return "; ".join(heads)

@@ -182,7 +182,7 @@ def exp_overload() -> str:
 Capacity: the highest rate at which 4 workers `{PROFILE}` with fixed windows of 256 serve short prompts
 (150-250 words in, 50-150 tokens out) with P99 TTFT < 500 ms and nothing shed, found by bisection:
 **{cap:.0f} RPS**. Then {rate:.0f} RPS (2x) for 60 s (10 s warm-up) from three tenants with equal shares,
-one per class; the gateway's default classes (wait budgets 1 s / 5 s / 60 s, SGLang priorities 10 / 5 / 0)
+one per class; the gateway's default classes (wait budgets 1 s / 5 s / 30 s, SGLang priorities 10 / 5 / 0)
 and SLOs (TTFT) interactive 500 ms, standard 2 s, batch 30 s. The tenants keep their names (`interactive-app`,
 ...) in the baseline where all three run in `standard` (SLO 2 s for all).
 
