@@ -87,6 +87,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             up.health_timeout_s,
             BreakerConfig(up.breaker_failures, up.breaker_successes, up.breaker_cooldown_s),
             on_transition=lambda url, state: metrics.breaker_transitions.labels(url, state).inc(),
+            deep_probe_every=up.deep_probe_every,
         )
         await pool.start()
         prefix = settings.redis.key_prefix

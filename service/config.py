@@ -77,6 +77,9 @@ class UpstreamSettings(BaseModel):
     read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
     health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
     health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")
+    deep_probe_every: int = Field(
+        6, ge=0, description="Every n-th probe round calls /health_generate instead (0 = never)."
+    )
     breaker_failures: int = Field(
         5, ge=1, description="Consecutive failures (probes or requests) that open a worker's breaker."
     )

@@ -212,10 +212,12 @@ class SGLangClient:
         except ValueError:
             return None
 
-    async def healthy(self, worker: str, timeout_s: float = 2.0) -> bool:
-        """``GET /health`` answers 200 within ``timeout_s``."""
+    async def healthy(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> bool:
+        """``GET /health`` (or, when ``deep``, ``/health_generate``, which runs a 1-token generation on an
+        idle worker) answers 200 within ``timeout_s``."""
+        path = "/health_generate" if deep else "/health"
         try:
-            resp = await self._http.get(f"{worker}/health", timeout=timeout_s)
+            resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
         except httpx.HTTPError:
             return False
         return resp.status_code == 200

@@ -1,7 +1,8 @@
 """The workers one gateway replica sends to: health probes, circuit breakers, draining, in-flight counts.
 
 Each worker has a :class:`policies.circuit_breaker.CircuitBreaker` fed by ``GET /health`` probes (every
-``health_interval_s``) and by the outcome of real requests: consecutive failures open it, a refused
+``health_interval_s``; every ``deep_probe_every``-th round ``GET /health_generate``, which proves the
+engine can still generate) and by the outcome of real requests: consecutive failures open it, a refused
 connection opens it at once, and after the cool-down probes (half-open) close it again. A worker is
 eligible for new requests when it has answered a probe at least once, its breaker lets traffic through
 and it is not draining. A draining worker finishes what it runs and is removed when its in-flight count
@@ -65,6 +66,8 @@ class WorkerPool:
         breaker: circuit-breaker thresholds.
         on_transition: called with (url, new state) when a breaker changes state.
         clock: monotonic clock in s.
+        deep_probe_every: every n-th probe round uses ``/health_generate`` (a real 1-token generation)
+            instead of ``/health``; 0 disables deep probes.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class WorkerPool:
         breaker: BreakerConfig | None = None,
         on_transition: TransitionHook | None = None,
         clock: Callable[[], float] = time.monotonic,
+        deep_probe_every: int = 6,
     ) -> None:
         self._breaker_config = breaker or BreakerConfig()
         self._workers: dict[str, WorkerState] = {}
@@ -87,6 +91,8 @@ class WorkerPool:
         self._on_transition = on_transition
         self._clock = clock
         self._retry_router = LeastLoadRouter()
+        self._deep_every = deep_probe_every
+        self._rounds = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -167,8 +173,15 @@ class WorkerPool:
     async def probe_all(self) -> None:
         """Probe every worker whose breaker admits a probe, concurrently, and record the results."""
         now = self._clock()
-        due = [w.url for w in self._workers.values() if not w.seen_up or w.breaker.allow(now)]
-        results = await asyncio.gather(*(self._client.healthy(u, self._timeout) for u in due))
+        self._rounds += 1
+        deep = self._deep_every > 0 and self._rounds % self._deep_every == 0
+        due: list[str] = []
+        for worker in list(self._workers.values()):
+            before = worker.breaker.state
+            if not worker.seen_up or worker.breaker.allow(now):  # allow() may move open -> half-open
+                due.append(worker.url)
+            self._transition(worker, before)
+        results = await asyncio.gather(*(self._client.healthy(u, self._timeout, deep) for u in due))
         for url, ok in zip(due, results, strict=True):
             state = self._workers.get(url)
             if state is None:
@@ -177,7 +190,8 @@ class WorkerPool:
             if ok:
                 self.record_success(url)
             elif state.seen_up:
-                self.record_failure(url)
+                # HTTP up but unable to generate is definitive; a missed plain probe only counts
+                self.record_failure(url, definitive=deep)
 
     async def _probe_loop(self) -> None:
         while True:

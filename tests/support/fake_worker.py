@@ -35,16 +35,22 @@ class FakeWorker:
         self.received: list[dict[str, Any]] = []
         self.aborted: list[str] = []
         self.delay_s = 0.0
+        self.deep_probes = 0
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
                 Route("/health", self.health),
+                Route("/health_generate", self.health_generate),
                 Route("/abort_request", self.abort, methods=["POST"]),
             ]
         )
 
     async def health(self, _: Request) -> Response:
         return Response(status_code=200)
+
+    async def health_generate(self, _: Request) -> Response:
+        self.deep_probes += 1
+        return Response(status_code=500 if self.mode == "error500" else 200)
 
     async def abort(self, request: Request) -> Response:
         self.aborted.append((await request.json())["rid"])

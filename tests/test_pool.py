@@ -1,0 +1,59 @@
+"""Worker pool: probes (plain and deep), circuit breaker transitions, draining."""
+
+from __future__ import annotations
+
+import httpx
+
+from policies.circuit_breaker import BreakerConfig
+from service.workers.client import SGLangClient
+from service.workers.pool import WorkerPool
+from tests.support.fake_worker import FakeWorker
+from tests.support.servers import ThreadedServer, free_port
+
+
+async def test_deep_probes_and_breaker_transitions() -> None:
+    fake = FakeWorker()
+    clock = [0.0]
+    transitions: list[tuple[str, str]] = []
+    with ThreadedServer(fake.app) as server:
+        async with httpx.AsyncClient() as http:
+            pool = WorkerPool(
+                [server.url],
+                SGLangClient(http),
+                1.0,
+                2.0,
+                BreakerConfig(2, 1, 10.0),
+                on_transition=lambda url, state: transitions.append((url, state)),
+                clock=lambda: clock[0],
+                deep_probe_every=2,
+            )
+            for _ in range(4):
+                await pool.probe_all()
+            assert fake.deep_probes == 2 and pool.any_healthy()
+            fake.mode = "error500"  # /health still 200, /health_generate 500: only deep probes fail
+            await pool.probe_all()  # round 5: plain, passes
+            assert transitions == []
+            await pool.probe_all()  # round 6: deep, fails -> the engine cannot generate: open at once
+            assert [s for _, s in transitions] == ["open"]
+            assert not pool.any_healthy() and pool.choose() is None
+            fake.mode = "ok"
+            await pool.probe_all()  # still cooling down: not probed
+            clock[0] = 11.0
+            await pool.probe_all()  # half-open probe succeeds -> closed (1 success needed)
+            assert [s for _, s in transitions] == ["open", "half_open", "closed"]
+            assert pool.any_healthy() and pool.choose() == server.url
+
+
+async def test_refused_connection_opens_at_once_and_drained_worker_leaves_when_idle() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with httpx.AsyncClient() as http:
+        pool = WorkerPool([dead, "http://w2"], SGLangClient(http), 1.0)
+        for url in (dead, "http://w2"):
+            pool.record_success(url)
+        pool.record_failure(dead, definitive=True)
+        assert pool.choose() == "http://w2"
+        pool.acquire("http://w2", 10)
+        assert pool.drain("http://w2") and pool.get("http://w2") is not None  # still busy
+        assert pool.choose() is None  # draining takes no new requests
+        pool.release("http://w2", 10)
+        assert pool.get("http://w2") is None  # idle: removed
