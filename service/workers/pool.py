@@ -181,7 +181,10 @@ class WorkerPool:
             if not worker.seen_up or worker.breaker.allow(now):  # allow() may move open -> half-open
                 due.append(worker.url)
             self._transition(worker, before)
-        results = await asyncio.gather(*(self._client.healthy(u, self._timeout, deep) for u in due))
+        # SGLang's /health_generate itself waits up to 20 s (SGLANG_HEALTH_CHECK_TIMEOUT) for progress
+        # before answering 503, so a deep probe gets longer than that: its failure is then SGLang's verdict
+        timeout = max(self._timeout, 25.0) if deep else self._timeout
+        results = await asyncio.gather(*(self._client.healthy(u, timeout, deep) for u in due))
         for url, ok in zip(due, results, strict=True):
             state = self._workers.get(url)
             if state is None:
