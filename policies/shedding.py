@@ -77,10 +77,11 @@ class DispatchRate:
 
     Args:
         window_s: averaging window, s.
-        min_span_s: shortest observed span before a rate is reported, s.
+        min_span_s: shortest observed span before a rate is reported, s (5 s: in the first seconds
+            after a cold start dispatches are few and the rate would be underestimated).
     """
 
-    def __init__(self, window_s: float = 10.0, min_span_s: float = 1.0) -> None:
+    def __init__(self, window_s: float = 10.0, min_span_s: float = 5.0) -> None:
         self._window = window_s
         self._min_span = min_span_s
         self._events: deque[tuple[float, float]] = deque()

@@ -90,6 +90,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             deep_probe_every=up.deep_probe_every,
         )
         await pool.start()
+        if not pool.workers:
+            log.warning(
+                "no_workers_configured",
+                hint="set RADIXGATE_UPSTREAM__WORKERS, "
+                "RADIXGATE_ENGINE__LAUNCH=true, or add workers with POST /admin/workers",
+            )
         prefix = settings.redis.key_prefix
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode())
         quota = QuotaLimiter(redis, prefix)

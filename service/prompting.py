@@ -71,12 +71,20 @@ class PromptRenderer:
         self._eos = _special(config.get("eos_token"))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` as the engine tokenizes a raw prompt (no special tokens added)."""
+        """Token ids of ``text`` as the engine tokenizes a raw prompt (no special tokens added).
+
+        Raises:
+            PromptError: ``text`` is not valid Unicode (e.g. a lone surrogate such as ``"\\ud800"``).
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PromptError("the prompt is not valid Unicode (lone surrogate)") from exc
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def count(self, text: str) -> int:
-        """Tokens in ``text`` as the engine tokenizes a raw prompt (no special tokens added)."""
-        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        """Tokens in ``text`` (see :meth:`encode`). Raises :class:`PromptError` for invalid Unicode."""
+        return len(self.encode(text))
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> RenderedPrompt:
         """Render ``[{"role", "content"}, ...]`` with the generation prompt appended.

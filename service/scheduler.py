@@ -154,6 +154,13 @@ class Scheduler:
         """
         now = self._clock()
         m, tenant_label = self._metrics, self._metrics.tenant(req.tenant)
+        if not self._pool.any_healthy():  # nothing could serve it: fail fast rather than wait out the budget
+            raise APIError(
+                503,
+                "No healthy worker is available; retry shortly.",
+                code="no_worker_available",
+                headers={"Retry-After": "1"},
+            )
         decision = decide_admission(
             self._bands, req.band, req.tenant, req.weight, req.cost, self._rate.rate(now), self._max_total
         )

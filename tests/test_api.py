@@ -28,6 +28,7 @@ def gateway_settings(redis_url: str, model_dir: Path, workers: list[str], **api:
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": f"api{next(_ids)}:"},
             "engine": {"served_model_name": MODEL},
+            "extra_models": ["test-model-b"],
             "upstream": {
                 "workers": workers,
                 "health_interval_s": 0.2,
@@ -171,6 +172,21 @@ BAD_INPUTS: list[tuple[str, Any, int, str]] = [
     ("unknown priority", chat(priority="urgent"), 400, "invalid_priority"),
     ("priority above tenant's", chat(priority="interactive"), 403, "priority_not_allowed"),
     ("body too large", chat("word " * 2000), 413, "request_too_large"),
+    (
+        "deeply nested JSON",
+        b'{"model": "m", "messages": ' + b"[" * 1500 + b"]" * 1500 + b"}",
+        400,
+        "invalid_json",
+    ),
+    (
+        "lone surrogate",
+        b'{"model": "test-model", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+        400,
+        "invalid_prompt",
+    ),
+    ("stream not a bool", chat(stream="yes"), 400, "invalid_value"),
+    ("user message without content", {"model": MODEL, "messages": [{"role": "user"}]}, 400, "invalid_value"),
+    ("two different max token limits", chat(max_tokens=5, max_completion_tokens=6), 400, "invalid_value"),
     ("prompt over context", chat("word " * 600), 400, "context_length_exceeded"),
 ]
 
@@ -198,11 +214,11 @@ def test_bad_input_is_rejected_charges_nothing_and_never_reaches_a_worker(
 
 
 def test_model_outside_the_tenants_allowed_list_gets_403(http: httpx.Client, worker: FakeWorker) -> None:
-    _, key = new_tenant(http, allowed_models=["another-model"])
+    _, key = new_tenant(http, allowed_models=["test-model-b"])
     assert_openai_error(
         http.post("/v1/chat/completions", json=chat(), headers=auth(key)), 403, "model_not_allowed"
     )
-    assert http.get("/v1/models", headers=auth(key)).json()["data"] == []
+    assert [m["id"] for m in http.get("/v1/models", headers=auth(key)).json()["data"]] == ["test-model-b"]
     assert worker.received == []
 
 
@@ -233,6 +249,35 @@ def test_disabled_tenant_gets_403_and_enabled_again_passes(http: httpx.Client, w
     )
     http.post(f"/admin/tenants/{tenant_id}/enable", headers=ADMIN)
     assert http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
+
+
+def test_text_completion_rejects_unsupported_echo_and_suffix(http: httpx.Client, worker: FakeWorker) -> None:
+    _, key = new_tenant(http)
+    for extra in ({"echo": True}, {"suffix": "x"}):
+        body = {"model": MODEL, "prompt": "one two", "max_tokens": 2, **extra}
+        assert_openai_error(http.post("/v1/completions", json=body, headers=auth(key)), 400)
+    raw = b'{"model": "test-model", "prompt": "a \\ud800", "max_tokens": 2}'
+    resp = http.post(
+        "/v1/completions", content=raw, headers={**auth(key), "Content-Type": "application/json"}
+    )
+    assert_openai_error(resp, 400, "invalid_prompt")
+    assert worker.received == []
+
+
+def test_admin_rejects_inconsistent_tenants(http: httpx.Client) -> None:
+    body = {"id": "bad-classes", "name": "x", "priority_class": "interactive", "max_priority_class": "batch"}
+    err = assert_openai_error(http.post("/admin/tenants", json=body, headers=ADMIN), 400, "invalid_priority")
+    assert err["param"] == "max_priority_class"
+    body = {"id": "bad-models", "name": "x", "allowed_models": ["nope"]}
+    assert_openai_error(http.post("/admin/tenants", json=body, headers=ADMIN), 400, "model_not_found")
+    tenant_id, _ = new_tenant(http, priority_class="standard")
+    err = assert_openai_error(
+        http.patch(f"/admin/tenants/{tenant_id}", json={"max_priority_class": "vip"}, headers=ADMIN), 400
+    )
+    assert err["param"] == "max_priority_class"
+    assert_openai_error(
+        http.patch(f"/admin/tenants/{tenant_id}", json={"priority_class": "interactive"}, headers=ADMIN), 400
+    )
 
 
 def test_admin_routes_need_the_admin_token(http: httpx.Client) -> None:
@@ -367,7 +412,8 @@ def test_health_readiness_models_usage_and_metrics(http: httpx.Client, worker: F
     tenant_id, key = new_tenant(http)
     assert http.get("/healthz").json() == {"status": "ok"}
     assert http.get("/readyz").json()["ready"] is True
-    assert [m["id"] for m in http.get("/v1/models", headers=auth(key)).json()["data"]] == [MODEL]
+    models = http.get("/v1/models", headers=auth(key)).json()["data"]
+    assert [m["id"] for m in models] == [MODEL, "test-model-b"]
     http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key))
     own = http.get("/v1/usage", headers=auth(key)).json()
     assert own["tenant_id"] == tenant_id and own["completion_tokens"] == 2

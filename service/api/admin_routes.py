@@ -28,22 +28,41 @@ def _not_found(tenant_id: str) -> APIError:
     return APIError(404, f"Tenant '{tenant_id}' does not exist.", code="tenant_not_found")
 
 
-def _check_classes(settings: Settings, *names: str | None) -> None:
-    for name in names:
-        if name is not None and name not in settings.priority_classes:
+def _check_tenant(
+    settings: Settings, default_class: str | None, max_class: str | None, allowed_models: list[str] | None
+) -> None:
+    """Reject unknown classes or models, and a default class above the tenant's highest class."""
+    classes = settings.priority_classes
+    for param, name in (("priority_class", default_class), ("max_priority_class", max_class)):
+        if name is not None and name not in classes:
             raise APIError(
                 400,
-                f"Unknown priority class '{name}'; known: {sorted(settings.priority_classes)}.",
+                f"Unknown priority class '{name}'; known: {sorted(classes)}.",
                 code="invalid_priority",
-                param="priority_class",
+                param=param,
             )
+    if default_class and max_class and classes[default_class].rank > classes[max_class].rank:
+        raise APIError(
+            400,
+            f"priority_class '{default_class}' is above max_priority_class '{max_class}'.",
+            code="invalid_priority",
+            param="max_priority_class",
+        )
+    unknown = sorted(set(allowed_models or ()) - set(settings.served_models))
+    if unknown:
+        raise APIError(
+            400,
+            f"Unknown model(s) {unknown}; served: {settings.served_models}.",
+            code="model_not_found",
+            param="allowed_models",
+        )
 
 
 @router.post("/tenants", status_code=201)
 async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
     """Create a tenant (409 if the id exists)."""
     spec = parse(TenantCreate, body)
-    _check_classes(state.settings, spec.priority_class, spec.max_priority_class)
+    _check_tenant(state.settings, spec.priority_class, spec.max_priority_class, spec.allowed_models)
     try:
         return await state.tenants.create(spec)
     except TenantExistsError as exc:
@@ -69,7 +88,16 @@ async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
 async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
     """Partial update (name, class, weight, quotas, caps, models, enabled)."""
     patch = parse(TenantPatch, body)
-    _check_classes(state.settings, patch.priority_class, patch.max_priority_class)
+    try:
+        current = await state.tenants.get(tenant_id)
+    except TenantNotFoundError as exc:
+        raise _not_found(tenant_id) from exc
+    _check_tenant(
+        state.settings,
+        patch.priority_class or current.priority_class,
+        patch.max_priority_class or current.max_priority_class,
+        patch.allowed_models,
+    )
     try:
         return await state.tenants.update(tenant_id, patch)
     except TenantNotFoundError as exc:

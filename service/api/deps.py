@@ -97,7 +97,7 @@ async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
         chunks.append(chunk)
     try:
         payload = json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise APIError(
             400,
             "We could not parse the JSON body of your request. (HINT: send valid JSON.)",

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = structlog.get_logger("radixgate.errors")
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
@@ -95,8 +98,9 @@ def validation_error(exc: RequestValidationError | Exception) -> APIError:
         return APIError(
             400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param
         )
-    msg = first.get("msg", "invalid value")
-    return APIError(400, f"Invalid value for '{param}': {msg}", code="invalid_value", param=param)
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    text = f"Invalid value for '{param}': {msg}" if param else f"Invalid request: {msg}"
+    return APIError(400, text, code="invalid_value", param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -114,6 +118,11 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(APIError(exc.status_code, str(exc.detail), code=code))
 
+    async def on_crash(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", error_type=type(exc).__name__)
+        return error_response(APIError(500, "Internal error; it has been logged.", code="internal_error"))
+
+    app.add_exception_handler(Exception, on_crash)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

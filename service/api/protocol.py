@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 
 class StreamOptions(BaseModel):
@@ -38,6 +38,12 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_call_id: str | None = None
 
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role in ("system", "developer", "user"):
+            raise ValueError(f"a {self.role} message needs 'content'")
+        return self
+
     def text(self) -> str:
         """The message text (parts joined)."""
         if self.content is None:
@@ -59,7 +65,7 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -95,6 +101,13 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
+    @model_validator(mode="after")
+    def _one_limit(self) -> ChatCompletionRequest:
+        both = self.max_tokens is not None and self.max_completion_tokens is not None
+        if both and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("give max_completion_tokens or max_tokens, not two different values")
+        return self
+
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (newer name) or ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
@@ -104,8 +117,16 @@ class CompletionRequest(SamplingFields):
     """Body of ``POST /v1/completions`` (one text prompt)."""
 
     prompt: str | list[str]
-    echo: bool = False
+    echo: StrictBool = False
     suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo=true is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
 
     @field_validator("prompt")
     @classmethod
