@@ -1,6 +1,6 @@
 """Experiment: three priority classes under 2x overload, through the gateway, over HTTP.
 
-1. Start a local stack (Redis + gateway + one SGLang CPU worker), or use ``--gateway URL --admin-token T``.
+1. Start a local stack (Redis + gateway + one SGLang CPU worker; ``loadgen.stack.LocalStack``).
 2. Measure capacity: a closed loop of ``--concurrency`` clients for ``--probe-s`` seconds -> R requests/s.
 3. Offer an open-loop Poisson load of ``--overload`` x R for ``--duration-s`` seconds, each arrival a
    streamed chat request from one of three tenants (interactive, standard, batch; equal shares).

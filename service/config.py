@@ -111,7 +111,9 @@ class PriorityClassSettings(BaseModel):
     rank: int = Field(..., description="Higher rank is served first (strict priority between bands).")
     sglang_priority: int = Field(..., description="'priority' sent to SGLang (higher runs first).")
     queue_wait_budget_ms: float = Field(5000.0, gt=0, description="Longest gateway queue wait, ms.")
-    ttft_goal_ms: float = Field(5000.0, gt=0, description="Time-to-first-token goal (SLO), ms.")
+    ttft_goal_ms: float = Field(
+        5000.0, gt=0, description="Time-to-first-token goal (SLO), ms; for reports (loadgen), not enforced."
+    )
     max_queue_len: int = Field(2000, ge=1, description="Most requests waiting in this band.")
     min_share: float = Field(0.0, ge=0, lt=1, description="Guaranteed fraction of dispatched tokens.")
 
@@ -188,7 +190,7 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface the gateway listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
     admin_token: SecretStr = Field(
-        SecretStr(""), description="Bearer token for /admin routes; admin API is off while empty."
+        SecretStr(""), description="Bearer token for /admin routes (16+ chars); admin API off while empty."
     )
     key_pepper: SecretStr = Field(
         SecretStr("radixgate-default-pepper"),
@@ -204,7 +206,8 @@ class Settings(BaseSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
-        description="JSON object: class name -> {rank, sglang_priority}; higher rank is served first.",
+        description="JSON object replacing all classes: name -> {rank, sglang_priority, "
+        "queue_wait_budget_ms, ttft_goal_ms, max_queue_len, min_share}; higher rank is served first.",
     )
     extra_models: list[str] = Field(
         default_factory=list, description="Further model ids served by the same workers (aliases)."
