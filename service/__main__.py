@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 import uvicorn
+from pydantic import ValidationError
 
 from service.app import create_app
 from service.config import Settings
@@ -18,10 +19,21 @@ from service.workers.launcher import WorkerProcess
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
 
 
+def load_settings() -> Settings:
+    """Settings from the environment; exits with a short message (no traceback) when they are invalid."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = "RADIXGATE_" + "__".join(str(p).upper() for p in err["loc"])
+            typer.echo(f"invalid setting {where}: {err['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+
 @cli.command()
 def serve() -> None:
     """Run the gateway (settings from RADIXGATE_* environment variables)."""
-    settings = Settings()
+    settings = load_settings()
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -36,7 +48,7 @@ def serve() -> None:
 @cli.command()
 def worker(port: int = typer.Option(None, help="Port (default: engine.base_port).")) -> None:
     """Run one SGLang worker in the foreground, built from RADIXGATE_ENGINE__* settings."""
-    settings = Settings()
+    settings = load_settings()
     configure_logging(settings.observability.log_level)
     proc = WorkerProcess(settings.engine, port or settings.engine.base_port)
     proc.start()
