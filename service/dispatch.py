@@ -120,7 +120,7 @@ class Dispatcher:
             )
             raise APIError(
                 413,
-                f"This request needs {tokens} tokens (prompt {prompt_tokens_of(prepared)} + max_tokens "
+                f"This request needs {tokens} tokens (prompt {prepared.prompt.num_tokens} + max_tokens "
                 f"{prepared.max_tokens}) but the tenant's {decision.limiting} burst is {burst:g}; it can "
                 "never be admitted. Lower max_tokens or shorten the prompt.",
                 code="request_exceeds_burst",
@@ -212,7 +212,7 @@ class Dispatcher:
             self._scheduler.release(outcome.slot)
         with anyio.CancelScope(shield=True):
             if not outcome.finished and outcome.worker is not None and outcome.status != 200:
-                await self._client.abort(outcome.worker, str(outcome.extra.get("rid", prepared.rid)))
+                await self._client.abort(outcome.worker, outcome.upstream_rid or prepared.rid)
             await self._settle(prepared, reservation, outcome)
 
     # 4. settle -------------------------------------------------------------------------------------
@@ -260,6 +260,8 @@ class Dispatcher:
             stream=prepared.stream,
             worker=outcome.worker,
             attempts=outcome.attempts,
+            resumes=outcome.resumes,
+            resume_mode=outcome.resume_mode,
             status=outcome.status,
             error=outcome.error_code,
             prompt_tokens=outcome.prompt_tokens,
@@ -269,8 +271,3 @@ class Dispatcher:
             ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
             latency_ms=round(latency * 1000, 1),
         )
-
-
-def prompt_tokens_of(prepared: PreparedRequest) -> int:
-    """Prompt tokens of a prepared request."""
-    return prepared.prompt.num_tokens

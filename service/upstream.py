@@ -48,7 +48,8 @@ class Outcome:
     streamed_any: bool = False
     finished: bool = False
     slot: Slot | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    upstream_rid: str | None = None  # SGLang rid of the attempt running now (resumes get a suffix)
+    resume_mode: str | None = None  # "token_ids" (exact) or "text", once a stream was resumed
 
 
 @dataclass(slots=True)
@@ -236,7 +237,7 @@ class UpstreamCaller:
         sampling = {**prepared.body["sampling_params"], "max_new_tokens": remaining}
         body = {k: v for k, v in prepared.body.items() if k not in ("text", "input_ids", "sampling_params")}
         body["sampling_params"] = sampling
-        body["rid"] = outcome.extra["rid"] = f"{prepared.rid}-r{outcome.resumes + 1}"
+        body["rid"] = outcome.upstream_rid = f"{prepared.rid}-r{outcome.resumes + 1}"
         prompt_ids = self._renderer.encode(prepared.prompt.text)
         exact = (
             progress.ids_known
@@ -247,7 +248,7 @@ class UpstreamCaller:
             body["input_ids"] = prompt_ids + progress.output_ids
         else:
             body["text"] = prepared.prompt.text + progress.text
-        outcome.extra["resume_mode"] = "token_ids" if exact else "text"
+        outcome.resume_mode = "token_ids" if exact else "text"
         return body
 
 

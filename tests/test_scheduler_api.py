@@ -17,7 +17,7 @@ from service.config import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer
-from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
+from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
 
 def band(rank: int, prio: int, budget_ms: float, max_len: int) -> dict[str, Any]:
@@ -178,4 +178,3 @@ def test_disconnect_while_streaming_aborts_the_upstream_request(
     usage = usage_of(http, tenant_id)
     assert usage["completion_tokens"] <= 2  # charged only what was streamed before the disconnect
     assert http.get("/metrics").text.count("radixgate_in_flight_requests 0.0") == 1
-    assert ADMIN  # admin header reused from test_api

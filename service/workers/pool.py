@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -38,8 +38,6 @@ class WorkerState:
     draining: bool = False
     in_flight: int = 0
     in_flight_tokens: int = 0
-    last_probe_ok: bool = False
-    extra: dict[str, object] = field(default_factory=dict)
 
     def eligible(self, now: float) -> bool:
         """Accepts new requests at ``now`` (s)."""
@@ -189,7 +187,6 @@ class WorkerPool:
             state = self._workers.get(url)
             if state is None:
                 continue
-            state.last_probe_ok = ok
             if ok:
                 self.record_success(url)
             elif state.seen_up:
