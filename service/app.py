@@ -85,7 +85,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             client,
             up.health_interval_s,
             up.health_timeout_s,
-            BreakerConfig(up.breaker_failures, up.breaker_successes, up.breaker_cooldown_s),
+            BreakerConfig(
+                up.breaker_failures,
+                up.breaker_successes,
+                up.breaker_cooldown_s,
+                trust_window_s=up.probe_trust_window_s,
+            ),
             on_transition=lambda url, state: metrics.breaker_transitions.labels(url, state).inc(),
             deep_probe_every=up.deep_probe_every,
         )

@@ -81,10 +81,19 @@ class UpstreamSettings(BaseModel):
         6, ge=0, description="Every n-th probe round calls /health_generate instead (0 = never)."
     )
     breaker_failures: int = Field(
-        5, ge=1, description="Consecutive failures (probes or requests) that open a worker's breaker."
+        5,
+        ge=1,
+        description="Failures (requests, deep or plain probes) with no success between that open a "
+        "worker's breaker; a refused connection opens it at once.",
     )
     breaker_successes: int = Field(2, ge=1, description="Consecutive half-open successes that close it.")
     breaker_cooldown_s: float = Field(30.0, gt=0, description="Time an open breaker blocks a worker, s.")
+    probe_trust_window_s: float = Field(
+        30.0,
+        ge=0,
+        description="Failed probes count for nothing while a request to the worker succeeded this "
+        "recently, s (real traffic outranks health signals).",
+    )
     retry_backoff_s: float = Field(
         0.05, ge=0, description="Base of the jittered exponential backoff between attempts, s."
     )

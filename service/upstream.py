@@ -136,7 +136,7 @@ class UpstreamCaller:
         if exc.status is not None and 400 <= exc.status < 500:
             outcome.error_code = "upstream_rejected"
             return APIError(400, f"The worker rejected the request: {exc}", code="upstream_rejected")
-        self._pool.record_failure(exc.worker, definitive=exc.refused)
+        self._pool.record(exc.worker, "refused" if exc.refused else "request_failed")
         outcome.error_code = "upstream_unavailable"
         return APIError(
             503 if exc.status is None else 502,
@@ -176,7 +176,7 @@ class UpstreamCaller:
                     raise last_error from exc
                 self._metrics.retries.labels("before_first_token").inc()
                 continue
-            self._pool.record_success(worker)
+            self._pool.record(worker, "request_ok")
             self._count(outcome, chunk, 0)
             outcome.finished = True
             return chunk
@@ -208,7 +208,7 @@ class UpstreamCaller:
                         if chunk.finish_reason:
                             outcome.finished = True
                         yield chunk
-                self._pool.record_success(worker)
+                self._pool.record(worker, "request_ok")
                 return
             except UpstreamError as exc:
                 last_error = self._failed(exc, outcome)

@@ -30,13 +30,15 @@ async def test_deep_probes_and_breaker_transitions() -> None:
             for _ in range(4):
                 await pool.probe_all()
             assert fake.deep_probes == 2 and pool.any_healthy()
-            fake.mode = "error500"  # /health still 200, /health_generate 500: only deep probes fail
+            fake.deep_status = 500  # /health still 200, /health_generate 500: only deep probes fail
             await pool.probe_all()  # round 5: plain, passes
-            assert transitions == []
-            await pool.probe_all()  # round 6: deep, fails -> the engine cannot generate: open at once
+            await pool.probe_all()  # round 6: deep, fails -> one failure, not definitive
+            assert transitions == [] and pool.any_healthy()
+            await pool.probe_all()  # round 7: plain 200 does not clear the failed generation
+            await pool.probe_all()  # round 8: deep fails again -> 2 failures: open
             assert [s for _, s in transitions] == ["open"]
             assert not pool.any_healthy() and pool.choose() is None
-            fake.mode = "ok"
+            fake.deep_status = 200
             await pool.probe_all()  # still cooling down: not probed
             clock[0] = 11.0
             await pool.probe_all()  # half-open probe succeeds -> closed (1 success needed)
@@ -44,13 +46,50 @@ async def test_deep_probes_and_breaker_transitions() -> None:
             assert pool.any_healthy() and pool.choose() == server.url
 
 
+async def test_failed_probes_count_for_nothing_while_requests_succeed() -> None:
+    fake = FakeWorker()
+    fake.deep_status = 500
+    clock = [0.0]
+    with ThreadedServer(fake.app) as server:
+        async with httpx.AsyncClient() as http:
+            pool = WorkerPool(
+                [server.url],
+                SGLangClient(http),
+                1.0,
+                2.0,
+                BreakerConfig(1, 1, 10.0, trust_window_s=5.0),
+                clock=lambda: clock[0],
+                deep_probe_every=1,
+            )
+            pool.record(server.url, "request_ok")
+            for step in range(6):  # deep probes fail for 5 s while requests succeed
+                clock[0] = float(step)
+                await pool.probe_all()
+                pool.record(server.url, "request_ok")
+                assert pool.any_healthy(), step
+            assert fake.deep_probes == 6
+            clock[0] = 11.5  # no request for 6.5 s: the next failed deep probe counts (threshold 1)
+            await pool.probe_all()
+            assert not pool.any_healthy()
+
+
+async def test_a_refused_probe_opens_at_once() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with httpx.AsyncClient() as http:
+        pool = WorkerPool([dead], SGLangClient(http), 1.0, breaker=BreakerConfig(5, 1, 10.0))
+        pool.record(dead, "request_ok")
+        await pool.probe_all()  # nothing listens: the connection is refused, which is definitive
+        state = pool.get(dead)
+        assert state is not None and state.breaker.state == "open"
+
+
 async def test_refused_connection_opens_at_once_and_drained_worker_leaves_when_idle() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     async with httpx.AsyncClient() as http:
         pool = WorkerPool([dead, "http://w2"], SGLangClient(http), 1.0)
         for url in (dead, "http://w2"):
-            pool.record_success(url)
-        pool.record_failure(dead, definitive=True)
+            pool.record(url, "request_ok")
+        pool.record(dead, "refused")
         assert pool.choose() == "http://w2"
         pool.acquire("http://w2", 10)
         assert pool.drain("http://w2") and pool.get("http://w2") is not None  # still busy

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+ProbeResult = Literal["ok", "failed", "refused"]
+"""Outcome of one health probe."""
 
 
 class UpstreamError(Exception):
@@ -212,15 +215,18 @@ class SGLangClient:
         except ValueError:
             return None
 
-    async def healthy(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> bool:
+    async def probe(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> ProbeResult:
         """``GET /health`` (or, when ``deep``, ``/health_generate``, which runs a 1-token generation on an
-        idle worker) answers 200 within ``timeout_s``."""
+        idle worker): ``"ok"`` for 200 within ``timeout_s``, ``"refused"`` when the connection could
+        not be opened, ``"failed"`` otherwise (other status, timeout, reset)."""
         path = "/health_generate" if deep else "/health"
         try:
             resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
+        except httpx.ConnectError:
+            return "refused"
         except httpx.HTTPError:
-            return False
-        return resp.status_code == 200
+            return "failed"
+        return "ok" if resp.status_code == 200 else "failed"
 
 
 def _transport_error(worker: str, exc: httpx.HTTPError) -> UpstreamError:

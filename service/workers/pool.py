@@ -1,12 +1,24 @@
 """The workers one gateway replica sends to: health probes, circuit breakers, draining, in-flight counts.
 
-Each worker has a :class:`policies.circuit_breaker.CircuitBreaker` fed by ``GET /health`` probes (every
-``health_interval_s``; every ``deep_probe_every``-th round ``GET /health_generate``, which proves the
-engine can still generate) and by the outcome of real requests: consecutive failures open it, a refused
-connection opens it at once, and after the cool-down probes (half-open) close it again. A worker is
-eligible for new requests when it has answered a probe at least once, its breaker lets traffic through
-and it is not draining. A draining worker finishes what it runs and is removed when its in-flight count
-reaches zero.
+Each worker has a :class:`policies.circuit_breaker.CircuitBreaker`. Everything the pool learns about a
+worker is one :data:`~policies.circuit_breaker.Signal` -- outcomes of real requests and of ``GET /health``
+probes (every ``health_interval_s``; every ``deep_probe_every``-th round ``GET /health_generate``, which
+runs a 1-token generation) -- and one rule, :func:`policies.circuit_breaker.judge`, decides what it does,
+for probes and requests alike:
+
+- a refused connection is definitive: the breaker opens at once;
+- a failed request (5xx, timeout, reset), a failed or slow deep probe, or a failed plain probe counts as
+  one failure; ``breaker_failures`` of them with no success in between open the breaker;
+- a successful request or deep probe clears the count; a plain ``/health`` 200 only clears failed plain
+  probes (it proves the HTTP process is up, not that the engine generates);
+- while a request to the worker succeeded within ``probe_trust_window_s``, failed probes count for
+  nothing: real traffic outranks health signals, so the last healthy worker is never ejected on probe
+  evidence alone while it serves.
+
+After the cool-down the breaker is half-open: probes and requests go through and ``breaker_successes``
+successes close it. A worker is eligible for new requests when it has answered a probe at least once, its
+breaker lets traffic through and it is not draining. A draining worker finishes what it runs and is
+removed when its in-flight count reaches zero.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from policies.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker
+from policies.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker, Signal, judge
 from policies.routing import LeastLoadRouter, WorkerView
 from service.workers.client import SGLangClient
 
@@ -38,6 +50,7 @@ class WorkerState:
     draining: bool = False
     in_flight: int = 0
     in_flight_tokens: int = 0
+    last_request_ok: float | None = None  # monotonic s of the last successful request
 
     def eligible(self, now: float) -> bool:
         """Accepts new requests at ``now`` (s)."""
@@ -145,27 +158,23 @@ class WorkerPool:
             if self._on_transition is not None:
                 self._on_transition(state.url, after)
 
-    def record_success(self, url: str) -> None:
-        """A request or probe to ``url`` succeeded."""
+    def record(self, url: str, signal: Signal) -> None:
+        """Feed one piece of evidence about ``url`` to its breaker (the module's rule); unknown URLs
+        are ignored."""
         state = self._workers.get(url)
         if state is None:
             return
-        before = state.breaker.state
-        state.seen_up = True
-        state.breaker.record_success()
-        self._transition(state, before)
-
-    def record_failure(self, url: str, definitive: bool = False) -> None:
-        """A request or probe to ``url`` failed; ``definitive`` (connection refused) opens the breaker."""
-        state = self._workers.get(url)
-        if state is None:
-            return
-        before = state.breaker.state
         now = self._clock()
-        if definitive:
-            state.breaker.trip(now)
-        else:
-            state.breaker.record_failure(now)
+        if signal in ("request_ok", "probe_ok", "deep_probe_ok"):
+            state.seen_up = True
+        age = None if state.last_request_ok is None else now - state.last_request_ok
+        verdict = judge(signal, age, self._breaker_config.trust_window_s)
+        if signal == "request_ok":
+            state.last_request_ok = now
+        before = state.breaker.state
+        state.breaker.apply(verdict, now)
+        if verdict == "ignore":
+            log.info("probe_failure_outweighed", worker=url, signal=signal, request_ok_age_s=age)
         self._transition(state, before)
 
     async def probe_all(self) -> None:
@@ -182,16 +191,16 @@ class WorkerPool:
         # SGLang's /health_generate itself waits up to 20 s (SGLANG_HEALTH_CHECK_TIMEOUT) for progress
         # before answering 503, so a deep probe gets longer than that: its failure is then SGLang's verdict
         timeout = max(self._timeout, 25.0) if deep else self._timeout
-        results = await asyncio.gather(*(self._client.healthy(u, timeout, deep) for u in due))
-        for url, ok in zip(due, results, strict=True):
+        results = await asyncio.gather(*(self._client.probe(u, timeout, deep) for u in due))
+        for url, result in zip(due, results, strict=True):
             state = self._workers.get(url)
             if state is None:
                 continue
-            if ok:
-                self.record_success(url)
-            elif state.seen_up:
-                # HTTP up but unable to generate is definitive; a missed plain probe only counts
-                self.record_failure(url, definitive=deep)
+            if result == "ok":
+                self.record(url, "deep_probe_ok" if deep else "probe_ok")
+            elif state.seen_up:  # a worker still starting up is not failing
+                failed: Signal = "deep_probe_failed" if deep else "probe_failed"
+                self.record(url, "refused" if result == "refused" else failed)
 
     async def _probe_loop(self) -> None:
         while True:

@@ -28,6 +28,8 @@ class FakeWorker:
         received: bodies of ``/generate`` calls.
         aborted: rids passed to ``/abort_request``.
         delay_s: pause per generated word (between streamed chunks; summed for non-streamed answers).
+        deep_status: status of ``/health_generate`` (500 anyway in mode ``"error500"``).
+        deep_probes: ``/health_generate`` calls received.
     """
 
     def __init__(self) -> None:
@@ -36,6 +38,7 @@ class FakeWorker:
         self.aborted: list[str] = []
         self.delay_s = 0.0
         self.deep_probes = 0
+        self.deep_status = 200
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -50,7 +53,7 @@ class FakeWorker:
 
     async def health_generate(self, _: Request) -> Response:
         self.deep_probes += 1
-        return Response(status_code=500 if self.mode == "error500" else 200)
+        return Response(status_code=500 if self.mode == "error500" else self.deep_status)
 
     async def abort(self, request: Request) -> Response:
         self.aborted.append((await request.json())["rid"])
