@@ -46,6 +46,7 @@ from service.scheduler import Scheduler
 from service.upstream import Outcome, UpstreamCaller
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
+from tenancy.errors import TenantNotFoundError
 from tenancy.models import Tenant
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.usage import UsageRecorder
@@ -107,11 +108,14 @@ class Dispatcher:
         """
         tenant = prepared.tenant
         tokens = prepared.reserved_tokens
-        decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens)
+        try:
+            decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, epoch=tenant.epoch)
+        except TenantNotFoundError as exc:  # deleted since its key was checked
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key") from exc
         if decision.allowed:
-            return Reservation(tenant.id, tenant.quotas, 1, tokens)
+            return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch)
         self._metrics.quota_rejections.labels(self._metrics.tenant(tenant.id), decision.limiting).inc()
-        await self._usage.record(tenant.id, quota_rejections=1)
+        await self._usage.record(tenant.id, tenant.epoch, quota_rejections=1)
         if decision.never:
             burst = (
                 tenant.quotas.effective_token_burst
@@ -230,6 +234,7 @@ class Dispatcher:
                 await self._quota.reconcile(reservation, outcome.prompt_tokens + outcome.completion_tokens)
                 await self._usage.record(
                     tenant_id,
+                    reservation.epoch,
                     requests=1,
                     errors=int(outcome.status != 200),
                     prompt_tokens=outcome.prompt_tokens,
@@ -238,7 +243,9 @@ class Dispatcher:
                 )
             else:
                 await self._quota.refund(reservation)
-                await self._usage.record(tenant_id, errors=int(outcome.status not in (200, 499)))
+                await self._usage.record(
+                    tenant_id, reservation.epoch, errors=int(outcome.status not in (200, 499))
+                )
         except Exception:
             log.exception("settle_failed", request_id=prepared.rid, tenant=tenant_id)
         latency = time.perf_counter() - prepared.arrival

@@ -88,6 +88,11 @@ class Tenant(TenantCreate):
     model_config = ConfigDict(extra="ignore")
 
     created_at: float = Field(default_factory=time.time, description="Unix time, s.")
+    epoch: str = Field(
+        "",
+        description="Random generation of this tenant id, new on each creation (tenancy.layout); "
+        "empty in records written before epochs existed.",
+    )
 
     @model_validator(mode="after")
     def _default_max_class(self) -> Tenant:

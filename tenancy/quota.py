@@ -4,20 +4,23 @@ One admission = one round trip: the request bucket (cost 1) and the token bucket
 max_tokens) are checked and debited together or not at all, so many gateway replicas sharing Redis never
 over-admit. Time comes from the Redis server's clock unless a test passes ``now_ms``.
 The arithmetic mirrors :mod:`policies.token_bucket`.
+
+Given the tenant's ``epoch``, the script first checks that the tenant record still exists with that epoch
+and writes nothing otherwise (:mod:`tenancy.layout`), so a request racing the tenant's deletion cannot
+leave a bucket behind, nor charge or refund a re-created tenant of the same id.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib import resources
 from typing import Literal
 
 from redis.asyncio import Redis
 
+from tenancy.errors import TenantNotFoundError
+from tenancy.layout import BucketName, KeyLayout, lua
 from tenancy.models import Quotas
-
-BucketName = Literal["requests", "tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class Reservation:
     quotas: Quotas
     requests: int
     tokens: int
+    epoch: str | None = None
 
 
 class QuotaLimiter:
@@ -55,16 +59,17 @@ class QuotaLimiter:
     Args:
         redis: async client.
         prefix: Redis key prefix; buckets live at ``<prefix>bucket:<tenant>:{requests,tokens}``.
+
+    Methods that take ``epoch`` check the tenant record first when it is not None (see the module).
     """
 
     def __init__(self, redis: Redis, prefix: str) -> None:
-        self._prefix = prefix
-        lua = resources.files("tenancy").joinpath("token_bucket.lua").read_text()
-        self._script = redis.register_script(lua)
+        self._layout = KeyLayout(prefix)
+        self._script = redis.register_script(lua("token_bucket.lua", guarded=True))
 
     def bucket_key(self, tenant_id: str, bucket: BucketName) -> str:
         """Redis key of one of a tenant's buckets."""
-        return f"{self._prefix}bucket:{tenant_id}:{bucket}"
+        return self._layout.bucket(tenant_id, bucket)
 
     def _buckets(
         self, tenant_id: str, quotas: Quotas, requests: float, tokens: float
@@ -84,19 +89,31 @@ class QuotaLimiter:
 
     async def _run(
         self,
+        tenant_id: str,
+        epoch: str | None,
         mode: Literal["take", "adjust"],
         buckets: list[tuple[BucketName, str, float, float, float]],
         now_ms: float | None,
     ) -> list[str | int]:
-        keys = [b[1] for b in buckets]
-        args: list[str | float] = ["" if now_ms is None else repr(float(now_ms)), mode]
+        keys = [self._layout.tenant(tenant_id), *(b[1] for b in buckets)]
+        args: list[str | float] = [
+            "" if now_ms is None else repr(float(now_ms)),
+            mode,
+            "0" if epoch is None else "1",
+            epoch or "",
+        ]
         for _, _, rate, cap, amount in buckets:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
         result: list[str | int] = await self._script(keys=keys, args=args)
         return result
 
     async def reserve(
-        self, tenant_id: str, quotas: Quotas, tokens: int, now_ms: float | None = None
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        tokens: int,
+        now_ms: float | None = None,
+        epoch: str | None = None,
     ) -> QuotaDecision:
         """Take 1 request and ``tokens`` tokens from the tenant's buckets, all or nothing.
 
@@ -105,15 +122,21 @@ class QuotaLimiter:
             quotas: the tenant's limits (unlimited buckets are skipped).
             tokens: tokens to reserve (prompt + max_tokens).
             now_ms: test hook; ``None`` uses Redis server time.
+            epoch: the tenant record's epoch as the caller read it; None skips the tenant check.
 
         Returns:
             A :class:`QuotaDecision`.
+
+        Raises:
+            TenantNotFoundError: ``epoch`` was given and the tenant is gone (nothing was written).
         """
         buckets = self._buckets(tenant_id, quotas, 1, tokens)
         if not buckets:
             return QuotaDecision(True, False, 0.0, None, {})
-        result = await self._run("take", buckets, now_ms)
+        result = await self._run(tenant_id, epoch, "take", buckets, now_ms)
         status, wait_ms, idx = int(result[0]), int(result[1]), int(result[2])
+        if status == -2:
+            raise TenantNotFoundError(tenant_id)
         limiting = buckets[idx - 1][0] if idx > 0 else None
         remaining: dict[str, float] = {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
         if status == -1:
@@ -129,21 +152,27 @@ class QuotaLimiter:
         requests: float = 0,
         tokens: float = 0,
         now_ms: float | None = None,
+        epoch: str | None = None,
     ) -> dict[str, float]:
         """Add units back to (positive) or charge (negative) the tenant's buckets.
 
-        Levels are capped at the burst and floored at minus the burst. Returns bucket -> new level.
+        Levels are capped at the burst and floored at minus the burst. Returns bucket -> new level; empty
+        when nothing changed, or when ``epoch`` was given and the tenant is gone (nothing written).
         """
         buckets = [b for b in self._buckets(tenant_id, quotas, requests, tokens) if b[4] != 0]
         if not buckets:
             return {}
-        result = await self._run("adjust", buckets, now_ms)
+        result = await self._run(tenant_id, epoch, "adjust", buckets, now_ms)
+        if int(result[0]) == -2:
+            return {}
         return {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
 
     async def refund(self, reservation: Reservation) -> None:
         """Give a whole reservation back (request rejected downstream, failed upstream, or cancelled)."""
-        await self.adjust(reservation.tenant_id, reservation.quotas, reservation.requests, reservation.tokens)
+        r = reservation
+        await self.adjust(r.tenant_id, r.quotas, r.requests, r.tokens, epoch=r.epoch)
 
     async def reconcile(self, reservation: Reservation, used_tokens: int) -> None:
         """Settle a finished request: refund unused reserved tokens, or charge the overrun."""
-        await self.adjust(reservation.tenant_id, reservation.quotas, 0, reservation.tokens - used_tokens)
+        r = reservation
+        await self.adjust(r.tenant_id, r.quotas, 0, r.tokens - used_tokens, epoch=r.epoch)

@@ -1,15 +1,19 @@
-"""Tenants and API keys in Redis.
+"""Tenants and API keys in Redis (key layout in :mod:`tenancy.layout`).
 
-Layout (``P`` = the configured key prefix, default ``rg:``):
-``P tenants`` (set of ids), ``P tenant:<id>`` (JSON :class:`Tenant`), ``P tenant:<id>:keys`` (set of key
-ids), ``P key:<key_id>`` (JSON :class:`ApiKeyRecord`).
+Each creation gives the tenant a fresh random ``epoch``; scripts that write its buckets or usage check it,
+and :meth:`TenantStore.delete` removes the record, its keys, buckets and usage in one Lua call, so a
+deleted tenant leaves nothing behind and a re-created one (same id) starts clean.
 """
 
 from __future__ import annotations
 
+import secrets
+
 from redis.asyncio import Redis
 
+from tenancy.errors import KeyNotFoundError, TenantExistsError, TenantNotFoundError
 from tenancy.keys import digest_matches, generate_key, key_digest, parse_key
+from tenancy.layout import BUCKETS, KeyLayout, lua
 from tenancy.models import (
     ApiKeyInfo,
     ApiKeyRecord,
@@ -19,17 +23,7 @@ from tenancy.models import (
     TenantPatch,
 )
 
-
-class TenantExistsError(Exception):
-    """Raised when creating a tenant whose id is taken."""
-
-
-class TenantNotFoundError(Exception):
-    """Raised when a tenant id is unknown."""
-
-
-class KeyNotFoundError(Exception):
-    """Raised when a key id is unknown (or belongs to another tenant)."""
+__all__ = ["KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
 
 
 class TenantStore:
@@ -43,25 +37,27 @@ class TenantStore:
 
     def __init__(self, redis: Redis, prefix: str, pepper: bytes) -> None:
         self._redis = redis
-        self._prefix = prefix
+        self._layout = KeyLayout(prefix)
         self._pepper = pepper
+        self._delete_script = redis.register_script(lua("tenant_delete.lua"))
+        self._issue_script = redis.register_script(lua("key_issue.lua"))
 
     def _tenant_key(self, tenant_id: str) -> str:
-        return f"{self._prefix}tenant:{tenant_id}"
+        return self._layout.tenant(tenant_id)
 
     def _tenant_keys_key(self, tenant_id: str) -> str:
-        return f"{self._prefix}tenant:{tenant_id}:keys"
+        return self._layout.tenant_keys(tenant_id)
 
     def _key_key(self, key_id: str) -> str:
-        return f"{self._prefix}key:{key_id}"
+        return self._layout.api_key(key_id)
 
     @property
     def _index(self) -> str:
-        return f"{self._prefix}tenants"
+        return self._layout.index
 
     async def create(self, spec: TenantCreate) -> Tenant:
-        """Store a new tenant. Raises :class:`TenantExistsError` if the id is taken."""
-        tenant = Tenant(**spec.model_dump())
+        """Store a new tenant with a fresh epoch. Raises :class:`TenantExistsError` if the id is taken."""
+        tenant = Tenant(**spec.model_dump(), epoch=secrets.token_hex(8))
         created = await self._redis.set(self._tenant_key(tenant.id), tenant.model_dump_json(), nx=True)
         if not created:
             raise TenantExistsError(tenant.id)
@@ -92,31 +88,48 @@ class TenantStore:
         return merged
 
     async def delete(self, tenant_id: str) -> None:
-        """Delete a tenant and all its keys. Raises :class:`TenantNotFoundError`."""
-        await self.get(tenant_id)
-        key_ids = [str(i) for i in await self._redis.smembers(self._tenant_keys_key(tenant_id))]
-        pipe = self._redis.pipeline(transaction=True)
-        for key_id in key_ids:
-            pipe.delete(self._key_key(key_id))
-        pipe.delete(self._tenant_keys_key(tenant_id), self._tenant_key(tenant_id))
-        pipe.srem(self._index, tenant_id)
-        await pipe.execute()
+        """Delete a tenant and every key it owns (record, API keys, buckets, usage) in one atomic call.
+
+        Raises:
+            TenantNotFoundError: no such tenant.
+        """
+        layout = self._layout
+        keys = [
+            layout.tenant(tenant_id),
+            layout.tenant_keys(tenant_id),
+            layout.index,
+            layout.usage(tenant_id),
+            *(layout.bucket(tenant_id, b) for b in BUCKETS),
+        ]
+        if not await self._delete_script(keys=keys, args=[layout.api_key_prefix, tenant_id]):
+            raise TenantNotFoundError(tenant_id)
 
     async def issue_key(self, tenant_id: str, name: str = "") -> IssuedKey:
-        """Create an API key for a tenant; the returned ``api_key`` is never stored."""
+        """Create an API key for a tenant; the returned ``api_key`` is never stored.
+
+        Raises:
+            TenantNotFoundError: no such tenant (also when it is deleted meanwhile).
+        """
         await self.get(tenant_id)
-        parsed = generate_key()
-        record = ApiKeyRecord(
-            key_id=parsed.key_id,
-            tenant_id=tenant_id,
-            digest=key_digest(parsed.full, self._pepper),
-            name=name,
-        )
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.set(self._key_key(parsed.key_id), record.model_dump_json(), nx=True)
-        pipe.sadd(self._tenant_keys_key(tenant_id), parsed.key_id)
-        await pipe.execute()
-        return IssuedKey(**_info(record).model_dump(), api_key=parsed.full)
+        for _ in range(3):  # a 48-bit key id collides with odds ~n/2^48: draw again
+            parsed = generate_key()
+            record = ApiKeyRecord(
+                key_id=parsed.key_id,
+                tenant_id=tenant_id,
+                digest=key_digest(parsed.full, self._pepper),
+                name=name,
+            )
+            keys = [
+                self._tenant_key(tenant_id),
+                self._key_key(parsed.key_id),
+                self._tenant_keys_key(tenant_id),
+            ]
+            stored = int(await self._issue_script(keys=keys, args=[record.model_dump_json(), parsed.key_id]))
+            if stored == -1:
+                raise TenantNotFoundError(tenant_id)
+            if stored == 1:
+                return IssuedKey(**_info(record).model_dump(), api_key=parsed.full)
+        raise RuntimeError("could not draw an unused API key id")
 
     async def list_keys(self, tenant_id: str) -> list[ApiKeyInfo]:
         """Keys of a tenant (no digests), oldest first."""

@@ -1,9 +1,14 @@
-"""Usage counters per tenant in Redis (one hash per tenant, HINCRBY in one pipeline per request)."""
+"""Usage counters per tenant in Redis (one hash per tenant, added to by one Lua call per request).
+
+Given the tenant's ``epoch``, nothing is recorded once the tenant is gone (see :mod:`tenancy.layout`),
+so a request settling after its tenant's deletion leaves no counters behind.
+"""
 
 from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from tenancy.layout import KeyLayout, lua
 from tenancy.models import Usage
 
 _FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "quota_rejections")
@@ -19,13 +24,22 @@ class UsageRecorder:
 
     def __init__(self, redis: Redis, prefix: str) -> None:
         self._redis = redis
-        self._prefix = prefix
+        self._layout = KeyLayout(prefix)
+        self._script = redis.register_script(lua("usage_record.lua", guarded=True))
 
     def _key(self, tenant_id: str) -> str:
-        return f"{self._prefix}usage:{tenant_id}"
+        return self._layout.usage(tenant_id)
 
-    async def record(self, tenant_id: str, **counts: int) -> None:
+    async def record(self, tenant_id: str, epoch: str | None = None, **counts: int) -> bool:
         """Add counts (field names of :class:`Usage`) to a tenant's counters in one round trip.
+
+        Args:
+            tenant_id: whose counters.
+            epoch: the tenant record's epoch as the caller read it; None skips the tenant check.
+            counts: field -> amount (zeros are skipped).
+
+        Returns:
+            False when ``epoch`` was given and the tenant is gone (nothing recorded), else True.
 
         Raises:
             ValueError: an unknown field name.
@@ -33,17 +47,16 @@ class UsageRecorder:
         unknown = set(counts) - set(_FIELDS)
         if unknown:
             raise ValueError(f"unknown usage fields: {sorted(unknown)}")
-        pipe = self._redis.pipeline(transaction=False)
+        args: list[str | int] = ["0" if epoch is None else "1", epoch or ""]
         for field, value in counts.items():
             if value:
-                pipe.hincrby(self._key(tenant_id), field, value)
-        await pipe.execute()
+                args += [field, value]
+        if len(args) == 2:
+            return True
+        keys = [self._layout.tenant(tenant_id), self._key(tenant_id)]
+        return bool(await self._script(keys=keys, args=args))
 
     async def get(self, tenant_id: str) -> Usage:
         """Return a tenant's counters (zeros if none yet)."""
         raw = await self._redis.hgetall(self._key(tenant_id))
         return Usage(tenant_id=tenant_id, **{k: int(v) for k, v in raw.items() if k in _FIELDS})
-
-    async def delete(self, tenant_id: str) -> None:
-        """Drop a tenant's counters (when the tenant is deleted)."""
-        await self._redis.delete(self._key(tenant_id))

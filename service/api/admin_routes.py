@@ -132,12 +132,11 @@ async def update_tenant_fields(state: StateDep, tenant_id: str, patch: TenantPat
 
 @router.delete("/tenants/{tenant_id}", status_code=204)
 async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
-    """Delete a tenant, its keys and its usage counters."""
+    """Delete a tenant and everything it owns: keys, buckets, usage counters (one atomic call)."""
     try:
         await state.tenants.delete(tenant_id)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
-    await state.usage.delete(tenant_id)
     return Response(status_code=204)
 
 

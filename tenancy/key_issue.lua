@@ -1,0 +1,12 @@
+-- Store a new API key record for a tenant that exists, atomically (see tenancy/layout.py).
+-- KEYS[1] tenant record, KEYS[2] key record, KEYS[3] the tenant's key-id set
+-- ARGV[1] key record JSON, ARGV[2] key id
+-- Returns -1 if the tenant does not exist, 0 if the key id is taken, 1 when stored.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return -1
+end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX') then
+  return 0
+end
+redis.call('SADD', KEYS[3], ARGV[2])
+return 1

@@ -1,0 +1,71 @@
+"""Every Redis key radixgate writes for tenants, in one place (``P`` = the configured prefix, ``rg:``).
+
+=================================  ==================================================================
+key                                holds
+=================================  ==================================================================
+``P tenants``                      set of tenant ids
+``P tenant:<id>``                  JSON :class:`~tenancy.models.Tenant` (with its ``epoch``)
+``P tenant:<id>:keys``             set of the tenant's API key ids
+``P key:<key_id>``                 JSON :class:`~tenancy.models.ApiKeyRecord` (names its tenant)
+``P bucket:<id>:requests|tokens``  token-bucket hashes (``level``, ``ts``), expire when full
+``P usage:<id>``                   usage counters hash
+=================================  ==================================================================
+
+A tenant owns its record, key set, key records, buckets and usage; deleting it removes all of them in
+one Lua call (``tenant_delete.lua``). Scripts that write buckets or usage first check that the tenant
+record still exists with the epoch the caller saw (``tenant_guard.lua``), so a request racing the delete
+(or the deleted tenant's re-creation under the same id) writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Literal
+
+BucketName = Literal["requests", "tokens"]
+BUCKETS: tuple[BucketName, ...] = ("requests", "tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLayout:
+    """Names of the Redis keys under ``prefix``."""
+
+    prefix: str
+
+    @property
+    def index(self) -> str:
+        """Set of every tenant id."""
+        return f"{self.prefix}tenants"
+
+    def tenant(self, tenant_id: str) -> str:
+        """A tenant's JSON record."""
+        return f"{self.prefix}tenant:{tenant_id}"
+
+    def tenant_keys(self, tenant_id: str) -> str:
+        """Set of a tenant's API key ids."""
+        return f"{self.prefix}tenant:{tenant_id}:keys"
+
+    def api_key(self, key_id: str) -> str:
+        """One API key's JSON record."""
+        return f"{self.prefix}key:{key_id}"
+
+    @property
+    def api_key_prefix(self) -> str:
+        """What :meth:`api_key` puts before the key id."""
+        return f"{self.prefix}key:"
+
+    def bucket(self, tenant_id: str, bucket: BucketName) -> str:
+        """One of a tenant's token buckets."""
+        return f"{self.prefix}bucket:{tenant_id}:{bucket}"
+
+    def usage(self, tenant_id: str) -> str:
+        """A tenant's usage counters."""
+        return f"{self.prefix}usage:{tenant_id}"
+
+
+def lua(name: str, guarded: bool = False) -> str:
+    """The text of ``tenancy/<name>``, after the tenant guard (``tenant_guard.lua``) when ``guarded``."""
+    files = resources.files("tenancy")
+    body = files.joinpath(name).read_text()
+    return files.joinpath("tenant_guard.lua").read_text() + "\n" + body if guarded else body

@@ -1,0 +1,17 @@
+-- Delete a tenant and every key it owns, atomically (see tenancy/layout.py).
+-- KEYS[1] tenant record, KEYS[2] its key-id set, KEYS[3] the tenant index, KEYS[4..] usage and buckets
+-- ARGV[1] prefix of API key records ("<P>key:"), ARGV[2] tenant id
+-- Returns 0 if the tenant did not exist (nothing deleted), else 1.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+for _, key_id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  redis.call('DEL', ARGV[1] .. key_id)
+end
+redis.call('SREM', KEYS[3], ARGV[2])
+for i = 1, #KEYS do
+  if i ~= 3 then
+    redis.call('DEL', KEYS[i])
+  end
+end
+return 1
