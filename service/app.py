@@ -12,13 +12,16 @@ import httpx
 import structlog
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
 from service.api import admin_routes, admin_workers, health_routes, openai_routes
 from service.api.errors import install_error_handlers
-from service.config import Settings
+from service.config import RedisSettings, Settings
 from service.dispatch import Dispatcher
 from service.logs import configure_logging
 from service.metrics import GatewayMetrics
@@ -57,17 +60,40 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+def connect_redis(settings: RedisSettings) -> Redis:
+    """A Redis client over a bounded, blocking connection pool.
+
+    At most ``max_connections`` connections; a caller waits up to ``pool_timeout_s`` for a free one
+    (redis-py's default pool fails at once with ``MaxConnectionsError`` instead). A reply slower than
+    ``socket_timeout_s`` fails the call. A broken connection is retried once at once (Redis restarted:
+    the pooled connection is stale); a timeout is not retried, so a call's latency stays bounded. Each
+    of these failures surfaces as :class:`tenancy.errors.StoreUnavailable` (503 with Retry-After).
+    """
+    pool = BlockingConnectionPool.from_url(
+        settings.url,
+        max_connections=settings.max_connections,
+        timeout=settings.pool_timeout_s,
+        socket_timeout=settings.socket_timeout_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
+    return Redis.from_pool(pool)  # closing the client closes the pool
+
+
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     metrics: GatewayMetrics = app.state.metrics
-    redis = Redis.from_url(
-        settings.redis.url, decode_responses=True, socket_timeout=settings.redis.socket_timeout_s
-    )
+    redis = connect_redis(settings.redis)
     up = settings.upstream
     http = httpx.AsyncClient(
-        timeout=httpx.Timeout(connect=up.connect_timeout_s, read=up.read_timeout_s, write=30.0, pool=30.0),
-        limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256),
+        timeout=httpx.Timeout(
+            connect=up.connect_timeout_s, read=up.read_timeout_s, write=30.0, pool=up.pool_timeout_s
+        ),
+        limits=httpx.Limits(
+            max_connections=up.max_connections, max_keepalive_connections=up.max_keepalive_connections
+        ),
     )
     launched: list[WorkerProcess] = []
     try:

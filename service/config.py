@@ -31,7 +31,19 @@ class RedisSettings(BaseModel):
 
     url: str = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
     key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
-    socket_timeout_s: float = Field(2.0, gt=0, description="Socket timeout for Redis calls, seconds.")
+    socket_timeout_s: float = Field(
+        2.0, gt=0, description="Longest wait for one Redis reply, s; then 503 (Redis slow or paused)."
+    )
+    connect_timeout_s: float = Field(1.0, gt=0, description="TCP connect timeout to Redis, s.")
+    max_connections: int = Field(
+        64, ge=1, description="Redis connections per gateway replica (a blocking pool: callers wait)."
+    )
+    pool_timeout_s: float = Field(
+        1.0, gt=0, description="Longest wait for a free Redis connection, s; then 503 with Retry-After."
+    )
+    retry_after_s: int = Field(
+        1, ge=1, description="Retry-After sent with a 503 when Redis is unavailable, s."
+    )
 
 
 class EngineSettings(BaseModel):
@@ -74,6 +86,15 @@ class UpstreamSettings(BaseModel):
 
     workers: list[str] = Field(default_factory=list, description="Base URLs of running SGLang workers.")
     connect_timeout_s: float = Field(3.0, gt=0, description="TCP connect timeout to a worker, seconds.")
+    max_connections: int = Field(
+        1024, ge=1, description="HTTP connections to workers per replica (all workers together)."
+    )
+    max_keepalive_connections: int = Field(
+        256, ge=0, description="Idle HTTP connections to workers kept open per replica."
+    )
+    pool_timeout_s: float = Field(
+        5.0, gt=0, description="Longest wait for a free worker connection, s; then 503 with Retry-After."
+    )
     read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
     health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
     health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")

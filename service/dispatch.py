@@ -46,7 +46,7 @@ from service.scheduler import Scheduler
 from service.upstream import Outcome, UpstreamCaller
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
-from tenancy.errors import TenantNotFoundError
+from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import Tenant
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.usage import UsageRecorder
@@ -104,7 +104,9 @@ class Dispatcher:
 
         Raises:
             APIError: 429 with ``Retry-After`` when a bucket is short; 413 when the request is larger
-                than a bucket's burst and so can never pass.
+                than a bucket's burst and so can never pass; 401 when the tenant was deleted meanwhile.
+            StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
+                may still have taken refills with time).
         """
         tenant = prepared.tenant
         tokens = prepared.reserved_tokens
@@ -115,7 +117,10 @@ class Dispatcher:
         if decision.allowed:
             return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch)
         self._metrics.quota_rejections.labels(self._metrics.tenant(tenant.id), decision.limiting).inc()
-        await self._usage.record(tenant.id, tenant.epoch, quota_rejections=1)
+        try:  # bookkeeping only: the 429 stands without it
+            await self._usage.record(tenant.id, tenant.epoch, quota_rejections=1)
+        except StoreUnavailable:
+            log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
         if decision.never:
             burst = (
                 tenant.quotas.effective_token_burst
@@ -246,7 +251,8 @@ class Dispatcher:
                 await self._usage.record(
                     tenant_id, reservation.epoch, errors=int(outcome.status not in (200, 499))
                 )
-        except Exception:
+        except Exception:  # Redis unavailable (or worse) after the answer: keep the answer, count it
+            self._metrics.settle_failures.inc()
             log.exception("settle_failed", request_id=prepared.rid, tenant=tenant_id)
         latency = time.perf_counter() - prepared.arrival
         m, label = self._metrics, self._metrics.tenant(tenant_id)

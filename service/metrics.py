@@ -148,6 +148,17 @@ class GatewayMetrics:
             ["kind"],
             registry=registry,
         )
+        self.store_unavailable = Counter(
+            "radixgate_store_unavailable_total",
+            "Requests answered 503 because Redis was exhausted, slow or unreachable, per store call.",
+            ["operation"],
+            registry=registry,
+        )
+        self.settle_failures = Counter(
+            "radixgate_settle_failures_total",
+            "Requests whose quota reconcile or usage record failed after the answer (answer kept).",
+            registry=registry,
+        )
         self.worker_healthy = Gauge(
             "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
         )

@@ -131,8 +131,16 @@ class UpstreamCaller:
 
     def _failed(self, exc: UpstreamError, outcome: Outcome) -> APIError:
         """Record a failed attempt (metrics, breaker) and the error the client would get."""
-        kind = "transport" if exc.status is None else f"http_{exc.status}"
+        kind = "pool_exhausted" if exc.local else "transport" if exc.status is None else f"http_{exc.status}"
         self._metrics.upstream_errors.labels(exc.worker, kind).inc()
+        if exc.local:  # the gateway's connection pool to workers stayed full: no worker is to blame
+            outcome.error_code = "upstream_pool_exhausted"
+            return APIError(
+                503,
+                "The gateway has no free connection to the workers; retry shortly.",
+                code="upstream_pool_exhausted",
+                headers={"Retry-After": "1"},
+            )
         if exc.status is not None and 400 <= exc.status < 500:
             outcome.error_code = "upstream_rejected"
             return APIError(400, f"The worker rejected the request: {exc}", code="upstream_rejected")

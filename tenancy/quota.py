@@ -18,7 +18,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from tenancy.errors import TenantNotFoundError
+from tenancy.errors import TenantNotFoundError, store_operation
 from tenancy.layout import BucketName, KeyLayout, lua
 from tenancy.models import Quotas
 
@@ -107,6 +107,7 @@ class QuotaLimiter:
         result: list[str | int] = await self._script(keys=keys, args=args)
         return result
 
+    @store_operation
     async def reserve(
         self,
         tenant_id: str,
@@ -145,6 +146,7 @@ class QuotaLimiter:
             return QuotaDecision(False, False, wait_ms / 1000.0, limiting, remaining)
         return QuotaDecision(True, False, 0.0, None, remaining)
 
+    @store_operation
     async def adjust(
         self,
         tenant_id: str,

@@ -11,7 +11,12 @@ import secrets
 
 from redis.asyncio import Redis
 
-from tenancy.errors import KeyNotFoundError, TenantExistsError, TenantNotFoundError
+from tenancy.errors import (
+    KeyNotFoundError,
+    TenantExistsError,
+    TenantNotFoundError,
+    store_operation,
+)
 from tenancy.keys import digest_matches, generate_key, key_digest, parse_key
 from tenancy.layout import BUCKETS, KeyLayout, lua
 from tenancy.models import (
@@ -55,6 +60,7 @@ class TenantStore:
     def _index(self) -> str:
         return self._layout.index
 
+    @store_operation
     async def create(self, spec: TenantCreate) -> Tenant:
         """Store a new tenant with a fresh epoch. Raises :class:`TenantExistsError` if the id is taken."""
         tenant = Tenant(**spec.model_dump(), epoch=secrets.token_hex(8))
@@ -64,6 +70,7 @@ class TenantStore:
         await self._redis.sadd(self._index, tenant.id)
         return tenant
 
+    @store_operation
     async def get(self, tenant_id: str) -> Tenant:
         """Return a tenant. Raises :class:`TenantNotFoundError`."""
         raw = await self._redis.get(self._tenant_key(tenant_id))
@@ -71,6 +78,7 @@ class TenantStore:
             raise TenantNotFoundError(tenant_id)
         return Tenant.model_validate_json(raw)
 
+    @store_operation
     async def list_all(self) -> list[Tenant]:
         """All tenants, sorted by id."""
         ids = sorted(str(i) for i in await self._redis.smembers(self._index))
@@ -79,6 +87,7 @@ class TenantStore:
         raws = await self._redis.mget([self._tenant_key(i) for i in ids])
         return [Tenant.model_validate_json(r) for r in raws if r is not None]
 
+    @store_operation
     async def update(self, tenant_id: str, patch: TenantPatch) -> Tenant:
         """Apply a partial update. Raises :class:`TenantNotFoundError`."""
         current = await self.get(tenant_id)
@@ -87,6 +96,7 @@ class TenantStore:
         await self._redis.set(self._tenant_key(tenant_id), merged.model_dump_json(), xx=True)
         return merged
 
+    @store_operation
     async def delete(self, tenant_id: str) -> None:
         """Delete a tenant and every key it owns (record, API keys, buckets, usage) in one atomic call.
 
@@ -104,6 +114,7 @@ class TenantStore:
         if not await self._delete_script(keys=keys, args=[layout.api_key_prefix, tenant_id]):
             raise TenantNotFoundError(tenant_id)
 
+    @store_operation
     async def issue_key(self, tenant_id: str, name: str = "") -> IssuedKey:
         """Create an API key for a tenant; the returned ``api_key`` is never stored.
 
@@ -131,6 +142,7 @@ class TenantStore:
                 return IssuedKey(**_info(record).model_dump(), api_key=parsed.full)
         raise RuntimeError("could not draw an unused API key id")
 
+    @store_operation
     async def list_keys(self, tenant_id: str) -> list[ApiKeyInfo]:
         """Keys of a tenant (no digests), oldest first."""
         await self.get(tenant_id)
@@ -141,6 +153,7 @@ class TenantStore:
         records = [ApiKeyRecord.model_validate_json(r) for r in raws if r is not None]
         return [_info(r) for r in sorted(records, key=lambda r: r.created_at)]
 
+    @store_operation
     async def revoke_key(self, tenant_id: str, key_id: str) -> ApiKeyInfo:
         """Mark a key revoked (kept for audit). Raises :class:`KeyNotFoundError`."""
         raw = await self._redis.get(self._key_key(key_id))
@@ -153,6 +166,7 @@ class TenantStore:
         await self._redis.set(self._key_key(key_id), record.model_dump_json(), xx=True)
         return _info(record)
 
+    @store_operation
     async def authenticate(self, presented: str) -> Tenant | None:
         """Resolve a presented API key to its tenant.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from tenancy.errors import store_operation
 from tenancy.layout import KeyLayout, lua
 from tenancy.models import Usage
 
@@ -30,6 +31,7 @@ class UsageRecorder:
     def _key(self, tenant_id: str) -> str:
         return self._layout.usage(tenant_id)
 
+    @store_operation
     async def record(self, tenant_id: str, epoch: str | None = None, **counts: int) -> bool:
         """Add counts (field names of :class:`Usage`) to a tenant's counters in one round trip.
 
@@ -56,6 +58,7 @@ class UsageRecorder:
         keys = [self._layout.tenant(tenant_id), self._key(tenant_id)]
         return bool(await self._script(keys=keys, args=args))
 
+    @store_operation
     async def get(self, tenant_id: str) -> Usage:
         """Return a tenant's counters (zeros if none yet)."""
         raw = await self._redis.hgetall(self._key(tenant_id))

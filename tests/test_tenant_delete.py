@@ -45,7 +45,8 @@ def test_deleted_and_recreated_tenant_starts_clean(gateway: tuple[str, str], red
     url, prefix = gateway
     tenant_id = "del-recreate-t1"
     body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 2}}
-    with httpx.Client(base_url=url, timeout=30) as http, redis.Redis.from_url(redis_url, decode_responses=True) as r:
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with httpx.Client(base_url=url, timeout=30) as http, r:
         assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
         key = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()
         headers = auth(key["api_key"])

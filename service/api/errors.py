@@ -11,6 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tenancy.errors import StoreUnavailable
+
 log = structlog.get_logger("radixgate.errors")
 
 _TYPE_BY_STATUS = {
@@ -103,12 +105,30 @@ def validation_error(exc: RequestValidationError | Exception) -> APIError:
     return APIError(400, text, code="invalid_value", param=param)
 
 
+def store_unavailable(retry_after_s: int) -> APIError:
+    """The 503 for :class:`tenancy.errors.StoreUnavailable` (Redis exhausted, slow or unreachable)."""
+    return APIError(
+        503,
+        "The gateway's shared store is busy or unavailable; retry shortly.",
+        code="store_unavailable",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Make every error leave the app in OpenAI's shape (APIError, validation, 404/405, crashes)."""
+    """Make every error leave the app in OpenAI's shape (APIError, domain errors, validation, 404/405,
+    crashes). Domain errors raised below the routes map here: :class:`StoreUnavailable` -> 503 with
+    ``Retry-After`` (``redis.retry_after_s``), counted in ``radixgate_store_unavailable_total``."""
 
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
         return error_response(exc)
+
+    async def on_store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StoreUnavailable)
+        log.warning("store_unavailable", operation=exc.operation, error=str(exc.__cause__ or exc))
+        request.app.state.metrics.store_unavailable.labels(exc.operation).inc()
+        return error_response(store_unavailable(request.app.state.settings.redis.retry_after_s))
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         return error_response(validation_error(exc))
@@ -124,5 +144,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(Exception, on_crash)
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(StoreUnavailable, on_store_unavailable)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -16,8 +16,8 @@ from typing import Any, Literal
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-ProbeResult = Literal["ok", "failed", "refused"]
-"""Outcome of one health probe."""
+ProbeResult = Literal["ok", "failed", "refused", "unknown"]
+"""Outcome of one health probe ("unknown": the gateway's own connection pool was full; no evidence)."""
 
 
 class UpstreamError(Exception):
@@ -28,6 +28,8 @@ class UpstreamError(Exception):
         status: HTTP status from the worker, or None for a transport error (connect, read, timeout).
         retryable: safe to try another worker (nothing was sent to the client yet is the caller's call).
         refused: the connection could not be opened (the worker is down, not just slow).
+        local: the gateway's own connection pool to workers stayed exhausted past its wait bound; the
+            worker was never called (not its fault).
     """
 
     def __init__(
@@ -37,12 +39,14 @@ class UpstreamError(Exception):
         status: int | None = None,
         retryable: bool = True,
         refused: bool = False,
+        local: bool = False,
     ) -> None:
         super().__init__(message)
         self.worker = worker
         self.status = status
         self.retryable = retryable
         self.refused = refused
+        self.local = local
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,20 +222,25 @@ class SGLangClient:
     async def probe(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> ProbeResult:
         """``GET /health`` (or, when ``deep``, ``/health_generate``, which runs a 1-token generation on an
         idle worker): ``"ok"`` for 200 within ``timeout_s``, ``"refused"`` when the connection could
-        not be opened, ``"failed"`` otherwise (other status, timeout, reset)."""
+        not be opened, ``"unknown"`` when no pooled connection was free, ``"failed"`` otherwise (other
+        status, timeout, reset)."""
         path = "/health_generate" if deep else "/health"
         try:
             resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
         except httpx.ConnectError:
             return "refused"
+        except httpx.PoolTimeout:
+            return "unknown"
         except httpx.HTTPError:
             return "failed"
         return "ok" if resp.status_code == 200 else "failed"
 
 
 def _transport_error(worker: str, exc: httpx.HTTPError) -> UpstreamError:
-    refused = isinstance(exc, httpx.ConnectError)
-    return UpstreamError(worker, f"{type(exc).__name__}: {exc}", refused=refused)
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, httpx.PoolTimeout):  # no free connection in our own pool: not the worker's fault
+        return UpstreamError(worker, message, retryable=False, local=True)
+    return UpstreamError(worker, message, refused=isinstance(exc, httpx.ConnectError))
 
 
 def _json_or_none(text: str) -> Any:

@@ -198,6 +198,8 @@ class WorkerPool:
                 continue
             if result == "ok":
                 self.record(url, "deep_probe_ok" if deep else "probe_ok")
+            elif result == "unknown":  # our own connection pool was full: no evidence either way
+                continue
             elif state.seen_up:  # a worker still starting up is not failing
                 failed: Signal = "deep_probe_failed" if deep else "probe_failed"
                 self.record(url, "refused" if result == "refused" else failed)

@@ -15,9 +15,9 @@ from typing import Literal
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from service.workers.pool import WorkerPool
+from tenancy.errors import StoreUnavailable, store_operation
 
 log = structlog.get_logger("radixgate.registry")
 
@@ -41,11 +41,13 @@ class WorkerRegistry:
         self._redis = redis
         self._key = f"{prefix}workers"
 
+    @store_operation
     async def entries(self) -> dict[str, WorkerMode]:
         """URL -> mode of every registered worker."""
         raw = await self._redis.hgetall(self._key)
         return {str(k): "draining" if v == "draining" else "active" for k, v in raw.items()}
 
+    @store_operation
     async def add(self, url: str) -> bool:
         """Register a worker as active; False if it was already registered (then it becomes active)."""
         url = url.rstrip("/")
@@ -53,6 +55,7 @@ class WorkerRegistry:
         await self._redis.hset(self._key, url, "active")
         return not existed
 
+    @store_operation
     async def set_mode(self, url: str, mode: WorkerMode) -> bool:
         """Mark a registered worker active or draining; False if unknown."""
         if not await self._redis.hexists(self._key, url):
@@ -60,6 +63,7 @@ class WorkerRegistry:
         await self._redis.hset(self._key, url, mode)
         return True
 
+    @store_operation
     async def remove(self, url: str) -> bool:
         """Unregister a worker; False if unknown."""
         return bool(await self._redis.hdel(self._key, url))
@@ -87,9 +91,9 @@ def apply_registry(pool: WorkerPool, entries: dict[str, WorkerMode], managed: se
 
 
 async def sync_loop(pool: WorkerPool, registry: WorkerRegistry, interval_s: float) -> None:
-    """Follow the registry every ``interval_s`` seconds until cancelled (Redis errors are logged)."""
+    """Follow the registry every ``interval_s`` seconds until cancelled (an unavailable Redis is skipped)."""
     managed: set[str] = set()
     while True:
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(StoreUnavailable):
             managed = apply_registry(pool, await registry.entries(), managed)
         await asyncio.sleep(interval_s)

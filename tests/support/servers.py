@@ -24,8 +24,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[str]:
-    """Start Debian's ``redis-server`` on a free port (no persistence); yields its URL.
+def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
+    """Start Debian's ``redis-server`` on ``port`` (default: a free one), no automatic persistence (an
+    explicit ``SAVE`` writes ``workdir/dump.rdb``, which a later start in the same folder loads); yields
+    its URL.
 
     Raises:
         RuntimeError: redis-server is not installed (run scripts/setup_gateway.sh) or did not start.
@@ -33,7 +35,7 @@ def redis_server(workdir: Path) -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed: run scripts/setup_gateway.sh (make test does)")
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen(
         [
             binary,

@@ -1,0 +1,233 @@
+"""Exhausted pools (Redis, upstream HTTP) and a slow or stopped Redis give 503 + Retry-After, never 500.
+
+Issue 8, item 3: a burst at several times the Redis pool size over 2 replicas sharing Redis; Redis paused
+(``CLIENT PAUSE``); Redis stopped and started again; Redis failing while a served request settles; the
+gateway's own connection pool to workers exhausted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from service.app import create_app
+from service.config import Settings
+from tests.conftest import ADMIN_TOKEN
+from tests.support.fake_worker import FakeWorker
+from tests.support.servers import ThreadedServer, free_port, redis_server
+from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant
+
+
+def settings_for(redis_url: str, model_dir: Path, worker: str, prefix: str, **sections: Any) -> Settings:
+    base: dict[str, Any] = {
+        "admin_token": ADMIN_TOKEN,
+        "redis": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": 0.5},
+        "engine": {"served_model_name": MODEL},
+        "upstream": {"workers": [worker], "health_interval_s": 0.5},
+        "api": {"tokenizer_path": str(model_dir)},
+    }
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return Settings.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[tuple[FakeWorker, str]]:
+    worker = FakeWorker()
+    with ThreadedServer(worker.app) as server:
+        yield worker, server.url
+
+
+@pytest.fixture
+def worker(fake: tuple[FakeWorker, str]) -> FakeWorker:
+    fake[0].mode, fake[0].delay_s = "ok", 0.0
+    return fake[0]
+
+
+@contextlib.contextmanager
+def gateway_client(settings: Settings) -> Iterator[httpx.Client]:
+    """A gateway on ``settings`` and an HTTP client to it."""
+    with ThreadedServer(create_app(settings)) as gw, httpx.Client(base_url=gw.url, timeout=30) as http:
+        yield http
+
+
+def ask(http: httpx.Client, key: str, max_tokens: int = 1) -> httpx.Response:
+    """One non-streamed chat completion."""
+    return http.post("/v1/chat/completions", json=chat(max_tokens=max_tokens), headers=auth(key))
+
+
+def assert_unavailable(resp: httpx.Response, code: str | None = None) -> None:
+    """503 in OpenAI's shape with a Retry-After of whole seconds."""
+    assert_openai_error(resp, 503, code)
+    assert int(resp.headers["retry-after"]) >= 1
+
+
+# -- a burst at several times the Redis pool, two replicas ------------------------------------------------
+
+
+def test_burst_over_two_replicas_with_small_pools_gives_no_5xx_but_503(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    worker.delay_s = 0.05
+    small = {
+        "redis": {"max_connections": 3, "pool_timeout_s": 0.25},
+        "upstream": {"max_connections": 2, "pool_timeout_s": 0.1},
+    }
+    apps = [create_app(settings_for(redis_url, stub_model_dir, fake[1], "burst:", **small)) for _ in range(2)]
+    with ThreadedServer(apps[0]) as g1, ThreadedServer(apps[1]) as g2:
+        with httpx.Client(base_url=g1.url, timeout=30) as admin:
+            _, key = new_tenant(admin, quotas={"requests_per_min": 6, "request_burst": 20})
+
+        async def client(base: str) -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=100)
+            async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
+                body = chat(max_tokens=2)
+                return await asyncio.gather(
+                    *(http.post("/v1/chat/completions", json=body, headers=auth(key)) for _ in range(60))
+                )
+
+        async def burst() -> list[httpx.Response]:
+            # 4 clients x 60 concurrent requests, spread over the two replicas
+            per_client = await asyncio.gather(*(client(url) for url in (g1.url, g2.url, g1.url, g2.url)))
+            return [r for rs in per_client for r in rs]
+
+        answers = asyncio.run(burst())
+        counts = collections.Counter(r.status_code for r in answers)
+        assert len(answers) == 240 and set(counts) <= {200, 429, 503}, counts
+        for resp in answers:
+            if resp.status_code in (429, 503):
+                assert_openai_error(resp, resp.status_code)
+                assert int(resp.headers["retry-after"]) >= 1
+        codes = collections.Counter(r.json()["error"]["code"] for r in answers if r.status_code == 503)
+        # the Redis pool really ran dry (the upstream pool may too: its own test below), and the shared
+        # buckets never admitted more than the burst
+        assert codes["store_unavailable"] > 0 and set(codes) <= {
+            "store_unavailable",
+            "upstream_pool_exhausted",
+        }
+        assert 0 < counts[200] <= 21, counts
+        with httpx.Client(base_url=g2.url, timeout=30) as http:
+            metrics = http.get("/metrics").text
+            assert "radixgate_store_unavailable_total{" in metrics
+
+
+def test_exhausted_upstream_pool_is_503_and_does_not_blame_the_worker(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    worker.delay_s = 0.3
+    settings = settings_for(
+        redis_url,
+        stub_model_dir,
+        fake[1],
+        "upool:",
+        upstream={"max_connections": 1, "pool_timeout_s": 0.1, "breaker_failures": 1},
+    )
+    with ThreadedServer(create_app(settings)) as gw:
+        with httpx.Client(base_url=gw.url, timeout=30) as admin:
+            _, key = new_tenant(admin)
+
+        async def three() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+                body = chat(max_tokens=2)
+                return await asyncio.gather(
+                    *(http.post("/v1/chat/completions", json=body, headers=auth(key)) for _ in range(3))
+                )
+
+        answers = asyncio.run(three())
+        statuses = sorted(r.status_code for r in answers)
+        assert statuses[0] == 200 and statuses[-1] == 503, statuses
+        for resp in answers:
+            if resp.status_code == 503:
+                assert_unavailable(resp, "upstream_pool_exhausted")
+        with httpx.Client(base_url=gw.url, timeout=30) as http:
+            assert 'state="open"' not in http.get("/metrics").text  # breaker_failures = 1, still closed
+            assert (
+                http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code
+                == 200
+            )
+
+
+# -- Redis slow, stopped, failing during settle ---------------------------------------------------------
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[tuple[str, int, Path]]:
+    """A redis-server of this test alone (paused or stopped without disturbing the others)."""
+    port = free_port()
+    with redis_server(tmp_path, port) as url:
+        yield url, port, tmp_path
+
+
+def test_paused_redis_gives_503_then_service_resumes(
+    own_redis: tuple[str, int, Path], stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    url = own_redis[0]
+    settings = settings_for(url, stub_model_dir, fake[1], "pause:")
+    with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
+        tenant_id, key = new_tenant(http)
+        assert ask(http, key).status_code == 200
+        r.execute_command("CLIENT", "PAUSE", "2500")
+        paused_until = time.monotonic() + 2.5
+        started = time.monotonic()
+        assert_unavailable(ask(http, key), "store_unavailable")
+        assert time.monotonic() - started < 2.0  # bounded by the socket timeout (0.5 s), not the pause
+        assert_unavailable(http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN), "store_unavailable")
+        assert http.get("/readyz").status_code == 503
+        time.sleep(max(0.0, paused_until - time.monotonic()) + 0.2)
+        resp = ask(http, key)
+        assert resp.status_code == 200, resp.text
+        assert http.get("/readyz").status_code == 200
+
+
+def test_stopped_redis_gives_503_then_service_resumes(
+    tmp_path: Path, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    port = free_port()
+    data = tmp_path / "redis"
+    data.mkdir()
+    stack = contextlib.ExitStack()
+    url = stack.enter_context(redis_server(data, port))
+    try:
+        with gateway_client(settings_for(url, stub_model_dir, fake[1], "stop:")) as http:
+            tenant_id, key = new_tenant(http)
+            assert ask(http, key).status_code == 200
+            with redis.Redis.from_url(url) as r:
+                r.save()  # keep the tenant across the restart
+            stack.close()  # Redis stopped
+            for _ in range(3):
+                assert_unavailable(ask(http, key), "store_unavailable")
+            admin = http.post("/admin/tenants", json={"id": "new-one", "name": "n"}, headers=ADMIN)
+            assert_unavailable(admin, "store_unavailable")
+            stack.enter_context(redis_server(data, port))  # started again, same port and data
+            resp = ask(http, key)
+            assert resp.status_code == 200, resp.text
+            assert http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()["requests"] == 2
+    finally:
+        stack.close()
+
+
+def test_redis_failing_during_settle_keeps_the_answer_and_counts_it(
+    own_redis: tuple[str, int, Path], stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    url = own_redis[0]
+    worker.delay_s = 0.4  # 2 words: the answer takes 0.8 s
+    settings = settings_for(url, stub_model_dir, fake[1], "settle:")
+    with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
+        _, key = new_tenant(http)
+        pauser = threading.Timer(0.4, lambda: r.execute_command("CLIENT", "PAUSE", "2000"))
+        pauser.start()  # Redis stalls while the worker generates: the settle step fails
+        resp = ask(http, key, max_tokens=2)
+        pauser.join()
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["message"]["content"] == "alpha beta"
+        assert "radixgate_settle_failures_total 1.0" in http.get("/metrics").text
