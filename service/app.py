@@ -32,6 +32,7 @@ from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry, sync_loop
+from service.workers.supervisor import WorkerSupervisor
 from tenancy.quota import QuotaLimiter
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
@@ -96,6 +97,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         ),
     )
     launched: list[WorkerProcess] = []
+    supervisors: list[WorkerSupervisor] = []
     try:
         if settings.engine.launch:
             # one after another: SGLang sizes its KV cache from the memory left after loading the
@@ -121,6 +123,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             deep_probe_every=up.deep_probe_every,
         )
         await pool.start()
+        if settings.engine.supervise:
+            for worker in launched:
+                supervisor = WorkerSupervisor(
+                    worker,
+                    pool,
+                    client,
+                    settings.engine,
+                    on_restart=lambda url, reason: metrics.worker_restarts.labels(url, reason).inc(),
+                )
+                supervisor.start()
+                supervisors.append(supervisor)
         if not pool.workers:
             log.warning(
                 "no_workers_configured",
@@ -152,6 +165,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await scheduler.stop()
             await pool.stop()
     finally:
+        for supervisor in supervisors:  # before stopping the workers, so none is restarted
+            await supervisor.stop()
         await http.aclose()
         await redis.aclose()
         for worker in launched:

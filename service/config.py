@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -79,6 +79,29 @@ class EngineSettings(BaseModel):
         description="Folder with the CPU-only sgl_kernel stand-in, put on PYTHONPATH on CPU only.",
     )
     startup_timeout_s: float = Field(300.0, gt=0, description="How long to wait for /health, seconds.")
+    log_dir: Path | None = Field(
+        None, description="Folder for launched workers' output (worker-<port>.log); None: the gateway's."
+    )
+    supervise: bool = Field(
+        True, description="Restart launched workers whose process group dies or that stay unhealthy."
+    )
+    supervise_interval_s: float = Field(1.0, gt=0, description="Period of the supervisor's checks, s.")
+    unhealthy_restart_s: float = Field(
+        60.0, gt=0, description="A live worker whose /health fails this long is restarted, s."
+    )
+    restart_backoff_base_s: float = Field(
+        1.0, gt=0, description="Wait before the first restart in a row, s (doubles, jittered)."
+    )
+    restart_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between restarts, s.")
+    restart_stable_s: float = Field(
+        300.0, gt=0, description="A worker up this long resets the restart backoff, s."
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> EngineSettings:
+        if self.restart_backoff_max_s < self.restart_backoff_base_s:
+            raise ValueError("restart_backoff_max_s must be >= restart_backoff_base_s")
+        return self
 
 
 class UpstreamSettings(BaseModel):

@@ -148,6 +148,12 @@ class GatewayMetrics:
             ["kind"],
             registry=registry,
         )
+        self.worker_restarts = Counter(
+            "radixgate_worker_restarts_total",
+            "Launched workers restarted by the supervisor: reason exited (process group died) or unhealthy.",
+            ["worker", "reason"],
+            registry=registry,
+        )
         self.store_unavailable = Counter(
             "radixgate_store_unavailable_total",
             "Requests answered 503 because Redis was exhausted, slow or unreachable, per store call.",

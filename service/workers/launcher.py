@@ -107,12 +107,15 @@ class WorkerProcess:
     Args:
         engine: engine settings.
         port: port to listen on.
-        log_path: file for the worker's stdout/stderr (None: inherit).
+        log_path: file for the worker's stdout/stderr (None: ``engine.log_dir``/worker-<port>.log, or
+            inherit when that is None too).
     """
 
     def __init__(self, engine: EngineSettings, port: int, log_path: Path | None = None) -> None:
         self.engine = engine
         self.port = port
+        if log_path is None and engine.log_dir is not None:
+            log_path = engine.log_dir / f"worker-{port}.log"
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_file: BinaryIO | None = None
@@ -122,13 +125,28 @@ class WorkerProcess:
         """Base URL of the worker."""
         return f"http://{self.engine.host}:{self.port}"
 
+    def command(self) -> list[str]:
+        """The argv of the worker process (:func:`build_command`)."""
+        return build_command(self.engine, self.port)
+
+    def environment(self) -> dict[str, str]:
+        """The environment of the worker process (:func:`build_env`)."""
+        return build_env(self.engine)
+
+    @property
+    def exit_code(self) -> int | None:
+        """The launch_server process's exit status once it ended (negative: killed by that signal)."""
+        return None if self.proc is None else self.proc.poll()
+
     def start(self) -> None:
         """Spawn the worker in its own process group (returns at once)."""
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - closed in stop()
         self._log_file = out
         self.proc = subprocess.Popen(
-            build_command(self.engine, self.port),
-            env=build_env(self.engine),
+            self.command(),
+            env=self.environment(),
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
@@ -151,7 +169,8 @@ class WorkerProcess:
                         log.info("worker_ready", worker=self.url)
                         return
                 await asyncio.sleep(0.5)
-        raise WorkerStartError(f"worker on port {self.port} not healthy after {timeout_s} s")
+        waited = timeout_s or self.engine.startup_timeout_s
+        raise WorkerStartError(f"worker on port {self.port} not healthy after {waited} s")
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM the worker's process group, then SIGKILL whatever is left after ``grace_s``."""

@@ -177,6 +177,21 @@ class WorkerPool:
             log.info("probe_failure_outweighed", worker=url, signal=signal, request_ok_age_s=age)
         self._transition(state, before)
 
+    def trip(self, url: str) -> None:
+        """Open ``url``'s breaker now (its supervisor saw the process die); unknown URLs are ignored."""
+        self.record(url, "refused")
+
+    def readmit(self, url: str) -> None:
+        """Make a restarted worker's breaker half-open at once (fresh process, base cool-down): the next
+        probes, and requests, decide whether it closes."""
+        state = self._workers.get(url)
+        if state is None:
+            return
+        before = state.breaker.state
+        state.breaker.half_open()
+        state.last_request_ok = None
+        self._transition(state, before)
+
     async def probe_all(self) -> None:
         """Probe every worker whose breaker admits a probe, concurrently, and record the results."""
         now = self._clock()

@@ -26,6 +26,42 @@ def engine_settings(**overrides: object) -> EngineSettings:
     return settings
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
+
+
+def processes(cmdline_contains: str) -> list[int]:
+    """Pids of live processes whose command line holds ``cmdline_contains`` (read from /proc)."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [pid for pid in pids if cmdline_contains in _cmdline(pid)]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Pid -> command line of every live descendant of ``pid`` (SGLang's scheduler is
+    ``sglang::scheduler``, its detokenizer ``sglang::detokenizer``: they set their process titles)."""
+    parents = {p: _parent(p) for p in (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())}
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        for child, parent in parents.items():
+            if parent == current and child not in found:
+                found[child] = _cmdline(child)
+                frontier.append(child)
+    return found
+
+
 @contextlib.contextmanager
 def running_worker(log_dir: Path, **overrides: object) -> Iterator[WorkerProcess]:
     """Start one real SGLang worker on a free port, wait for /health, stop its process group after."""

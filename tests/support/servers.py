@@ -73,8 +73,9 @@ def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
 class ThreadedServer:
     """Runs an ASGI app under uvicorn in a daemon thread (real HTTP on 127.0.0.1)."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, startup_timeout_s: float = 120.0) -> None:
         self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -86,7 +87,7 @@ class ThreadedServer:
 
     def __enter__(self) -> ThreadedServer:
         self.thread.start()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.startup_timeout_s
         while not self.server.started:
             if not self.thread.is_alive():
                 raise RuntimeError("server thread died during startup")
