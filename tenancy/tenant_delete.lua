@@ -2,6 +2,8 @@
 -- KEYS[1] tenant record, KEYS[2] its key-id set, KEYS[3] the tenant index, KEYS[4..] usage and buckets
 -- ARGV[1] prefix of API key records ("<P>key:"), ARGV[2] tenant id
 -- Returns 0 if the tenant did not exist (nothing deleted), else 1.
+-- The API key records are named from ARGV[1] and the key-id set, not declared in KEYS: atomic on one
+-- Redis (what radixgate uses), not portable to Redis Cluster as it stands.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
