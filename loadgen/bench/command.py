@@ -146,5 +146,5 @@ def bench_gateway(
         sys.stdout.flush()
     errors = sum(r["errors"] for r in report["results"])
     if errors:
-        console.print(f"[red]{errors} requests failed: the figures above are not comparable[/]")
+        console.print(f"[red]{errors} requests failed (error_kinds in bench.json; logs) in {out}[/]")
         raise typer.Exit(3)

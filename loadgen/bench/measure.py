@@ -163,6 +163,7 @@ class Sample:
         duration_s: wall time of the window, s.
         wrk_requests, wrk_duration_s: wrk's own count and run time (whole run).
         errors: failed requests over the whole wrk run (non-2xx, connect, read, write, timeout).
+        error_kinds: the failures by kind (wrk's names: ``status`` is a non-2xx/3xx answer).
         p50_ms, p99_ms: latency percentiles of whole responses, ms.
         target_cpu_s: CPU time of the target's process tree in the window, s.
         redis_cpu_s, upstream_cpu_s: CPU time of Redis and of the fake upstream in the window, s.
@@ -183,6 +184,7 @@ class Sample:
     target_cpu_s: float
     wrk_requests: int = 0
     wrk_duration_s: float = 0.0
+    error_kinds: dict[str, int] = field(default_factory=dict)
     redis_cpu_s: float = 0.0
     upstream_cpu_s: float = 0.0
     target_core_busy_s: float | None = None

@@ -232,8 +232,9 @@ def plot_report(report: Mapping[str, Any], path: Path) -> None:
             ys = [by.get((t, m), {}).get(key) or 0.0 for m in modes]
             ax.bar(xs, ys, width, label=t)
         if t != "direct":
-            p50 = [max(1e-3, by.get((t, m), {}).get("added_p50_ms") or 1e-3) for m in modes]
-            p99 = [max(1e-3, by.get((t, m), {}).get("added_p99_ms") or 1e-3) for m in modes]
+            # negative or missing differences (noise around zero) are drawn at the axis floor, 0.01 ms
+            p50 = [max(0.01, by.get((t, m), {}).get("added_p50_ms") or 0.0) for m in modes]
+            p99 = [max(0.01, by.get((t, m), {}).get("added_p99_ms") or 0.0) for m in modes]
             bars = axes[2].bar(xs, p99, width, alpha=0.35)
             axes[2].bar(xs, p50, width, color=bars.patches[0].get_facecolor()[:3], label=t)
     titles = ("req/s (target on one core)", "target CPU ms per request", "added latency vs direct, ms")
@@ -245,5 +246,6 @@ def plot_report(report: Mapping[str, Any], path: Path) -> None:
         if ax.has_data():
             ax.legend(fontsize=8)
     axes[2].set_xlabel("solid: P50; light: P99")
+    axes[2].set_ylim(bottom=0.01)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

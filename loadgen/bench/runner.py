@@ -284,6 +284,7 @@ class _Bench:
             target_cpu_s=after.target_cpu - before.target_cpu,
             wrk_requests=result.requests,
             wrk_duration_s=result.duration_s,
+            error_kinds={k: v for k, v in result.errors.items() if v},
             redis_cpu_s=after.redis_cpu - before.redis_cpu if radixgate else 0.0,
             upstream_cpu_s=after.upstream_cpu - before.upstream_cpu,
             target_core_busy_s=core_busy,
@@ -321,6 +322,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
         BenchSetupError: a target did not start.
         loadgen.bench.wrk.WrkError: wrk is missing or failed.
     """
+    cfg.out = cfg.out.resolve()  # children (LiteLLM) run in other folders
     cfg.out.mkdir(parents=True, exist_ok=True)
     bench = _Bench(cfg, say)
     started = time.time()
@@ -345,7 +347,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
                     say(
                         f"[{repeat + 1}/{cfg.repeats}] {target.name:<9} {mode_name:<6} {s.rps:9.1f} req/s  "
                         f"CPU {s.per_request_ms(s.target_cpu_s) or 0:.3f} ms/req  p50 {s.p50_ms:.2f} ms  "
-                        f"p99 {s.p99_ms:.2f} ms" + (f"  ERRORS {s.errors}" if s.errors else "")
+                        f"p99 {s.p99_ms:.2f} ms" + (f"  ERRORS {s.error_kinds}" if s.errors else "")
                     )
         profile: dict[str, Any] | None = None
         radixgate = next((t for t in bench.targets if t.name == "radixgate"), None)
