@@ -226,7 +226,7 @@ def test_profile_summary_of_collapsed_stacks() -> None:
         "Dispatcher.complete (service/dispatch.py:120);AsyncClient.post (httpx/_client.py:1)"
         ";AsyncConnectionPool.handle (httpcore/_async/connection_pool.py:9) 6\n"
         "<module> (service/__main__.py:80);Dispatcher.complete (service/dispatch.py:120);"
-        "Redis.execute_command (redis/asyncio/client.py:5) 3\n"
+        "Dispatcher._settle (service/dispatch.py:200);Redis.execute_command (redis/asyncio/client.py:5) 3\n"
         "<module> (service/__main__.py:80);run (asyncio/runners.py:1) 1\n"
         "junk line\n"
     )
@@ -238,8 +238,13 @@ def test_profile_summary_of_collapsed_stacks() -> None:
     assert self_lib == {"httpx/httpcore": 0.6, "redis-py": 0.3, "asyncio/uvloop": 0.1}
     incl = {r["name"]: r["share"] for r in summary["inclusive_by_library"]}
     assert incl["radixgate"] == 0.9  # the entry point <module> does not count
+    stages = {r["name"]: r["share"] for r in summary["inclusive_by_stage"]}
+    assert stages == {"settle (Dispatcher._settle)": 0.3}
     own = {r["name"]: r["share"] for r in summary["inclusive_own"]}
-    assert own == {"Dispatcher.complete (service/dispatch.py)": 0.9}
+    assert own == {
+        "Dispatcher.complete (service/dispatch.py)": 0.9,
+        "Dispatcher._settle (service/dispatch.py)": 0.3,
+    }
     assert library_of("threading.py") == "threading (thread-pool hops)"
     assert library_of("/usr/lib/python3.11/json/decoder.py") == "json"
     assert summarize([]) == {"samples": 0}

@@ -39,6 +39,22 @@ LIBRARIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """Library buckets by the file of a frame (py-spy prints paths relative to site-packages or the cwd)."""
 
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("upstream client (service/workers/client.py)", ("service/workers/client.py",)),
+    ("auth: key + tenant lookup (tenancy/store.py)", ("tenancy/store.py", "tenancy/keys.py")),
+    ("quota scripts (tenancy/quota.py)", ("tenancy/quota.py",)),
+    ("usage counters (tenancy/usage.py)", ("tenancy/usage.py",)),
+    ("settle (Dispatcher._settle)", ("service/dispatch.py::Dispatcher._settle",)),
+    ("prompt render + token count (service/prompting.py)", ("service/prompting.py",)),
+    ("scheduler + routing (service/scheduler.py, policies/)", ("service/scheduler.py", "policies/")),
+    ("FastAPI dependency solving (fastapi/dependencies/)", ("fastapi/dependencies/",)),
+    ("thread-pool hops (anyio to_thread, threading)", ("anyio/to_thread.py", "threading.py")),
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("logs (structlog, logging)", ("structlog/", "logging/")),
+)
+"""Request-path stages of radixgate, by ``file`` or ``file::function`` prefix of any frame on the stack
+(inclusive, so they overlap). A stage whose code moved shows 0; update the prefixes with the code."""
+
 OWN_CODE = ("service/", "tenancy/", "policies/")
 ENTRY_FRAMES = ("<module>", "serve", "main", "run")
 """Own-code frames at the base of every stack (process entry points), left out of ``inclusive_own``."""
@@ -81,13 +97,15 @@ def summarize(stacks: Iterable[tuple[list[tuple[str, str]], int]], top: int = 15
     Returns:
         ``samples``; ``self_by_library`` (the leaf frame's library; sums to 1); ``inclusive_by_library``
         (any frame of the library on the stack; ``other`` and radixgate's process entry points left
-        out); ``inclusive_own`` (radixgate functions at any depth, top ``top``); ``self_functions``
+        out); ``inclusive_by_stage`` (:data:`STAGES`); ``inclusive_own`` (radixgate functions at any
+        depth, top ``top``); ``self_functions``
         (leaf functions, top ``top``).
     """
     total = 0
     self_lib: Counter[str] = Counter()
     incl_lib: Counter[str] = Counter()
     incl_own: Counter[str] = Counter()
+    incl_stage: Counter[str] = Counter()
     self_fn: Counter[str] = Counter()
     for frames, count in stacks:
         total += count
@@ -99,6 +117,10 @@ def summarize(stacks: Iterable[tuple[list[tuple[str, str]], int]], top: int = 15
             incl_lib[lib] += count
         for key in {f"{n} ({f})" for n, f in inner if f.startswith(OWN_CODE)}:
             incl_own[key] += count
+        keys = [f"{f}::{n}" for n, f in frames]
+        for stage, prefixes in STAGES:
+            if any(k.startswith(prefixes) for k in keys):
+                incl_stage[stage] += count
     if total == 0:
         return {"samples": 0}
 
@@ -109,6 +131,7 @@ def summarize(stacks: Iterable[tuple[list[tuple[str, str]], int]], top: int = 15
         "samples": total,
         "self_by_library": shares(self_lib),
         "inclusive_by_library": shares(incl_lib),
+        "inclusive_by_stage": shares(incl_stage),
         "inclusive_own": shares(incl_own, top),
         "self_functions": shares(self_fn, top),
     }

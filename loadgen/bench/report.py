@@ -180,6 +180,7 @@ def profile_tables(profile: Mapping[str, Any]) -> list[Table]:
     cpu = profile.get("cpu_ms_per_request")
     tables = []
     for key, title in (
+        ("inclusive_by_stage", "radixgate CPU by request stage (inclusive; stages overlap)"),
         ("inclusive_by_library", "radixgate CPU by library (inclusive: on the stack)"),
         ("self_by_library", "radixgate CPU by library (self: leaf frame)"),
         ("inclusive_own", "radixgate functions (inclusive)"),
