@@ -5,6 +5,7 @@ Commands:
   tenants SCENARIO --admin-token T   create the scenario's tenants on a radixgate gateway; write their keys
   run SCENARIO [--base-url URL]      send the plan open-loop; write results.json, report.json and PNG plots
   report RESULTS.json                recompute the report (table, JSON, plots) from a results file
+  bench-gateway [--quick] [--json]   radixgate vs sglang-router, LiteLLM and direct on an instant fake SGLang
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from loadgen.bench.command import bench_gateway
 from loadgen.plots import write_plots
 from loadgen.report import build_report, print_report
 from loadgen.runner import MissingKeyError, RequestRecord, load_results, resolve_keys, run_plan, save_results
@@ -33,6 +35,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Plan, run and report load scenarios against any OpenAI-compatible endpoint.",
 )
+
+app.command("bench-gateway")(bench_gateway)
 
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario file (.yaml, .yml, .toml or .json).")]
 

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Installs what the gateway and the test suite need: Debian's redis-server and a light virtualenv (.venv)
-# with radixgate and its dev tools. Idempotent: a second run only checks.
+# Installs what the gateway and the test suite need: Debian's redis-server, wrk (the load tool of
+# `python -m loadgen bench-gateway`) and a light virtualenv (.venv) with radixgate and its dev tools.
+# Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "[setup] installing redis-server (Debian package)"
+missing=""
+command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
+command -v wrk >/dev/null 2>&1 || missing="$missing wrk"
+if [ -n "$missing" ]; then
+  echo "[setup] installing$missing (Debian packages)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 
 PY=${PYTHON:-python3.11}
