@@ -47,6 +47,10 @@ class CacheAwareConfig:
     Attributes:
         cache_threshold: minimum match rate (matched chars / prompt chars, strictly greater) for a cache
             hit; SGLang ``--cache-threshold`` 0.3.
+        balance: use SGLang's load-balance branch (step 1 of the module docstring). The gateway's admission
+            core turns it off: it weighs a miss's prefill against the wait for the warm worker itself
+            (:mod:`policies.admission_core`), where this branch sends a request to the least loaded
+            worker whatever its prefill costs there.
         balance_abs_threshold: in-flight requests difference ``max - min`` above which load may be
             imbalanced; SGLang ``--balance-abs-threshold`` 64.
         balance_rel_threshold: ratio ``max > min x rel`` that must also hold; SGLang
@@ -71,6 +75,7 @@ class CacheAwareConfig:
     """
 
     cache_threshold: float = 0.3
+    balance: bool = True
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
     max_tree_chars_per_worker: int = 2**26
@@ -139,11 +144,13 @@ class CacheAwarePolicy:
         now: float,
         exclude: Collection[str] = (),
         session_id: str | None = None,
+        commit: bool = True,
     ) -> RouteDecision | None:
         """Route ``prompt`` (rendered text) at time ``now`` (seconds); None when no worker is eligible.
 
         ``session_id`` is ignored (multi-turn affinity comes from the prompt of turn n+1 extending turn n).
-        Side effects: inserts ``prompt`` for the chosen worker; may evict (periodically or over the slack).
+        Side effects when ``commit``: inserts ``prompt`` for the chosen worker (:meth:`commit`); may evict
+        (periodically or over the slack).
         """
         eligible = candidates(workers, exclude)
         if not eligible:
@@ -152,7 +159,7 @@ class CacheAwarePolicy:
         cfg = self.config
         per_worker = self.tree.prefix_match_per_worker(prompt) if prompt else {}
         loads = [w.in_flight for w in eligible]
-        if is_imbalanced(loads, cfg.balance_abs_threshold, cfg.balance_rel_threshold):
+        if cfg.balance and is_imbalanced(loads, cfg.balance_abs_threshold, cfg.balance_rel_threshold):
             pick = min(eligible, key=load_key)
             reason: Literal["imbalance", "cache_hit", "cache_miss"] = "imbalance"
         else:
@@ -164,11 +171,26 @@ class CacheAwarePolicy:
                 pick = min(eligible, key=self._miss_key)
                 reason = "cache_miss"
         matched = per_worker.get(pick.url, 0)
-        self.tree.insert(prompt, pick.url, now)
-        if self.tree.size_of(pick.url) > cfg.eviction_slack * cfg.max_tree_chars_per_worker:
-            self.tree.evict(cfg.max_tree_chars_per_worker)
-        self._remember(pick.url, prompt, matched)
+        if commit:
+            self.commit(pick.url, prompt, now, matched)
         return RouteDecision(pick.url, reason, matched, matched / len(prompt) if prompt else 0.0)
+
+    def commit(self, url: str, prompt: str, now: float, matched: int | None = None) -> None:
+        """Insert ``prompt`` for ``url`` at ``now`` (s) and remember the prediction for feedback.
+
+        ``matched``: the characters predicted cached on ``url`` (looked up when None).
+        """
+        if matched is None:
+            matched = self.tree.prefix_match_per_worker(prompt).get(url, 0) if prompt else 0
+        cfg = self.config
+        self.tree.insert(prompt, url, now)
+        if self.tree.size_of(url) > cfg.eviction_slack * cfg.max_tree_chars_per_worker:
+            self.tree.evict(cfg.max_tree_chars_per_worker)
+        self._remember(url, prompt, matched)
+
+    def prefix_matches(self, prompt: str) -> dict[str, int]:
+        """Characters of ``prompt`` the tree predicts each worker holds (workers with a match only)."""
+        return self.tree.prefix_match_per_worker(prompt) if prompt else {}
 
     def maybe_evict(self, now: float) -> bool:
         """Run the periodic LRU eviction if ``eviction_interval_s`` passed since the last one (seconds).

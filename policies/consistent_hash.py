@@ -96,6 +96,7 @@ class ConsistentHash:
         now: float,
         exclude: Collection[str] = (),
         session_id: str | None = None,
+        commit: bool = True,
     ) -> RouteDecision | None:
         """The first eligible worker clockwise from the key's hash (skipping full ones under bounded loads).
 
@@ -118,6 +119,13 @@ class ConsistentHash:
             if by_url[url].in_flight < capacity:
                 return RouteDecision(url, "hash")
         raise AssertionError("unreachable: no worker below the bounded-load capacity")
+
+    def commit(self, url: str, prompt: str, now: float) -> None:
+        """Nothing to record: the ring is a function of the worker set."""
+
+    def prefix_matches(self, prompt: str) -> dict[str, int]:
+        """No tree: no predicted matches."""
+        return {}
 
     def remove_worker(self, url: str) -> None:
         """Drop cached rings containing ``url`` (rings are rebuilt from the next snapshot anyway)."""

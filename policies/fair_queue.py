@@ -16,11 +16,13 @@ at least the fraction ``s_b`` of all dispatched cost. With all shares at 0
 
 from __future__ import annotations
 
-import heapq
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from sortedcontainers import SortedList
 
 T = TypeVar("T")
 
@@ -71,18 +73,21 @@ class QueuedItem(Generic[T]):
 
 
 class WeightedFairQueue(Generic[T]):
-    """SCFQ queue of one band. O(log n) push/pop; removal is lazy (O(1))."""
+    """SCFQ queue of one band, kept sorted by finish tag (``sortedcontainers.SortedList``).
+
+    Push, pop and removal are O(log n); so is :meth:`count_ahead` (a rank query), which the admission
+    core uses to predict how many requests are served before a new one.
+    """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, QueuedItem[T]]] = []
+        self._sorted: SortedList = SortedList()
         self._last_finish: dict[str, float] = {}
         self._vtime = 0.0
-        self._count = 0
         self._cost = 0.0
         self._seq = itertools.count()
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._sorted)
 
     @property
     def queued_cost(self) -> float:
@@ -97,31 +102,24 @@ class WeightedFairQueue(Generic[T]):
         """Enqueue ``item`` (sets its finish tag)."""
         item.finish_tag = self.tag_for(item.tenant, item.weight, item.cost)
         item.seq = next(self._seq)
+        item.removed = False
         self._last_finish[item.tenant] = item.finish_tag
-        heapq.heappush(self._heap, (item.finish_tag, item.seq, item))
-        self._count += 1
+        self._sorted.add((item.finish_tag, item.seq, item))
         self._cost += item.cost
-
-    def _drop_removed(self) -> None:
-        while self._heap and self._heap[0][2].removed:
-            heapq.heappop(self._heap)
 
     def peek(self) -> QueuedItem[T] | None:
         """The item ``pop`` would return, or None."""
-        self._drop_removed()
-        return self._heap[0][2] if self._heap else None
+        return self._sorted[0][2] if self._sorted else None
 
     def pop(self) -> QueuedItem[T] | None:
         """Dequeue the smallest finish tag and advance virtual time to it."""
-        self._drop_removed()
-        if not self._heap:
+        if not self._sorted:
             return None
-        _, _, item = heapq.heappop(self._heap)
+        item: QueuedItem[T] = self._sorted.pop(0)[2]
         item.removed = True  # no longer queued: a later remove() is a no-op
         self._vtime = item.finish_tag
-        self._count -= 1
         self._cost -= item.cost
-        if self._count == 0:
+        if not self._sorted:
             self._last_finish.clear()  # nobody is backlogged: no tag carries over
         return item
 
@@ -130,13 +128,19 @@ class WeightedFairQueue(Generic[T]):
         if item.removed:
             return False
         item.removed = True
-        self._count -= 1
+        self._sorted.remove((item.finish_tag, item.seq, item))
         self._cost -= item.cost
+        if not self._sorted:
+            self._last_finish.clear()
         return True
 
     def items(self) -> Iterator[QueuedItem[T]]:
-        """Queued items in no particular order."""
-        return (entry[2] for entry in self._heap if not entry[2].removed)
+        """Queued items in service order."""
+        return (entry[2] for entry in self._sorted)
+
+    def count_ahead(self, finish_tag: float) -> int:
+        """How many queued items would be served before a new item with ``finish_tag``."""
+        return int(self._sorted.bisect_right((finish_tag, math.inf)))
 
     def cost_ahead(self, finish_tag: float) -> float:
         """Cost of the queued items that would be served before a new item with ``finish_tag``."""
@@ -144,7 +148,7 @@ class WeightedFairQueue(Generic[T]):
 
     def newest(self) -> QueuedItem[T] | None:
         """The item with the largest finish tag (served last), or None."""
-        return max(self.items(), key=lambda i: (i.finish_tag, i.seq), default=None)
+        return self._sorted[-1][2] if self._sorted else None
 
 
 class PriorityBands(Generic[T]):
@@ -220,6 +224,10 @@ class PriorityBands(Generic[T]):
                     self._credit[name] = 0.0  # no banking while idle
         return item
 
+    def all_items(self) -> list[QueuedItem[T]]:
+        """Every queued item, highest band first, in service order inside a band."""
+        return [i for q in self._queues.values() for i in q.items()]
+
     def expired(self, now: float) -> list[QueuedItem[T]]:
         """Remove and return every item whose deadline has passed at ``now`` (s)."""
         out = [i for q in self._queues.values() for i in q.items() if i.deadline <= now]
@@ -233,6 +241,13 @@ class PriorityBands(Generic[T]):
         higher = sum(q.queued_cost for name, q in self._queues.items() if self.configs[name].rank > rank)
         own = self._queues[band]
         return higher + own.cost_ahead(own.tag_for(tenant, weight, cost))
+
+    def count_ahead(self, band: str, tenant: str, weight: float, cost: float) -> int:
+        """Requests that would be served before a new one: higher bands plus earlier tags in its band."""
+        rank = self.configs[band].rank
+        higher = sum(len(q) for name, q in self._queues.items() if self.configs[name].rank > rank)
+        own = self._queues[band]
+        return higher + own.count_ahead(own.tag_for(tenant, weight, cost))
 
     def lowest_backlogged_below(self, rank: int) -> str | None:
         """Name of the lowest-rank non-empty band whose rank is below ``rank``, or None."""

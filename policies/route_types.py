@@ -10,8 +10,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-RouteReason = Literal["cache_hit", "cache_miss", "imbalance", "round_robin", "hash", "least_load"]
-"""Why a worker was chosen; a small closed set, suitable as a metrics label."""
+RouteReason = Literal[
+    "cache_hit", "cache_miss", "imbalance", "round_robin", "hash", "least_load", "spill", "retry"
+]
+"""Why a worker was chosen; a small closed set, suitable as a metrics label. ``spill``: the admission core
+sent the request elsewhere because the policy's choice could not meet its TTFT goal; ``retry``: another
+worker after a failed attempt."""
 
 ROUTE_REASONS: tuple[RouteReason, ...] = get_args(RouteReason)
 """All values of :data:`RouteReason`, e.g. to pre-register a Prometheus label set."""
@@ -80,6 +84,7 @@ class Router(Protocol):
         now: float,
         exclude: Collection[str] = (),
         session_id: str | None = None,
+        commit: bool = True,
     ) -> RouteDecision | None:
         """Pick a worker among the healthy, non-excluded ``workers``; None when there is none.
 
@@ -89,7 +94,18 @@ class Router(Protocol):
             now: caller's monotonic clock, seconds.
             exclude: URLs not to use (a retry's already-failed workers).
             session_id: optional sticky key (used by consistent hashing).
+            commit: record the choice in the policy's state (the cache-aware tree learns that the worker
+                now holds the prompt). False lets the caller weigh the choice first and :meth:`commit`
+                the worker it finally uses.
         """
+        ...
+
+    def commit(self, url: str, prompt: str, now: float) -> None:
+        """Record that ``prompt`` was sent to ``url`` at ``now`` (s); no-op for stateless policies."""
+        ...
+
+    def prefix_matches(self, prompt: str) -> dict[str, int]:
+        """Prompt characters each worker is predicted to hold cached (empty for policies without a tree)."""
         ...
 
     def remove_worker(self, url: str) -> None:

@@ -8,8 +8,8 @@ Four policies behind one interface (:class:`~policies.route_types.Router`), sele
 - ``consistent_hash``: hash ring over session id or prompt head (:mod:`policies.consistent_hash`).
 - ``cache_aware``: SGLang router's prefix-tree affinity with load balancing (:mod:`policies.cache_aware`).
 
-The older helpers :class:`RoundRobin` and :func:`least_loaded` (returning a :class:`WorkerView`) stay for
-existing callers.
+Every policy can be asked without committing (``choose(..., commit=False)``, then ``commit``) so that the
+admission core can weigh its choice against the TTFT goal first (:mod:`policies.admission_core`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ class _Stateless:
     def remove_worker(self, url: str) -> None:
         """Nothing to forget."""
 
+    def commit(self, url: str, prompt: str, now: float) -> None:
+        """Nothing to record."""
+
+    def prefix_matches(self, prompt: str) -> dict[str, int]:
+        """No tree: no predicted matches."""
+        return {}
+
     def observe_cached_tokens(
         self,
         worker: str,
@@ -85,6 +92,7 @@ class RoundRobinRouter(_Stateless):
         now: float,
         exclude: Collection[str] = (),
         session_id: str | None = None,
+        commit: bool = True,
     ) -> RouteDecision | None:
         """Next eligible worker in list order; None when there is none."""
         eligible = candidates(workers, exclude)
@@ -110,6 +118,7 @@ class LeastLoadRouter(_Stateless):
         now: float,
         exclude: Collection[str] = (),
         session_id: str | None = None,
+        commit: bool = True,
     ) -> RouteDecision | None:
         """The least loaded eligible worker; None when there is none."""
         eligible = candidates(workers, exclude)

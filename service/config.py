@@ -8,11 +8,18 @@ command line) and passed down.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from policies.admission_types import CoreConfig
+from policies.cache_aware import CacheAwareConfig
+from policies.classes import ClassPolicy, default_classes
+from policies.routing import RouterName
+from policies.windows import WindowConfig, WindowMode
 
 
 def default_home() -> Path:
@@ -158,70 +165,170 @@ class ApiSettings(BaseModel):
     )
 
 
+_CLASS = ClassPolicy(rank=0, sglang_priority=0, ttft_goal_s=1.0)  # field defaults of policies.classes
+_WINDOW = WindowConfig()
+_CORE = CoreConfig()
+_CACHE = _CORE.cache_aware
+
+
 class PriorityClassSettings(BaseModel):
-    """A priority class (band): strict rank, queueing budget, SLO and the SGLang ``priority`` it maps to."""
+    """A priority class (band): strict rank, TTFT goal, what a late answer is worth, SGLang ``priority``.
+
+    Translated into :class:`policies.classes.ClassPolicy` (:meth:`policy`), where the defaults live.
+    """
 
     rank: int = Field(..., description="Higher rank is served first (strict priority between bands).")
     sglang_priority: int = Field(..., description="'priority' sent to SGLang (higher runs first).")
-    queue_wait_budget_ms: float = Field(5000.0, gt=0, description="Longest gateway queue wait, ms.")
     ttft_goal_ms: float = Field(
-        5000.0, gt=0, description="Time-to-first-token goal (SLO), ms; for reports (loadgen), not enforced."
+        ..., gt=0, description="Time-to-first-token goal (SLO), ms: predicted misses are shed at arrival."
     )
-    max_queue_len: int = Field(2000, ge=1, description="Most requests waiting in this band.")
-    min_share: float = Field(0.0, ge=0, lt=1, description="Guaranteed fraction of dispatched tokens.")
+    serve_late: bool = Field(
+        _CLASS.serve_late,
+        description="Late answers are still useful: queue predicted misses (up to queue_wait_budget_ms).",
+    )
+    queue_wait_budget_ms: float | None = Field(
+        None, gt=0, description="Longest gateway queue wait, ms (required with serve_late; else optional)."
+    )
+    max_queue_len: int = Field(_CLASS.max_queue_len, ge=1, description="Most requests waiting in this band.")
+    min_share: float = Field(
+        _CLASS.min_share, ge=0, lt=1, description="Guaranteed fraction of dispatched tokens."
+    )
+    window_share: float = Field(
+        _CLASS.window_share, gt=0, le=1, description="Fraction of a worker's window this class may fill."
+    )
+
+    @model_validator(mode="after")
+    def _late_needs_budget(self) -> PriorityClassSettings:
+        if self.serve_late and self.queue_wait_budget_ms is None:
+            raise ValueError("a serve_late class needs queue_wait_budget_ms")
+        return self
+
+    def policy(self) -> ClassPolicy:
+        """The class as :mod:`policies.classes` takes it."""
+        budget = self.queue_wait_budget_ms
+        return ClassPolicy(
+            rank=self.rank,
+            sglang_priority=self.sglang_priority,
+            ttft_goal_s=self.ttft_goal_ms / 1000.0,
+            serve_late=self.serve_late,
+            max_wait_s=None if budget is None else budget / 1000.0,
+            max_queue_len=self.max_queue_len,
+            min_share=self.min_share,
+            window_share=self.window_share,
+        )
 
 
 def default_priority_classes() -> dict[str, PriorityClassSettings]:
-    """``interactive`` > ``standard`` > ``batch``; SGLang priorities 10/5/0 (a gap of 10 lets interactive
-    preempt batch: SGLang's default ``--priority-scheduling-preemption-threshold`` is 10)."""
+    """``policies.classes.default_classes`` as settings: ``interactive`` > ``standard`` > ``batch``."""
     return {
-        "interactive": PriorityClassSettings(
-            rank=2, sglang_priority=10, queue_wait_budget_ms=1000, ttft_goal_ms=1000, max_queue_len=1000
-        ),
-        "standard": PriorityClassSettings(
-            rank=1, sglang_priority=5, queue_wait_budget_ms=5000, ttft_goal_ms=5000, max_queue_len=2000
-        ),
-        "batch": PriorityClassSettings(
-            rank=0, sglang_priority=0, queue_wait_budget_ms=30000, ttft_goal_ms=30000, max_queue_len=10000
-        ),
+        name: PriorityClassSettings(
+            rank=c.rank,
+            sglang_priority=c.sglang_priority,
+            ttft_goal_ms=c.ttft_goal_s * 1000.0,
+            serve_late=c.serve_late,
+            queue_wait_budget_ms=None if c.max_wait_s is None else c.max_wait_s * 1000.0,
+            max_queue_len=c.max_queue_len,
+            min_share=c.min_share,
+            window_share=c.window_share,
+        )
+        for name, c in default_classes().items()
     }
 
 
 class SchedulerSettings(BaseModel):
-    """The gateway's queue: admission windows per worker and load shedding."""
+    """The admission core (``policies.admission_core``): windows per worker, SLO-aware shedding.
 
-    max_queue_total: int = Field(10000, ge=1, description="Most requests queued across all bands.")
-    window_initial: int = Field(8, ge=1, description="Starting concurrency window per worker, requests.")
-    window_min: int = Field(1, ge=1, description="Smallest window per worker, requests.")
-    window_max: int = Field(256, ge=1, description="Largest window per worker, requests.")
-    window_max_tokens: int | None = Field(None, ge=1, description="In-flight token cap per worker, tokens.")
-    top_band_headroom: int = Field(2, ge=0, description="Extra in-flight requests for the top band.")
+    Translated into :class:`policies.admission_types.CoreConfig` by :meth:`Settings.core_config`.
+    """
+
+    max_queue_total: int = Field(_CORE.max_queue_total, ge=1, description="Most requests queued in all.")
+    window_mode: WindowMode = Field(
+        _WINDOW.mode, description="engine (from max_running_requests, queue and KV), aimd, or fixed."
+    )
+    window_initial: int = Field(
+        _WINDOW.initial, ge=1, description="Window before the engine reports its size (fixed: the size)."
+    )
+    window_min: int = Field(_WINDOW.minimum, ge=1, description="Smallest window per worker, requests.")
+    window_max: int = Field(_WINDOW.maximum, ge=1, description="Largest window per worker, requests.")
+    window_max_tokens: int | None = Field(
+        _WINDOW.max_tokens, ge=1, description="In-flight token cap per worker, tokens."
+    )
+    top_band_headroom: int = Field(
+        _WINDOW.top_band_headroom, ge=0, description="Extra in-flight requests for the top band..."
+    )
+    top_band_headroom_fraction: float = Field(
+        _WINDOW.top_band_headroom_fraction, ge=0, le=1, description="...or this fraction of the window."
+    )
+    window_ttft_target_ms: float | None = Field(
+        None, gt=0, description="Shrink a window when its engine's TTFT of short prefills passes this, ms."
+    )
     engine_queue_fraction: float = Field(
-        0.25, ge=0, description="Engine queue tolerated before a window shrinks, fraction of the window."
+        _WINDOW.engine_queue_fraction, ge=0, description="Engine queue tolerated, fraction of the window."
     )
     load_poll_interval_s: float = Field(1.0, gt=0, description="Period of worker /metrics load polls, s.")
-    expiry_interval_s: float = Field(0.05, gt=0, description="Period of queue-deadline checks, s.")
+
+    def window_config(self) -> WindowConfig:
+        """The window controller's settings."""
+        target = self.window_ttft_target_ms
+        return replace(
+            _WINDOW,
+            mode=self.window_mode,
+            initial=self.window_initial,
+            minimum=self.window_min,
+            maximum=self.window_max,
+            max_tokens=self.window_max_tokens,
+            top_band_headroom=self.top_band_headroom,
+            top_band_headroom_fraction=self.top_band_headroom_fraction,
+            ttft_target_s=None if target is None else target / 1000.0,
+            engine_queue_fraction=self.engine_queue_fraction,
+        )
 
 
 class RoutingSettings(BaseModel):
-    """How a dispatched request picks its worker (``policies.routing``; defaults from SGLang's router)."""
+    """How a request picks its worker (``policies.routing``; defaults from SGLang's router)."""
 
-    policy: Literal["cache_aware", "round_robin", "least_load", "consistent_hash"] = Field(
-        "cache_aware", description="Routing policy among workers with room in their window."
+    policy: RouterName = Field(
+        CoreConfig().routing, description="Routing policy: the worker a request waits for."
     )
     cache_threshold: float = Field(
-        0.3, ge=0, le=1, description="cache_aware: prefix match rate above which the best match wins."
+        _CACHE.cache_threshold,
+        ge=0,
+        le=1,
+        description="cache_aware: match rate above which the best match wins.",
+    )
+    balance: bool = Field(
+        _CACHE.balance, description="cache_aware: SGLang's load-balance branch (off: the core weighs misses)."
     )
     balance_abs_threshold: int = Field(
-        64, ge=0, description="cache_aware: in-flight spread (requests) that counts as imbalance..."
+        _CACHE.balance_abs_threshold,
+        ge=0,
+        description="cache_aware: load spread (requests) that counts as imbalance...",
     )
     balance_rel_threshold: float = Field(
-        1.5, ge=1, description="...together with max > min x this factor; then route to least load."
+        _CACHE.balance_rel_threshold,
+        ge=1,
+        description="...together with max > min x this factor; then least load.",
     )
     max_tree_chars_per_worker: int = Field(
-        2**24, ge=1024, description="cache_aware: prompt characters remembered per worker (LRU)."
+        _CACHE.max_tree_chars_per_worker,
+        ge=1024,
+        description="cache_aware: prompt characters remembered per worker.",
     )
-    eviction_interval_s: float = Field(120.0, gt=0, description="cache_aware: LRU eviction period, s.")
+    eviction_interval_s: float = Field(
+        _CACHE.eviction_interval_s, gt=0, description="cache_aware: LRU eviction period, s."
+    )
+
+    def cache_aware_config(self) -> CacheAwareConfig:
+        """The cache-aware policy's settings."""
+        return replace(
+            _CACHE,
+            cache_threshold=self.cache_threshold,
+            balance=self.balance,
+            balance_abs_threshold=self.balance_abs_threshold,
+            balance_rel_threshold=self.balance_rel_threshold,
+            max_tree_chars_per_worker=self.max_tree_chars_per_worker,
+            eviction_interval_s=self.eviction_interval_s,
+        )
 
 
 class ObservabilitySettings(BaseModel):
@@ -259,8 +366,8 @@ class Settings(BaseSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
-        description="JSON object replacing all classes: name -> {rank, sglang_priority, "
-        "queue_wait_budget_ms, ttft_goal_ms, max_queue_len, min_share}; higher rank is served first.",
+        description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "
+        "serve_late, queue_wait_budget_ms, max_queue_len, min_share, window_share}; higher rank first.",
     )
     extra_models: list[str] = Field(
         default_factory=list, description="Further model ids served by the same workers (aliases)."
@@ -273,6 +380,17 @@ class Settings(BaseSettings):
         if secret and len(secret) < 16:
             raise ValueError("admin_token must be at least 16 characters")
         return value
+
+    def core_config(self) -> CoreConfig:
+        """The admission core's configuration (classes, windows, routing) from these settings."""
+        return replace(
+            _CORE,
+            classes={name: c.policy() for name, c in self.priority_classes.items()},
+            window=self.scheduler.window_config(),
+            routing=self.routing.policy,
+            cache_aware=self.routing.cache_aware_config(),
+            max_queue_total=self.scheduler.max_queue_total,
+        )
 
     @property
     def served_models(self) -> list[str]:

@@ -1,7 +1,7 @@
 """The one pipeline every completion goes through.
 
 1. :meth:`Dispatcher.prepare`: model, priority class and max_tokens checks, prompt rendering and token
-   count (nothing charged yet; bad input raises :class:`APIError` 4xx).
+   count (nothing charged yet; bad input raises a 4xx :class:`service.errors.GatewayError`).
 2. :meth:`Dispatcher.admit`: one atomic Redis call takes 1 request and prompt+max_tokens tokens from the
    tenant's buckets (429 with ``Retry-After``, or 413 when the request exceeds a burst).
 3. :meth:`Dispatcher.complete` / :meth:`Dispatcher.stream`: wait for a slot in the scheduler's queue
@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import structlog
 
-from service.api.errors import APIError
+from service.api.errors import http_status, sse_error_event
 from service.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -39,6 +39,7 @@ from service.api.protocol import (
     usage_chunk,
 )
 from service.config import Settings
+from service.errors import GatewayError, RateLimited, RequestTooLarge, Unauthenticated
 from service.metrics import GatewayMetrics
 from service.preparation import PreparedRequest, RequestPreparer
 from service.prompting import PromptRenderer
@@ -103,8 +104,9 @@ class Dispatcher:
         """Reserve the request against the tenant's token buckets.
 
         Raises:
-            APIError: 429 with ``Retry-After`` when a bucket is short; 413 when the request is larger
-                than a bucket's burst and so can never pass; 401 when the tenant was deleted meanwhile.
+            RateLimited: a bucket is short (``retry_after_s`` says when it refills enough).
+            RequestTooLarge: the request is larger than a bucket's burst and can never pass.
+            Unauthenticated: the tenant was deleted since its key was checked.
             StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
                 may still have taken refills with time).
         """
@@ -113,7 +115,7 @@ class Dispatcher:
         try:
             decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, epoch=tenant.epoch)
         except TenantNotFoundError as exc:  # deleted since its key was checked
-            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key") from exc
+            raise Unauthenticated("Incorrect API key provided.") from exc
         if decision.allowed:
             return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch)
         self._metrics.quota_rejections.labels(self._metrics.tenant(tenant.id), decision.limiting).inc()
@@ -127,8 +129,7 @@ class Dispatcher:
                 if decision.limiting == "tokens"
                 else tenant.quotas.effective_request_burst
             )
-            raise APIError(
-                413,
+            raise RequestTooLarge(
                 f"This request needs {tokens} tokens (prompt {prepared.prompt.num_tokens} + max_tokens "
                 f"{prepared.max_tokens}) but the tenant's {decision.limiting} burst is {burst:g}; it can "
                 "never be admitted. Lower max_tokens or shorten the prompt.",
@@ -137,11 +138,9 @@ class Dispatcher:
             )
         retry_after = max(1, math.ceil(decision.retry_after_s))
         per = "requests per minute" if decision.limiting == "requests" else "tokens per minute"
-        raise APIError(
-            429,
+        raise RateLimited(
             f"Rate limit reached for tenant '{tenant.id}' on {per}. Retry after {retry_after} s.",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(retry_after)},
+            retry_after_s=retry_after,
         )
 
     # 3. upstream -----------------------------------------------------------------------------------
@@ -149,8 +148,7 @@ class Dispatcher:
         """Serve a non-streamed request; returns the OpenAI response object.
 
         Raises:
-            APIError: 503 shed/timeout from the queue, 502/503 once the attempts are spent, 400 if the
-                worker rejects the input.
+            GatewayError: shed or timed out in the queue, attempts spent, or the worker rejected the input.
         """
         outcome = Outcome()
         self._metrics.in_flight.inc()
@@ -160,8 +158,8 @@ class Dispatcher:
             usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
             make = chat_response if prepared.chat else text_response
             return make(prepared.rid, prepared.model, chunk.text, chunk.finish_reason, usage)
-        except APIError as err:
-            outcome.status = err.status
+        except GatewayError as err:
+            outcome.status = http_status(err)
             raise
         except asyncio.CancelledError:
             outcome.status = 499
@@ -175,7 +173,7 @@ class Dispatcher:
         """Serve a streamed request as OpenAI SSE chunks, ending with ``data: [DONE]``.
 
         Errors before the first token are retried on another worker and, once the attempts are spent,
-        raised as :class:`APIError` before anything is yielded (the route answers with that status). A
+        raised as a :class:`GatewayError` before anything is yielded (the route answers with that status). A
         stream that breaks later is resumed on another worker; if that fails too the stream ends with an
         OpenAI error event. Cancellation aborts the upstream request and refunds the unused tokens.
         """
@@ -202,11 +200,11 @@ class Dispatcher:
                 usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
                 yield _sse(usage_chunk(prepared.rid, prepared.model, created, prepared.chat, usage))
             yield b"data: [DONE]\n\n"
-        except APIError as err:
-            outcome.status = err.status
+        except GatewayError as err:
+            outcome.status = http_status(err)
             if not outcome.streamed_any:
                 raise  # nothing sent yet: the route answers with a real HTTP status
-            yield err.sse_event()
+            yield sse_error_event(err)
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             outcome.status = 499
@@ -217,8 +215,13 @@ class Dispatcher:
     async def _finish(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
         """Release the queue slot, abort an unfinished upstream request, settle. Shielded from cancel."""
         self._metrics.in_flight.dec()
-        if outcome.slot is not None:
-            self._scheduler.release(outcome.slot)
+        slot = outcome.slot
+        if slot is not None:
+            served_here = (outcome.finished or outcome.streamed_any) and outcome.worker == slot.worker
+            cached = outcome.cached_tokens if served_here and not outcome.resumes else None
+            self._scheduler.release(
+                slot, ok=served_here, prompt_tokens=outcome.prompt_tokens, cached_tokens=cached
+            )
         with anyio.CancelScope(shield=True):
             if not outcome.finished and outcome.worker is not None and outcome.status != 200:
                 await self._client.abort(outcome.worker, outcome.upstream_rid or prepared.rid)
@@ -229,9 +232,6 @@ class Dispatcher:
         """Reconcile quota, record usage and metrics, and log one line. Never raises."""
         tenant_id = prepared.tenant.id
         served = outcome.finished or outcome.streamed_any
-        slot = outcome.slot
-        if served and slot is not None and outcome.worker == slot.worker:
-            self._scheduler.observe(slot, prepared.prompt.text, outcome.cached_tokens, outcome.prompt_tokens)
         try:
             if served:
                 if not outcome.prompt_tokens:

@@ -116,6 +116,13 @@ class GatewayMetrics:
             ["band", "tenant", "outcome"],
             registry=registry,
         )
+        self.shed = Counter(
+            "radixgate_shed_total",
+            "Requests refused by admission control per band and reason (predicted_ttft, costly_miss, "
+            "band_full, queue_full, evicted, no_worker).",
+            ["band", "reason"],
+            registry=registry,
+        )
         self.worker_window = Gauge(
             "radixgate_worker_window_requests",
             "Current concurrency window per worker, requests.",

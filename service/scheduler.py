@@ -1,11 +1,17 @@
-"""The gateway's request queue: priority bands, weighted fair queuing, admission windows, shedding.
+"""The asyncio adapter of the admission core: futures, a deadline timer, load polls, metrics.
 
-Every admitted request (quota already reserved) calls :meth:`Scheduler.acquire`, which either sheds it at
-once (503 + Retry-After; ``policies.shedding``), or queues it in its band (``policies.fair_queue``) until
-a worker's concurrency window (``policies.admission``) has room, then returns the worker. The caller must
-:meth:`Scheduler.release` the slot when the request ends. A request still queued when its band's wait
-budget runs out is answered 503 ``queue_timeout``; one whose client goes away leaves the queue (the caller
-refunds its reservation). Windows adapt to the load each worker reports on ``/metrics``.
+Every decision (route, queue, shed, expire, dispatch) is made by
+:class:`policies.admission_core.AdmissionCore`, the same object the fleet simulation drives in virtual
+time. This module only turns its decisions into awaited futures and domain errors, keeps the core's view
+of the workers in step with the pool's health, arms one timer on the earliest queue deadline, and feeds it
+the workers' reported load (``/metrics``) and limits (``/server_info``).
+
+A request calls :meth:`Scheduler.acquire` (after its quota was reserved) and gets a :class:`Slot` or a
+domain error: :class:`~service.errors.Overloaded` (shed at arrival or evicted),
+:class:`~service.errors.QueueTimeout` (its deadline passed while queued),
+:class:`~service.errors.NoWorkerAvailable`. It must :meth:`Scheduler.release` the slot when it ends; a
+cancelled wait leaves the queue. Times are ``time.perf_counter()`` seconds, the clock of
+:attr:`service.preparation.PreparedRequest.arrival`.
 """
 
 from __future__ import annotations
@@ -14,25 +20,24 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import structlog
 
-from policies.admission import ConcurrencyWindow, WindowConfig
-from policies.cache_aware import CacheAwareConfig
-from policies.fair_queue import BandConfig, PriorityBands, QueuedItem
-from policies.routing import RouteDecision, Router, make_router
-from policies.shedding import DispatchRate, decide_admission
-from service.api.errors import APIError
+from policies.admission_core import AdmissionCore
+from policies.admission_types import AdmissionRequest, Decision, Dispatch, Shed, WorkerSnapshot
+from policies.route_types import RouteDecision
+from policies.windows import LoadReport, WorkerWindow
 from service.config import Settings
+from service.errors import NoWorkerAvailable, Overloaded, QueueTimeout, ShuttingDown
 from service.metrics import GatewayMetrics
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 
 log = structlog.get_logger("radixgate.scheduler")
 
-Waiter = asyncio.Future["Slot"]
+_RETRY_CAP_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,17 +45,25 @@ class SchedulingRequest:
     """What the scheduler needs to know of a request.
 
     Attributes:
+        rid: request id.
         tenant: tenant id (the WFQ flow).
         weight: the tenant's fair-queuing weight.
         band: priority class name.
-        cost: reserved tokens (prompt + max_tokens).
+        prompt: the rendered prompt (routing key).
+        prompt_tokens: prompt length, tokens.
+        max_tokens: completion limit, tokens.
+        arrival: ``time.perf_counter()`` when the request arrived, s.
+        session_id: sticky routing key, if any.
     """
 
+    rid: str
     tenant: str
     weight: float
     band: str
-    cost: int
-    prompt: str = ""
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
     session_id: str | None = None
 
 
@@ -59,32 +72,28 @@ class Slot:
     """A request's place on a worker, held from dispatch to :meth:`Scheduler.release`.
 
     Attributes:
-        worker: base URL of the chosen worker.
-        cost: reserved tokens counted in the worker's window.
+        rid: the request id (the core's handle).
+        worker: base URL of the worker now serving it.
+        cost: reserved tokens (prompt + max_tokens).
         decision: the routing decision (reason, predicted cached characters).
     """
 
+    rid: str
     worker: str
     cost: int
     decision: RouteDecision | None = None
     released: bool = False
 
 
-@dataclass(slots=True)
-class _Pending:
-    waiter: Waiter
-    request: SchedulingRequest
-
-
 class Scheduler:
-    """Queues requests by band and tenant and dispatches them into worker windows.
+    """Drives one :class:`AdmissionCore` for one gateway replica.
 
     Args:
-        settings: app settings (priority classes, scheduler section).
-        pool: the workers (health, in-flight counts).
-        client: SGLang client, for load polls.
+        settings: app settings (classes, scheduler and routing sections).
+        pool: the workers (health, draining, in-flight counts for draining).
+        client: SGLang client, for load polls and engine limits.
         metrics: the app's metrics.
-        clock: monotonic clock in s (injected for tests).
+        clock: the clock of requests' ``arrival``, s (injected for tests).
     """
 
     def __init__(
@@ -93,230 +102,265 @@ class Scheduler:
         pool: WorkerPool,
         client: SGLangClient,
         metrics: GatewayMetrics,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        classes = settings.priority_classes
-        self._bands: PriorityBands[_Pending] = PriorityBands(
-            [
-                BandConfig(name, c.rank, c.max_queue_len, c.queue_wait_budget_ms / 1000.0, c.min_share)
-                for name, c in classes.items()
-            ]
-        )
-        self._top_band = max(classes, key=lambda n: classes[n].rank)
-        cfg = settings.scheduler
-        self._window_config = WindowConfig(
-            initial=cfg.window_initial,
-            minimum=cfg.window_min,
-            maximum=cfg.window_max,
-            max_tokens=cfg.window_max_tokens,
-            top_band_headroom=cfg.top_band_headroom,
-            engine_queue_fraction=cfg.engine_queue_fraction,
-        )
-        self._windows: dict[str, ConcurrencyWindow] = {}
-        self._max_total = cfg.max_queue_total
         self._settings = settings
+        self._core = AdmissionCore(settings.core_config())
         self._pool = pool
         self._client = client
         self._metrics = metrics
         self._clock = clock
-        self._rate = DispatchRate()
-        routing = settings.routing
-        self._router: Router = make_router(
-            routing.policy,
-            cache_aware=CacheAwareConfig(
-                cache_threshold=routing.cache_threshold,
-                balance_abs_threshold=routing.balance_abs_threshold,
-                balance_rel_threshold=routing.balance_rel_threshold,
-                max_tree_chars_per_worker=routing.max_tree_chars_per_worker,
-                eviction_interval_s=routing.eviction_interval_s,
-            ),
-        )
+        self._waiters: dict[str, asyncio.Future[Slot]] = {}
+        self._costs: dict[str, int] = {}
+        self._eligible: dict[str, bool] = {}
+        self._max_running: dict[str, int | None] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- public API ----------------------------------------------------------------------------------
-    def window(self, worker: str) -> ConcurrencyWindow:
-        """The concurrency window of ``worker`` (created on first use)."""
-        if worker not in self._windows:
-            self._windows[worker] = ConcurrencyWindow(self._window_config)
-        return self._windows[worker]
+    @property
+    def core(self) -> AdmissionCore:
+        """The admission core (read it; drive it only through this adapter)."""
+        return self._core
+
+    def window(self, worker: str) -> WorkerWindow | None:
+        """The concurrency window of ``worker`` (None if unknown)."""
+        return self._core.window(worker)
 
     def depth(self, band: str) -> int:
         """Requests queued in ``band``."""
-        return self._bands.depth(band)
+        return self._core.depth(band)
+
+    def snapshot(self) -> list[WorkerSnapshot]:
+        """The core's per-worker state."""
+        return self._core.snapshot(self._clock())
 
     async def acquire(self, req: SchedulingRequest) -> Slot:
         """Wait for a worker slot.
 
         Raises:
-            APIError: 503 ``overloaded`` (shed at arrival or evicted by a higher band) or
-                ``queue_timeout`` (waited past the band's budget).
+            Overloaded: shed at arrival (predicted to miss its TTFT goal, queue full) or evicted later.
+            QueueTimeout: its dispatch deadline passed while queued.
+            NoWorkerAvailable: no eligible worker.
             asyncio.CancelledError: the caller was cancelled; the request left the queue.
         """
         now = self._clock()
-        m, tenant_label = self._metrics, self._metrics.tenant(req.tenant)
-        if not self._pool.any_healthy():  # nothing could serve it: fail fast rather than wait out the budget
-            raise APIError(
-                503,
-                "No healthy worker is available; retry shortly.",
-                code="no_worker_available",
-                headers={"Retry-After": "1"},
+        self._sync_workers(now)
+        waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._waiters[req.rid] = waiter
+        cost = req.prompt_tokens + req.max_tokens
+        self._costs[req.rid] = cost
+        self._apply(
+            self._core.arrive(
+                AdmissionRequest(
+                    req.rid,
+                    req.tenant,
+                    req.band,
+                    req.prompt,
+                    req.prompt_tokens,
+                    req.max_tokens,
+                    req.arrival,
+                    req.weight,
+                    req.session_id,
+                ),
+                now,
             )
-        decision = decide_admission(
-            self._bands, req.band, req.tenant, req.weight, req.cost, self._rate.rate(now), self._max_total
         )
-        if not decision.admit:
-            m.scheduler_outcomes.labels(req.band, tenant_label, "shed").inc()
-            retry = max(1, math.ceil(min(decision.predicted_wait_s, 60.0)))
-            raise APIError(
-                503,
-                f"The gateway is overloaded for priority class '{req.band}' ({decision.reason}); "
-                f"retry after {retry} s.",
-                code="overloaded",
-                headers={"Retry-After": str(retry)},
-            )
-        if decision.evict_band is not None:
-            self._evict_newest(decision.evict_band)
-        waiter: Waiter = asyncio.get_running_loop().create_future()
-        budget = self._bands.configs[req.band].wait_budget_s
-        pending = _Pending(waiter, req)
-        item = QueuedItem(pending, req.tenant, req.weight, float(req.cost), req.band, now, now + budget)
-        self._bands.push(item)
-        self._pump()
-        self._metrics.queue_depth.labels(req.band).set(self._bands.depth(req.band))
+        m, label = self._metrics, self._metrics.tenant(req.tenant)
         try:
             slot = await waiter
         except asyncio.CancelledError:
-            if self._bands.remove(item):
-                m.scheduler_outcomes.labels(req.band, tenant_label, "cancelled").inc()
+            if self._waiters.pop(req.rid, None) is not None:
+                m.scheduler_outcomes.labels(req.band, label, "cancelled").inc()
+                self._apply(self._core.cancel(req.rid, self._clock()))
             elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self.release(waiter.result())  # dispatched in the same instant
-            self._metrics.queue_depth.labels(req.band).set(self._bands.depth(req.band))
+                self.release(waiter.result(), ok=False)  # dispatched in the same instant
+            self._costs.pop(req.rid, None)
             raise
-        m.queue_wait.labels(req.band).observe(self._clock() - now)
-        m.scheduler_outcomes.labels(req.band, tenant_label, "admitted").inc()
+        except Exception:
+            self._costs.pop(req.rid, None)
+            raise
+        finally:
+            self._gauge_depth(req.band)
+        m.queue_wait.labels(req.band).observe(max(0.0, self._clock() - now))
+        m.scheduler_outcomes.labels(req.band, label, "admitted").inc()
         return slot
 
-    def observe(self, slot: Slot, prompt: str, engine_cached_tokens: int, prompt_tokens: int) -> None:
-        """Feed a finished request's engine-reported cached tokens back to the router."""
-        predicted = slot.decision.matched_chars if slot.decision else None
-        self._router.observe_cached_tokens(
-            slot.worker, prompt, engine_cached_tokens, prompt_tokens, predicted
-        )
+    def first_token(self, slot: Slot, cached_tokens: int | None = None) -> None:
+        """The first token of ``slot``'s request arrived now (teaches the core the engine's TTFT)."""
+        self._core.first_token(slot.rid, self._clock(), cached_tokens)
 
-    def remove_worker(self, url: str) -> None:
-        """Forget a worker's routing state (it left the pool)."""
-        self._router.remove_worker(url)
-        self._windows.pop(url, None)
+    def release(
+        self, slot: Slot, ok: bool = True, prompt_tokens: int | None = None, cached_tokens: int | None = None
+    ) -> None:
+        """Give a slot back (idempotent) and dispatch what now fits.
 
-    def release(self, slot: Slot) -> None:
-        """Give a slot back (idempotent) and dispatch what now fits."""
+        ``ok``: the request was answered by ``slot.worker``; ``prompt_tokens``/``cached_tokens`` are the
+        engine's counts (router feedback).
+        """
         if slot.released:
             return
         slot.released = True
         self._pool.release(slot.worker, slot.cost)
-        self._pump()
+        self._costs.pop(slot.rid, None)
+        self._apply(
+            self._core.finish(
+                slot.rid, self._clock(), ok=ok, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+            )
+        )
+
+    def reroute(self, slot: Slot, exclude: Collection[str]) -> str | None:
+        """Move ``slot`` to another eligible worker for a retry; None when there is none (slot released)."""
+        self._sync_workers(self._clock())
+        self._pool.release(slot.worker, slot.cost)
+        worker, decisions = self._core.reroute(slot.rid, exclude, self._clock())
+        if worker is None:
+            slot.released = True
+            self._costs.pop(slot.rid, None)
+        else:
+            slot.worker, slot.decision = worker, RouteDecision(worker, "retry")
+            self._pool.acquire(worker, slot.cost)
+        self._apply(decisions)
+        return worker
+
+    def remove_worker(self, url: str) -> None:
+        """Forget a worker (it left the pool); its queued requests are placed elsewhere or shed."""
+        self._eligible.pop(url, None)
+        self._max_running.pop(url, None)
+        self._apply(self._core.remove_worker(url, self._clock()))
 
     async def start(self) -> None:
-        """Start the deadline checker and the load poller."""
-        self._tasks = [
-            asyncio.create_task(self._expiry_loop(), name="queue-expiry"),
-            asyncio.create_task(self._load_loop(), name="worker-load"),
-        ]
+        """Start the load poller."""
+        self._sync_workers(self._clock())
+        self._tasks = [asyncio.create_task(self._load_loop(), name="worker-load")]
 
     async def stop(self) -> None:
-        """Stop background tasks; fail whatever is still queued with 503."""
+        """Stop background work; fail whatever is still queued with 503."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for item in self._bands.expired(math.inf):
-            if not item.payload.waiter.done():
-                item.payload.waiter.set_exception(
-                    APIError(503, "The gateway is shutting down.", code="shutting_down")
-                )
+        if self._timer is not None:
+            self._timer.cancel()
+        for rid, waiter in list(self._waiters.items()):
+            if not waiter.done():
+                waiter.set_exception(ShuttingDown("The gateway is shutting down.", retry_after_s=1.0))
+            self._waiters.pop(rid, None)
 
-    # -- internals -----------------------------------------------------------------------------------
-    def _choose_worker(self, item: QueuedItem[_Pending]) -> RouteDecision | None:
-        """Route among healthy workers whose window has room for ``item``; None if there is none."""
-        top = item.band == self._top_band
-        cost = int(item.cost)
-        views = [
-            v
-            for v in self._pool.views()
-            if v.healthy and self.window(v.url).has_room(v.in_flight, v.in_flight_tokens, cost, top)
-        ]
-        if not views:
-            return None
-        req = item.payload.request
-        return self._router.choose(views, req.prompt, self._clock(), session_id=req.session_id)
-
-    def _pump(self) -> None:
-        """Dispatch queued requests, in band/WFQ order, while some worker window has room."""
+    # -- decisions -----------------------------------------------------------------------------------
+    def _apply(self, decisions: list[Decision]) -> None:
+        """Resolve the waiters the core decided about; re-arm the deadline timer."""
         m = self._metrics
-        while (head := self._bands.peek()) is not None:
-            if head.payload.waiter.done():  # cancelled or failed while queued
-                self._bands.remove(head)
+        for d in decisions:
+            waiter = self._waiters.pop(d.rid, None)
+            if isinstance(d, Dispatch):
+                cost = self._costs.get(d.rid, 0)
+                self._pool.acquire(d.worker, cost)
+                m.routing_decisions.labels(self._settings.routing.policy, d.route.reason).inc()
+                m.routing_predicted_cached_chars.inc(d.route.matched_chars)
+                slot = Slot(d.rid, d.worker, cost, d.route)
+                if waiter is None or waiter.done():  # its caller is gone: give the slot straight back
+                    self.release(slot, ok=False)
+                else:
+                    waiter.set_result(slot)
                 continue
-            decision = self._choose_worker(head)
-            if decision is None:
-                break
-            popped = self._bands.pop()
-            assert popped is head
-            self._pool.acquire(decision.url, int(head.cost))
-            self._rate.record(self._clock(), head.cost)
-            head.payload.waiter.set_result(Slot(decision.url, int(head.cost), decision))
-            m.queue_depth.labels(head.band).set(self._bands.depth(head.band))
-            m.routing_decisions.labels(self._router.name, decision.reason).inc()
-            m.routing_predicted_cached_chars.inc(decision.matched_chars)
-            m.routing_prompt_chars.inc(len(head.payload.request.prompt))
-
-    def _evict_newest(self, band: str) -> None:
-        victim = self._bands.queue(band).newest()
-        if victim is None:
-            return
-        self._bands.remove(victim)
-        self._metrics.scheduler_outcomes.labels(band, self._metrics.tenant(victim.tenant), "shed").inc()
-        if not victim.payload.waiter.done():
-            victim.payload.waiter.set_exception(
-                APIError(
-                    503,
-                    f"Shed from the '{band}' queue to make room for higher-priority work; retry later.",
-                    code="overloaded",
-                    headers={"Retry-After": "5"},
+            self._costs.pop(d.rid, None)
+            if isinstance(d, Shed):
+                m.shed.labels(d.band, d.reason).inc()
+                error: Exception = (
+                    NoWorkerAvailable("No healthy worker is available; retry shortly.", retry_after_s=1.0)
+                    if d.reason == "no_worker"
+                    else Overloaded(_shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s))
                 )
-            )
+            else:
+                m.scheduler_outcomes.labels(d.band, "-", "expired").inc()
+                goal = self._settings.priority_classes[d.band].ttft_goal_ms
+                error = QueueTimeout(
+                    f"Queued {d.waited_s * 1000:.0f} ms; the '{d.band}' class's time-to-first-token goal "
+                    f"({goal:.0f} ms) can no longer be met. Retry later.",
+                    retry_after_s=1.0,
+                )
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(error)
+        self._arm_timer()
 
-    async def _expiry_loop(self) -> None:
-        interval = self._settings.scheduler.expiry_interval_s
-        while True:
-            await asyncio.sleep(interval)
-            for item in self._bands.expired(self._clock()):
-                self._metrics.scheduler_outcomes.labels(
-                    item.band, self._metrics.tenant(item.tenant), "expired"
-                ).inc()
-                if not item.payload.waiter.done():
-                    item.payload.waiter.set_exception(
-                        APIError(
-                            503,
-                            f"Waited longer than the '{item.band}' class allows "
-                            f"({self._bands.configs[item.band].wait_budget_s * 1000:.0f} ms); retry later.",
-                            code="queue_timeout",
-                            headers={"Retry-After": "1"},
-                        )
-                    )
-            self._pump()  # a worker may have become healthy again
+    def _arm_timer(self) -> None:
+        deadline = self._core.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            delay = max(0.0, deadline - self._clock())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, None
+        self._apply(self._core.tick(self._clock()))
+
+    def _gauge_depth(self, band: str) -> None:
+        self._metrics.queue_depth.labels(band).set(self._core.depth(band))
+
+    # -- workers -------------------------------------------------------------------------------------
+    def _sync_workers(self, now: float) -> None:
+        """Bring the core's worker set and eligibility in line with the pool (health, draining)."""
+        decisions: list[Decision] = []
+        seen = set()
+        for view in self._pool.views():
+            url, eligible = view.url, view.healthy
+            seen.add(url)
+            if url not in self._eligible:
+                self._core.add_worker(url, self._max_running.get(url))
+                self._eligible[url] = True
+            if self._eligible[url] != eligible:
+                self._eligible[url] = eligible
+                decisions += self._core.set_eligible(url, eligible, now)
+        for url in [u for u in self._eligible if u not in seen]:
+            self._eligible.pop(url)
+            decisions += self._core.remove_worker(url, now)
+        if decisions:
+            self._apply(decisions)
 
     async def _load_loop(self) -> None:
         interval = self._settings.scheduler.load_poll_interval_s
         while True:
             await asyncio.sleep(interval)
-            views = [v for v in self._pool.views() if v.healthy]
-            loads = await asyncio.gather(*(self._client.load(v.url) for v in views))
-            for view, load in zip(views, loads, strict=True):
-                if load is None:
-                    continue
-                window = self.window(view.url)
-                window.on_load_report(load.queued, load.kv_usage, view.in_flight)
-                self._metrics.worker_window.labels(view.url).set(window.size)
-            self._pump()
+            try:
+                await self._poll_once()
+            except Exception:  # a poll must never kill the loop
+                log.exception("load_poll_failed")
+
+    async def _poll_once(self) -> None:
+        self._sync_workers(self._clock())
+        urls = [url for url, ok in self._eligible.items() if ok]
+        for url in urls:
+            if self._max_running.get(url) is None:
+                self._max_running[url] = await self._client.max_running_requests(url)
+        loads = await asyncio.gather(*(self._client.load(u) for u in urls))
+        now = self._clock()
+        for url, load in zip(urls, loads, strict=True):
+            if load is None:
+                continue
+            report = LoadReport(load.running, load.queued, load.kv_usage, self._max_running.get(url))
+            self._apply(self._core.load(url, report, now))
+            window = self._core.window(url)
+            if window is not None:
+                self._metrics.worker_window.labels(url).set(window.size)
+        for band in self._settings.priority_classes:
+            self._gauge_depth(band)
+
+
+def _shed_message(d: Shed) -> str:
+    retry = max(1, math.ceil(min(_RETRY_CAP_S, d.retry_after_s)))
+    why = {
+        "predicted_ttft": "its predicted time to first token exceeds the class's goal",
+        "costly_miss": "it needs a long uncached prefill on a worker past capacity",
+        "band_full": "the class's queue is full",
+        "queue_full": "the queue is full",
+        "evicted": "higher-priority work needed its place in the queue",
+    }.get(d.reason, d.reason)
+    return f"The gateway is overloaded for priority class '{d.band}' ({why}); retry after {retry} s."

@@ -16,14 +16,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.api.errors import APIError
 from service.config import Settings
+from service.errors import GatewayError, NoWorkerAvailable, UpstreamFailed, UpstreamRejected
 from service.metrics import GatewayMetrics
 from service.preparation import PreparedRequest
 from service.prompting import PromptRenderer
@@ -92,66 +91,55 @@ class UpstreamCaller:
 
     # -- attempts ------------------------------------------------------------------------------------
     async def _next_worker(
-        self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: APIError | None
-    ) -> tuple[str, contextlib.AbstractContextManager[None]]:
-        """The worker of the next attempt and a context counting it as in flight there."""
+        self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: GatewayError | None
+    ) -> str:
+        """The worker of the next attempt: the scheduler's slot first, then another worker for a retry."""
         if outcome.slot is None:
             tenant = prepared.tenant
             outcome.slot = await self._scheduler.acquire(
                 SchedulingRequest(
+                    prepared.rid,
                     tenant.id,
                     tenant.weight,
                     prepared.priority_class,
-                    prepared.reserved_tokens,
                     prepared.prompt.text,
+                    prepared.prompt.num_tokens,
+                    prepared.max_tokens,
+                    prepared.arrival,
                     prepared.session_id,
                 )
             )
             worker: str | None = outcome.slot.worker
-            lease: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         else:
-            self._scheduler.release(outcome.slot)  # the failed worker's window is free again
             backoff = self._up.retry_backoff_s * 2 ** max(0, outcome.attempts - 1)
             await asyncio.sleep(random.uniform(0, backoff))
-            worker = self._pool.choose(exclude=tried)
+            worker = None if outcome.slot.released else self._scheduler.reroute(outcome.slot, tried)
             if worker is None:
                 if last_error is not None:
                     raise last_error
-                raise APIError(
-                    503,
-                    "No healthy worker is available; retry shortly.",
-                    code="no_worker_available",
-                    headers={"Retry-After": "1"},
-                )
-            lease = self._pool.lease(worker, prepared.reserved_tokens)
+                raise NoWorkerAvailable("No healthy worker is available; retry shortly.", retry_after_s=1.0)
         assert worker is not None
         tried.add(worker)
         outcome.worker, outcome.attempts = worker, outcome.attempts + 1
-        return worker, lease
+        return worker
 
-    def _failed(self, exc: UpstreamError, outcome: Outcome) -> APIError:
+    def _failed(self, exc: UpstreamError, outcome: Outcome) -> GatewayError:
         """Record a failed attempt (metrics, breaker) and the error the client would get."""
         kind = "pool_exhausted" if exc.local else "transport" if exc.status is None else f"http_{exc.status}"
         self._metrics.upstream_errors.labels(exc.worker, kind).inc()
         if exc.local:  # the gateway's connection pool to workers stayed full: no worker is to blame
             outcome.error_code = "upstream_pool_exhausted"
-            return APIError(
-                503,
+            return UpstreamFailed(
                 "The gateway has no free connection to the workers; retry shortly.",
+                transport=True,
                 code="upstream_pool_exhausted",
-                headers={"Retry-After": "1"},
             )
         if exc.status is not None and 400 <= exc.status < 500:
             outcome.error_code = "upstream_rejected"
-            return APIError(400, f"The worker rejected the request: {exc}", code="upstream_rejected")
+            return UpstreamRejected(f"The worker rejected the request: {exc}")
         self._pool.record(exc.worker, "refused" if exc.refused else "request_failed")
         outcome.error_code = "upstream_unavailable"
-        return APIError(
-            503 if exc.status is None else 502,
-            "The upstream worker failed; retry shortly.",
-            code="upstream_error",
-            headers={"Retry-After": "1"},
-        )
+        return UpstreamFailed("The upstream worker failed; retry shortly.", transport=exc.status is None)
 
     def _may_retry(self, exc: UpstreamError, outcome: Outcome) -> bool:
         return exc.retryable and outcome.attempts < self._up.max_attempts
@@ -168,16 +156,16 @@ class UpstreamCaller:
         """One whole answer, retried on other workers on failure.
 
         Raises:
-            APIError: 400 the worker rejected the input; 502/503 once the attempts are spent; 503 from
-                the queue (shed, timeout).
+            UpstreamRejected: the worker rejected the input.
+            UpstreamFailed: the attempts are spent.
+            Overloaded, QueueTimeout, NoWorkerAvailable: from the scheduler.
         """
         tried: set[str] = set()
-        last_error: APIError | None = None
+        last_error: GatewayError | None = None
         while True:
-            worker, lease = await self._next_worker(prepared, outcome, tried, last_error)
+            worker = await self._next_worker(prepared, outcome, tried, last_error)
             try:
-                with lease:
-                    chunk = await self._client.generate(worker, prepared.body)
+                chunk = await self._client.generate(worker, prepared.body)
             except UpstreamError as exc:
                 last_error = self._failed(exc, outcome)
                 if not self._may_retry(exc, outcome):
@@ -193,29 +181,35 @@ class UpstreamCaller:
     async def stream(self, prepared: PreparedRequest, outcome: Outcome) -> AsyncIterator[UpstreamChunk]:
         """Text deltas of the answer, continued on another worker if a stream breaks.
 
-        ``outcome.completion_tokens`` counts across resumes. Raises :class:`APIError` when the attempts
-        are spent (before the first chunk the caller answers with that status; after it, an error event).
+        ``outcome.completion_tokens`` counts across resumes. Raises a :class:`GatewayError` when the
+        attempts are spent (before the first chunk the caller answers with its status; after it, an error
+        event).
         """
         tried: set[str] = set()
-        last_error: APIError | None = None
+        last_error: GatewayError | None = None
         progress = _Progress()
         body = prepared.body
         while True:
-            worker, lease = await self._next_worker(prepared, outcome, tried, last_error)
+            worker = await self._next_worker(prepared, outcome, tried, last_error)
             ids_base = len(progress.output_ids)  # this attempt's output_ids restart from zero
+            first = True
             try:
-                with lease:
-                    async for chunk in self._client.stream(worker, body):
-                        self._count(outcome, chunk, progress.completion_base)
-                        progress.text += chunk.text
-                        if chunk.output_ids is None:
-                            progress.ids_known = False
-                        elif progress.ids_known:
-                            progress.output_ids[ids_base:] = chunk.output_ids
-                        outcome.streamed_any = True
-                        if chunk.finish_reason:
-                            outcome.finished = True
-                        yield chunk
+                async for chunk in self._client.stream(worker, body):
+                    if first and outcome.slot is not None:  # teaches the scheduler this worker's TTFT
+                        first = False
+                        self._scheduler.first_token(
+                            outcome.slot, chunk.cached_tokens if not outcome.resumes else None
+                        )
+                    self._count(outcome, chunk, progress.completion_base)
+                    progress.text += chunk.text
+                    if chunk.output_ids is None:
+                        progress.ids_known = False
+                    elif progress.ids_known:
+                        progress.output_ids[ids_base:] = chunk.output_ids
+                    outcome.streamed_any = True
+                    if chunk.finish_reason:
+                        outcome.finished = True
+                    yield chunk
                 self._pool.record(worker, "request_ok")
                 return
             except UpstreamError as exc:

@@ -1,23 +1,21 @@
 """Discrete-event simulation of the gateway and its SGLang workers in virtual time.
 
-It drives the project's own decision code the way ``service/scheduler.py`` and ``service/dispatch.py``
-do, with the HTTP and Redis parts replaced by direct calls and the workers by
-:class:`loadgen.sim.engine.SimEngine` (same profiles as the simulated HTTP worker):
+The gateway's decisions are made by :class:`policies.admission_core.AdmissionCore`, the very object the
+gateway's asyncio scheduler drives; this module only feeds it events in virtual time and plays the parts
+that are I/O in the gateway: HTTP and Redis are direct calls, the workers are
+:class:`loadgen.fleet.engine.FleetEngine` (same model as the simulated HTTP worker).
 
 1. arrival (+ ``gateway_latency_s``): quota, 1 request and ``prompt + max_tokens`` tokens from the tenant's
-   buckets (:mod:`loadgen.fleet.quota` over ``policies.token_bucket``) -> 429 / 413;
-2. ``policies.shedding.decide_admission`` with the ``DispatchRate`` of dispatched tokens -> 503 shed, or
-   queue in ``policies.fair_queue.PriorityBands`` (evicting the newest of a lower band when the whole
-   queue is full);
-3. pump: while the head of the queue fits some worker's ``policies.admission.ConcurrencyWindow`` (the top
-   band gets the headroom), route it among those workers with the ``policies.routing`` router, count it in
-   flight, record its tokens in the dispatch rate and submit it to the worker's engine with its class's
-   SGLang priority;
-4. engine steps: first token -> TTFT, last token -> release the slot, feed the engine's cached tokens back
-   to the router, reconcile the quota with the real usage, pump;
-5. every ``expiry_interval_s``: expire queued requests past their band's budget (503), pump; every
-   ``load_poll_interval_s``: each window adapts to its engine's ``num_queue_reqs`` and ``token_usage``
-   (what the gateway reads from ``/metrics``), pump.
+   buckets (:mod:`loadgen.fleet.quota` over ``policies.token_bucket``) -> 429 / 413; then
+   ``core.arrive`` -> dispatched, queued or shed (503);
+2. a dispatch submits the request to its worker's engine with its class's SGLang priority;
+3. engine steps: first token -> ``core.first_token`` (TTFT); last token -> ``core.finish`` (releases the
+   slot, feeds the engine's cached tokens back to the router, dispatches what now fits), the quota is
+   reconciled with the real usage;
+4. ``core.tick`` at ``core.next_deadline()``: queued requests past their deadline expire (503);
+5. every ``load_poll_interval_s``: ``core.load`` with each engine's ``num_running_reqs``,
+   ``num_queue_reqs``, ``token_usage`` and ``max_running_requests`` (what the gateway reads from
+   ``/metrics`` and ``/server_info``).
 
 The event loop is one ``heapq`` of ``(time, seq, kind, payload)``; planned arrivals are merged from a
 sorted list rather than pushed. Equal inputs and seed give equal results. Times are virtual seconds.
@@ -37,11 +35,10 @@ from loadgen.fleet.quota import TenantBuckets
 from loadgen.fleet.records import FleetResult, RequestRecord, WorkerTally
 from loadgen.sim.engine import SimRequest
 from loadgen.sim.tokens import TOKEN_PATTERN, token_id
-from policies.admission import ConcurrencyWindow
+from policies.admission_core import AdmissionCore
+from policies.admission_types import AdmissionRequest, Decision, Dispatch, Shed
 from policies.cost import reserved_tokens
-from policies.fair_queue import BandConfig, PriorityBands, QueuedItem
-from policies.routing import RouteDecision, Router, WorkerView, make_router
-from policies.shedding import DispatchRate, decide_admission
+from policies.windows import LoadReport
 
 _STEP, _EXPIRY, _POLL = 0, 1, 2
 
@@ -66,34 +63,25 @@ class PseudoTokenizer:
 
 @dataclass(slots=True)
 class _Job:
-    """A request the gateway holds: its record, prompt ids, cost and routing decision."""
+    """A request the gateway holds: its record, prompt ids and cost."""
 
     record: RequestRecord
-    prompt: str
     ids: tuple[int, ...]
     cost: int
-    weight: float
-    session_id: str | None
-    decision: RouteDecision | None = None
 
 
 @dataclass(slots=True)
 class _Worker:
-    """One simulated worker and the gateway's view of it."""
+    """One simulated worker: its engine and its tallies (the gateway's view of it is in the core)."""
 
     index: int
     url: str
     engine: FleetEngine
-    window: ConcurrencyWindow
     tally: WorkerTally
     in_flight: int = 0
-    in_flight_tokens: int = 0
     scheduled: float | None = None
     busy_since: float | None = None
     jobs: dict[str, _Job] = field(default_factory=dict)
-
-    def view(self) -> WorkerView:
-        return WorkerView(self.url, True, self.in_flight, self.in_flight_tokens)
 
 
 class FleetSim:
@@ -112,28 +100,22 @@ class FleetSim:
         profile = config.sim_profile()
         self.workers = [
             _Worker(
-                i,
-                f"sim://worker-{i:03d}",
-                FleetEngine(profile, seed=config.seed * 1000 + i),
-                ConcurrencyWindow(config.window),
-                WorkerTally(),
+                i, f"sim://worker-{i:03d}", FleetEngine(profile, seed=config.seed * 1000 + i), WorkerTally()
             )
             for i in range(config.workers)
         ]
         self._by_url = {w.url: w for w in self.workers}
-        self.bands: PriorityBands[_Job] = PriorityBands(
-            [
-                BandConfig(name, c.rank, c.max_queue_len, c.wait_budget_s, c.min_share)
-                for name, c in config.classes.items()
-            ]
-        )
-        self._top_band = max(config.classes, key=lambda n: config.classes[n].rank)
-        self.router: Router = make_router(config.routing, cache_aware=config.cache_aware)
-        self.rate = DispatchRate()
+        self.core = AdmissionCore(config.core)
+        self._max_running = profile.max_running_requests
+        for w in self.workers:
+            # the gateway reads max_running_requests from /server_info when it first sees a worker
+            self.core.add_worker(w.url, self._max_running)
         self.buckets = TenantBuckets()
         self._tokenize = PseudoTokenizer()
+        self._jobs: dict[str, _Job] = {}
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = itertools.count()
+        self._expiry_at: float | None = None
         self._now = 0.0
         self._events = 0
         self._ran = False
@@ -154,7 +136,6 @@ class FleetSim:
         arrivals = self.requests
         nxt = 0
         lag = cfg.gateway_latency_s
-        self._push(cfg.expiry_interval_s, _EXPIRY, 0)
         self._push(cfg.load_poll_interval_s, _POLL, 0)
         heap = self._heap
         while True:
@@ -167,6 +148,7 @@ class FleetSim:
                 records.append(self._arrive(arrivals[nxt], t))
                 nxt += 1
                 self._events += 1
+                self._schedule_expiry()
                 continue
             if not heap:
                 break
@@ -177,14 +159,14 @@ class FleetSim:
             self._events += 1
             if kind == _STEP:
                 self._step(self.workers[payload], t)
-            elif self._idle(nxt):
-                continue  # nothing left to tick for: let the heap run dry
             elif kind == _EXPIRY:
-                self._expire(t)
-                self._push(t + cfg.expiry_interval_s, _EXPIRY, 0)
-            else:
+                if t == self._expiry_at:
+                    self._expiry_at = None
+                self._apply(self.core.tick(t), t)
+            elif not self._idle(nxt):
                 self._poll(t)
                 self._push(t + cfg.load_poll_interval_s, _POLL, 0)
+            self._schedule_expiry()
         preempted = sum(w.engine.stats().preemptions_total for w in self.workers)
         for w in self.workers:
             if w.busy_since is not None:
@@ -201,12 +183,14 @@ class FleetSim:
     def _push(self, t: float, kind: int, payload: int) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
+    def _schedule_expiry(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline is not None and (self._expiry_at is None or deadline < self._expiry_at):
+            self._expiry_at = deadline
+            self._push(deadline, _EXPIRY, 0)
+
     def _idle(self, next_arrival: int) -> bool:
-        return (
-            next_arrival >= len(self.requests)
-            and len(self.bands) == 0
-            and not any(w.in_flight for w in self.workers)
-        )
+        return next_arrival >= len(self.requests) and not self._jobs
 
     def _reschedule(self, w: _Worker) -> None:
         t = w.engine.next_event_time()
@@ -228,60 +212,42 @@ class FleetSim:
         if not verdict.allowed:
             rec.outcome = "too_large" if verdict.never else "quota"
             return rec
-        flow = spec.id if cfg.fair_queuing else "*"
-        decision = decide_admission(
-            self.bands, band, flow, spec.weight, cost, self.rate.rate(now), cfg.max_queue_total
+        self._jobs[req.rid] = _Job(rec, ids, cost)
+        decisions = self.core.arrive(
+            AdmissionRequest(
+                req.rid, spec.id, band, req.prompt, len(ids), req.max_tokens, now, spec.weight, req.session_id
+            ),
+            now,
         )
-        if not decision.admit:
-            rec.outcome, rec.shed_reason = "shed", decision.reason
-            self.buckets.give_back(spec, 1, cost, now)
-            return rec
-        if decision.evict_band is not None:
-            victim = self.bands.queue(decision.evict_band).newest()
-            if victim is not None:
-                self.bands.remove(victim)
-                self._fail(victim.payload, "evicted", now)
-        job = _Job(rec, req.prompt, ids, cost, spec.weight, req.session_id)
-        budget = cfg.classes[band].wait_budget_s
-        self.bands.push(QueuedItem(job, flow, spec.weight, float(cost), band, now, now + budget))
-        self._pump(now)
+        self._apply(decisions, now)
         return rec
 
-    def _fail(self, job: _Job, outcome: str, now: float) -> None:
-        rec = job.record
-        rec.outcome = "evicted" if outcome == "evicted" else "expired"
-        self.buckets.give_back(self.config.tenant(rec.tenant), 1, job.cost, now)
+    def _apply(self, decisions: list[Decision], now: float) -> None:
+        for d in decisions:
+            job = self._jobs.get(d.rid)
+            if job is None:
+                continue
+            rec = job.record
+            if isinstance(d, Dispatch):
+                self._dispatch(job, self._by_url[d.worker], d, now)
+                continue
+            del self._jobs[d.rid]
+            if isinstance(d, Shed):
+                rec.outcome = "evicted" if d.reason == "evicted" else "shed"
+                rec.shed_reason = d.reason
+            else:
+                rec.outcome = "expired"
+            self.buckets.give_back(self.config.tenant(rec.tenant), 1, job.cost, now)
 
-    def _pump(self, now: float) -> None:
-        bands, workers = self.bands, self.workers
-        while (head := bands.peek()) is not None:
-            top = head.band == self._top_band
-            cost = head.payload.cost
-            views = [
-                w.view() for w in workers if w.window.has_room(w.in_flight, w.in_flight_tokens, cost, top)
-            ]
-            if not views:
-                return
-            job = head.payload
-            decision = self.router.choose(views, job.prompt, now, session_id=job.session_id)
-            if decision is None:
-                return
-            popped = bands.pop()
-            assert popped is head
-            self.rate.record(now, cost)
-            self._dispatch(job, self._by_url[decision.url], decision, now)
-
-    def _dispatch(self, job: _Job, w: _Worker, decision: RouteDecision, now: float) -> None:
+    def _dispatch(self, job: _Job, w: _Worker, d: Dispatch, now: float) -> None:
         rec = job.record
-        rec.dispatch_s, rec.worker, rec.route_reason = now, w.index, decision.reason
-        job.decision = decision
+        rec.dispatch_s, rec.worker, rec.route_reason = now, w.index, d.route.reason
         w.in_flight += 1
-        w.in_flight_tokens += job.cost
         w.tally.requests += 1
         if w.busy_since is None:
             w.busy_since = now
         w.jobs[rec.rid] = job
-        priority = self.config.classes[rec.band].sglang_priority
+        priority = self.config.core.classes[rec.band].sglang_priority
         w.engine.submit(
             SimRequest(rec.rid, job.ids, rec.max_tokens, priority), now + self.config.network_latency_s
         )
@@ -292,8 +258,8 @@ class FleetSim:
             return  # superseded
         w.scheduled = None
         lat = self.config.network_latency_s
-        finished = False
         quiet = w.engine.quiet
+        decisions: list[Decision] = []
         for ev in w.engine.advance(t):
             if ev is quiet:
                 continue
@@ -304,21 +270,21 @@ class FleetSim:
             if ev.completion_tokens == 1:
                 rec.first_token_s = ev.time_s + lat
                 rec.cached_tokens = ev.cached_tokens
+                self.core.first_token(rec.rid, ev.time_s + lat, ev.cached_tokens)
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s + lat
                 rec.completion_tokens = ev.completion_tokens
                 rec.outcome = "ok"
-                self._release(w, job, ev.time_s)
-                finished = True
+                decisions += self._release(w, job, ev.time_s)
         self._reschedule(w)
-        if finished:
-            self._pump(t)
+        if decisions:
+            self._apply(decisions, t)
 
-    def _release(self, w: _Worker, job: _Job, now: float) -> None:
+    def _release(self, w: _Worker, job: _Job, now: float) -> list[Decision]:
         rec = job.record
         del w.jobs[rec.rid]
+        self._jobs.pop(rec.rid, None)
         w.in_flight -= 1
-        w.in_flight_tokens -= job.cost
         if w.in_flight == 0 and w.busy_since is not None:
             w.tally.busy_s += now - w.busy_since
             w.busy_since = None
@@ -326,22 +292,23 @@ class FleetSim:
         tally.prompt_tokens += rec.prompt_tokens
         tally.cached_tokens += rec.cached_tokens
         tally.completion_tokens += rec.completion_tokens
-        predicted = job.decision.matched_chars if job.decision else None
-        self.router.observe_cached_tokens(w.url, job.prompt, rec.cached_tokens, rec.prompt_tokens, predicted)
         used = rec.prompt_tokens + rec.completion_tokens
         self.buckets.give_back(self.config.tenant(rec.tenant), 0, job.cost - used, now)
-
-    def _expire(self, now: float) -> None:
-        for item in self.bands.expired(now):
-            self._fail(item.payload, "expired", now)
-        self._pump(now)
+        return self.core.finish(
+            rec.rid, now, ok=True, prompt_tokens=rec.prompt_tokens, cached_tokens=rec.cached_tokens
+        )
 
     def _poll(self, now: float) -> None:
+        decisions: list[Decision] = []
         for w in self.workers:
             stats = w.engine.stats()
-            w.window.on_load_report(stats.num_queue_reqs, stats.token_usage, w.in_flight)
-            w.tally.window_sizes.append(w.window.size)
-        self._pump(now)
+            report = LoadReport(
+                stats.num_running_reqs, stats.num_queue_reqs, stats.token_usage, self._max_running
+            )
+            decisions += self.core.load(w.url, report, now)
+            window = self.core.window(w.url)
+            w.tally.window_sizes.append(window.size if window is not None else 0)
+        self._apply(decisions, now)
 
 
 def simulate(

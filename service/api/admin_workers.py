@@ -39,6 +39,7 @@ async def list_workers(state: StateDep) -> dict[str, Any]:
     """Every worker this replica knows, with its source, mode, breaker, in-flight and window."""
     entries = await state.registry.entries()
     urls = list(dict.fromkeys([w.url for w in state.pool.workers] + list(entries)))
+    queued = {snap.url: snap.queued for snap in state.scheduler.snapshot()}
     data = []
     for url in urls:
         worker = state.pool.get(url)
@@ -53,7 +54,8 @@ async def list_workers(state: StateDep) -> dict[str, Any]:
                 "breaker": worker.breaker.state if worker else None,
                 "in_flight": worker.in_flight if worker else 0,
                 "in_flight_tokens": worker.in_flight_tokens if worker else 0,
-                "window": state.scheduler.window(url).size if worker else None,
+                "window": window.size if worker and (window := state.scheduler.window(url)) else None,
+                "queued": queued.get(url, 0),
             }
         )
     return {"object": "list", "data": data}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import structlog
@@ -11,6 +12,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.errors import (
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    NoWorkerAvailable,
+    Overloaded,
+    PermissionDenied,
+    QueueTimeout,
+    RateLimited,
+    RequestTooLarge,
+    ShuttingDown,
+    Unauthenticated,
+    UpstreamFailed,
+    UpstreamRejected,
+)
 from tenancy.errors import StoreUnavailable
 
 log = structlog.get_logger("radixgate.errors")
@@ -115,6 +131,45 @@ def store_unavailable(retry_after_s: int) -> APIError:
     )
 
 
+_STATUS_BY_ERROR: tuple[tuple[type[GatewayError], int], ...] = (
+    (InvalidRequest, 400),
+    (UpstreamRejected, 400),
+    (Unauthenticated, 401),
+    (PermissionDenied, 403),
+    (NotFound, 404),
+    (RequestTooLarge, 413),
+    (RateLimited, 429),
+    (Overloaded, 503),
+    (QueueTimeout, 503),
+    (NoWorkerAvailable, 503),
+    (ShuttingDown, 503),
+)
+
+
+def http_status(exc: GatewayError) -> int:
+    """The HTTP status of a domain error (the only place that decides it)."""
+    if isinstance(exc, UpstreamFailed):
+        return 503 if exc.transport else 502
+    for kind, status in _STATUS_BY_ERROR:
+        if isinstance(exc, kind):
+            return status
+    return 500
+
+
+def to_api_error(exc: GatewayError) -> APIError:
+    """A domain error as an :class:`APIError`: status, OpenAI shape, ``Retry-After`` when retryable."""
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return APIError(http_status(exc), exc.message, code=exc.code, param=exc.param, headers=headers)
+
+
+def sse_error_event(exc: GatewayError | APIError) -> bytes:
+    """An error as one server-sent event, for a stream that has already started."""
+    err = exc if isinstance(exc, APIError) else to_api_error(exc)
+    return err.sse_event()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error leave the app in OpenAI's shape (APIError, domain errors, validation, 404/405,
     crashes). Domain errors raised below the routes map here: :class:`StoreUnavailable` -> 503 with
@@ -123,6 +178,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
         return error_response(exc)
+
+    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, GatewayError)
+        return error_response(to_api_error(exc))
 
     async def on_store_unavailable(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StoreUnavailable)
@@ -144,6 +203,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(Exception, on_crash)
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(StoreUnavailable, on_store_unavailable)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

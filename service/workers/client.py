@@ -206,6 +206,20 @@ class SGLangClient:
             return False
         return resp.status_code == 200
 
+    async def max_running_requests(self, worker: str, timeout_s: float = 5.0) -> int | None:
+        """How many requests the engine runs at once, from ``GET /server_info`` (None if unknown).
+
+        SGLang reports ``internal_states[i].effective_max_running_requests_per_dp`` per data-parallel rank
+        (the explicit ``--max-running-requests`` or what it derived from the KV pool); the sum is the
+        worker's. Falls back to the top-level ``max_running_requests`` server argument.
+        """
+        try:
+            resp = await self._http.get(f"{worker}/server_info", timeout=timeout_s)
+            info = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return engine_max_running(info)
+
     async def load(self, worker: str, timeout_s: float = 2.0) -> WorkerLoad | None:
         """The worker's reported load from ``GET /metrics``; None if it cannot be read."""
         try:
@@ -234,6 +248,21 @@ class SGLangClient:
         except httpx.HTTPError:
             return "failed"
         return "ok" if resp.status_code == 200 else "failed"
+
+
+def engine_max_running(info: Any) -> int | None:
+    """``max_running_requests`` of a worker from its ``/server_info`` JSON (see
+    :meth:`SGLangClient.max_running_requests`); None when absent."""
+    if not isinstance(info, dict):
+        return None
+    states = info.get("internal_states")
+    if isinstance(states, list):
+        per_dp = [s.get("effective_max_running_requests_per_dp") for s in states if isinstance(s, dict)]
+        values = [int(v) for v in per_dp if isinstance(v, int | float) and v > 0]
+        if values:
+            return sum(values)
+    value = info.get("max_running_requests")
+    return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _transport_error(worker: str, exc: httpx.HTTPError) -> UpstreamError:

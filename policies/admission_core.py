@@ -1,0 +1,542 @@
+"""The admission core: one pure object that queues, routes, sheds, expires and dispatches requests.
+
+The gateway's asyncio scheduler (``service/scheduler.py``) and the virtual-time fleet simulation
+(``loadgen/fleet/sim.py``) drive this same object; it never reads a clock, starts a task or does I/O.
+Events come in with a time value and return decisions (:mod:`policies.admission_types`):
+
+- ``arrive(request, now)`` -> the request is dispatched, queued (no decision yet) or shed; a full queue
+  may also shed a lower band's newest request;
+- ``first_token(rid, now)``, ``finish(rid, now, ...)``, ``cancel(rid, now)`` -> slots free up, queued
+  requests are dispatched;
+- ``load(worker, report, now)`` -> windows adapt (:mod:`policies.windows`), requests are dispatched;
+- ``tick(now)`` at :meth:`AdmissionCore.next_deadline` -> queued requests past their deadline expire;
+- ``add_worker``, ``remove_worker``, ``set_eligible`` -> the worker set changes; a lost worker's queue is
+  placed again elsewhere.
+
+How a request is placed (at arrival, or again when its worker is lost):
+
+1. Route first: the routing policy (cache-aware by default) picks its worker among all eligible workers,
+   whether their windows have room or not, with load = in flight + queued there. Each worker has its own
+   queue: strict priority bands, weighted fair queuing between tenants inside a band
+   (:mod:`policies.fair_queue`). Binding the request to its warm worker is what keeps the cache hit rate
+   under overload: the first round routed only among workers with room, so past capacity requests spilled
+   onto cold workers, paid full prefills and throughput collapsed to a third.
+2. Predict its TTFT on that worker: the requests served before it there (higher bands, earlier WFQ tags)
+   beyond the free window, over the worker's measured capacity left by the higher bands' arrivals, plus the
+   engine's measured time to first token for its uncached prefill (:mod:`policies.estimates`). Queueing
+   delay = work ahead / service rate, as in Little's-law admission (Google's Doorman; llm-d's
+   inference-scheduler predicts TTFT the same way for SLO-aware routing).
+3. If that misses the class's TTFT goal, weigh the cache miss: the worker with the lowest predicted TTFT,
+   its uncached prefill included, is used instead when it is faster ("spill"). If no worker meets the goal
+   the request is shed at once (503 + Retry-After) unless its class serves late answers: goodput-oriented
+   admission (SLOs-Serve, SCORPIO) rather than queueing work that is already late. Past capacity every
+   worker's queue is at its goal, so the excess is shed instead of spilled.
+4. Its dispatch deadline is ``arrival + goal - predicted engine TTFT``; a queued request whose deadline
+   passes expires instead of being served late (late classes: ``arrival + max_wait_s``).
+
+A worker's window frees -> its queue's head (highest band, smallest WFQ tag) is dispatched.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from policies.admission_types import (
+    AdmissionRequest,
+    CoreConfig,
+    Decision,
+    Dispatch,
+    Expire,
+    Shed,
+    ShedReason,
+    WorkerSnapshot,
+)
+from policies.classes import ClassPolicy, top_class
+from policies.estimates import DecayingRate, WorkerEstimates
+from policies.fair_queue import BandConfig, PriorityBands, QueuedItem
+from policies.route_types import RouteDecision, WorkerView
+from policies.routing import Router, make_router
+from policies.windows import LoadReport, WorkerWindow
+
+_MIN_RESIDUAL = 0.05  # capacity fraction a band is assumed to keep even when higher bands take it all
+_RETRY_MIN_S = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class _Worker:
+    url: str
+    window: WorkerWindow
+    bands: PriorityBands[_Entry]
+    est: WorkerEstimates
+    arrivals: dict[int, DecayingRate] = field(default_factory=dict)
+    eligible: bool = True
+    in_flight: int = 0
+    in_flight_tokens: int = 0
+    band_in_flight: dict[str, int] = field(default_factory=dict)
+    prefill_backlog: int = 0  # uncached tokens of dispatched requests without a first token yet
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    req: AdmissionRequest
+    cls: ClassPolicy
+    worker: _Worker | None = None
+    route: RouteDecision | None = None
+    item: QueuedItem[_Entry] | None = None
+    deadline: float = 0.0
+    uncached: int = 0
+    predicted: float = 0.0
+    dispatched_at: float | None = None
+    backlog_at_dispatch: int = 0
+    first_token_seen: bool = False
+
+
+class AdmissionCore:
+    """Queues, routes, sheds, expires and dispatches (see the module docstring).
+
+    Args:
+        config: classes, windows, routing and ablation switches.
+
+    Raises:
+        ValueError: no classes.
+    """
+
+    def __init__(self, config: CoreConfig | None = None) -> None:
+        self.config = cfg = config or CoreConfig()
+        self._classes = dict(cfg.classes)
+        self._top = top_class(self._classes)
+        self._band_configs = [
+            BandConfig(name, c.rank, c.max_queue_len, c.max_wait_s or c.ttft_goal_s, c.min_share)
+            for name, c in self._classes.items()
+        ]
+        goal = min(c.ttft_goal_s for c in self._classes.values())
+        fraction = cfg.window.ttft_target_fraction
+        self._ttft_target = cfg.window.ttft_target_s or (fraction * goal if fraction else None)
+        self.router: Router = make_router(cfg.routing, cache_aware=cfg.cache_aware)
+        self._workers: dict[str, _Worker] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._depth = dict.fromkeys(self._classes, 0)
+        self._queued = 0
+
+    # -- workers ------------------------------------------------------------------------------------
+    def add_worker(self, url: str, max_running: int | None = None) -> None:
+        """Add a worker (eligible at once; a no-op if present).
+
+        ``max_running``: the engine's ``max_running_requests`` when already known (its window starts there).
+        """
+        if url not in self._workers:
+            cfg = self.config
+            w = _Worker(
+                url,
+                WorkerWindow(cfg.window, self._ttft_target),
+                PriorityBands(self._band_configs),
+                WorkerEstimates(cfg.estimates),
+            )
+            self._workers[url] = w
+            if max_running is not None:
+                w.window.on_report(LoadReport(0, 0, 0.0, max_running), 0, None)
+
+    def remove_worker(self, url: str, now: float) -> list[Decision]:
+        """Forget a worker; its queued requests are placed again elsewhere (or shed)."""
+        w = self._workers.pop(url, None)
+        if w is None:
+            return []
+        self.router.remove_worker(url)
+        w.eligible = False
+        return self._rebind(w, now)
+
+    def set_eligible(self, url: str, eligible: bool, now: float) -> list[Decision]:
+        """Mark a worker eligible (healthy, not draining) or not; returns what that dispatched or shed."""
+        w = self._workers.get(url)
+        if w is None or w.eligible == eligible:
+            return []
+        w.eligible = eligible
+        return self._pump(w, now) if eligible else self._rebind(w, now)
+
+    @property
+    def worker_urls(self) -> list[str]:
+        """Every worker the core knows, eligible or not."""
+        return list(self._workers)
+
+    def any_eligible(self) -> bool:
+        """Whether some worker accepts requests."""
+        return any(w.eligible for w in self._workers.values())
+
+    def snapshot(self, now: float) -> list[WorkerSnapshot]:
+        """Per-worker state for metrics and the admin API."""
+        return [
+            WorkerSnapshot(
+                w.url,
+                w.eligible,
+                w.window.size,
+                w.in_flight,
+                len(w.bands),
+                w.est.capacity(now, w.window.size),
+                w.est.ttft_base.value(now),
+            )
+            for w in self._workers.values()
+        ]
+
+    def window(self, url: str) -> WorkerWindow | None:
+        """A worker's window (None if unknown)."""
+        w = self._workers.get(url)
+        return None if w is None else w.window
+
+    def in_flight(self, url: str) -> int:
+        """Requests dispatched to ``url`` and not finished (0 if unknown)."""
+        w = self._workers.get(url)
+        return 0 if w is None else w.in_flight
+
+    def depth(self, band: str) -> int:
+        """Requests of ``band`` waiting, over all workers."""
+        return self._depth[band]
+
+    def __len__(self) -> int:
+        return self._queued
+
+    # -- requests -----------------------------------------------------------------------------------
+    def arrive(self, req: AdmissionRequest, now: float) -> list[Decision]:
+        """A new request at ``now``: dispatched, queued (no decision about it yet) or shed.
+
+        Raises:
+            KeyError: unknown class.
+            ValueError: a request id already known.
+        """
+        if req.rid in self._entries:
+            raise ValueError(f"request {req.rid!r} is already known")
+        cls = self._classes[req.band]
+        if self._depth[req.band] >= cls.max_queue_len:
+            return [Shed(req.rid, req.band, "band_full", self._retry_after(cls))]
+        entry = _Entry(req, cls)
+        out: list[Decision] = []
+        if self._queued >= self.config.max_queue_total and not self._evict_below(cls.rank, now, out):
+            return [*out, Shed(req.rid, req.band, "queue_full", self._retry_after(cls))]
+        shed = self._place(entry, now, ())
+        if shed is not None:
+            return [*out, shed]
+        self._entries[req.rid] = entry
+        assert entry.worker is not None
+        return out + self._pump(entry.worker, now)
+
+    def first_token(self, rid: str, now: float, cached_tokens: int | None = None) -> None:
+        """The first token of ``rid`` reached the gateway at ``now``: learn the engine's TTFT."""
+        e = self._entries.get(rid)
+        if e is None or e.dispatched_at is None or e.first_token_seen or e.worker is None:
+            return
+        self._prefilled(e)
+        uncached = e.uncached if cached_tokens is None else max(0, e.req.prompt_tokens - cached_tokens)
+        e.worker.est.on_first_token(now, now - e.dispatched_at, e.backlog_at_dispatch + uncached)
+
+    def finish(
+        self,
+        rid: str,
+        now: float,
+        *,
+        ok: bool = True,
+        prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> list[Decision]:
+        """Request ``rid`` ended at ``now`` (``ok``: answered in full); frees its slot and dispatches.
+
+        ``prompt_tokens``/``cached_tokens`` are the engine's counts, fed back to the router.
+        """
+        e = self._entries.pop(rid, None)
+        if e is None:
+            return []
+        if e.dispatched_at is None:  # still queued: the caller gave up on it
+            self._unqueue(e)
+            return []
+        w = e.worker
+        assert w is not None
+        self._release(w, e)
+        if ok:
+            w.est.on_done(now, now - e.dispatched_at)
+            if cached_tokens is not None:
+                matched = e.route.matched_chars if e.route else None
+                self.router.observe_cached_tokens(
+                    w.url, e.req.prompt, cached_tokens, prompt_tokens or e.req.prompt_tokens, matched
+                )
+        return self._pump(w, now)
+
+    def cancel(self, rid: str, now: float) -> list[Decision]:
+        """The caller gave up on ``rid`` (client gone, or the attempt failed): same as an unserved finish."""
+        return self.finish(rid, now, ok=False)
+
+    def reroute(self, rid: str, exclude: Collection[str], now: float) -> tuple[str | None, list[Decision]]:
+        """Move a dispatched request to another eligible worker (a retry after a failed attempt).
+
+        The least loaded eligible worker not in ``exclude`` takes it at once, window or not (a retry must
+        not queue again). Returns its URL (None when there is none: the request then holds no slot) and
+        what the freed slot dispatched.
+        """
+        e = self._entries.get(rid)
+        if e is None or e.worker is None or e.dispatched_at is None:
+            return None, []
+        self._release(e.worker, e)
+        out = self._pump(e.worker, now)
+        pool = [w for w in self._workers.values() if w.eligible and w.url not in exclude]
+        if not pool:
+            self._entries.pop(rid, None)
+            return None, out
+        w = min(pool, key=lambda x: (x.in_flight + len(x.bands), x.in_flight_tokens))
+        e.worker, e.route = w, RouteDecision(w.url, "retry")
+        self._start(w, e, now)
+        return w.url, out
+
+    def load(self, url: str, report: LoadReport, now: float) -> list[Decision]:
+        """A load report from ``url``: its window adapts; returns what that dispatched."""
+        w = self._workers.get(url)
+        if w is None:
+            return []
+        w.window.on_report(report, w.in_flight, w.est.ttft_base.value(now))
+        return self._pump(w, now)
+
+    def tick(self, now: float) -> list[Decision]:
+        """Expire queued requests whose deadline is ``<= now``."""
+        out: list[Decision] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, _, rid = heapq.heappop(heap)
+            e = self._entries.get(rid)
+            if e is None or e.dispatched_at is not None or e.deadline != deadline:
+                continue
+            self._entries.pop(rid)
+            self._unqueue(e)
+            out.append(Expire(rid, e.req.band, now - e.req.arrival))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a queued request (when to call :meth:`tick`), or None."""
+        heap = self._deadlines
+        while heap:
+            deadline, _, rid = heap[0]
+            e = self._entries.get(rid)
+            if e is not None and e.dispatched_at is None and e.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)
+        return None
+
+    # -- placement ----------------------------------------------------------------------------------
+    def _place(self, e: _Entry, now: float, exclude: Collection[str]) -> Shed | None:
+        """Bind ``e`` to a worker and queue it there, or return why it is shed."""
+        req, cls, cfg = e.req, e.cls, self.config
+        eligible = [w for w in self._workers.values() if w.eligible and w.url not in exclude]
+        if not eligible:
+            return Shed(req.rid, req.band, "no_worker", _RETRY_MIN_S)
+        views = [WorkerView(w.url, True, w.in_flight + len(w.bands), w.in_flight_tokens) for w in eligible]
+        decision = self.router.choose(views, req.prompt, now, session_id=req.session_id, commit=False)
+        if decision is None:
+            return Shed(req.rid, req.band, "no_worker", _RETRY_MIN_S)
+        by_url = {w.url: w for w in eligible}
+        choice, route = by_url[decision.url], decision
+        uncached = self._uncached(req, decision.matched_chars)
+        predicted = self._predict(choice, req, uncached, now)
+        budget = cls.ttft_goal_s - (now - req.arrival)
+        long = cfg.estimates.long_prefill_tokens
+        if cfg.slo_admission and predicted > budget and cfg.spill:
+            # weigh a cache miss elsewhere against the wait here: only onto a worker predicted to meet
+            # the goal, and never at the price of a long extra prefill (it would delay all that
+            # worker's work for its duration and evict other prefixes from its cache)
+            matches = self.router.prefix_matches(req.prompt)
+            best: tuple[float, _Worker, int] | None = None
+            for w in eligible:
+                if w is choice:
+                    continue
+                unc = self._uncached(req, matches.get(w.url, 0))
+                if unc - uncached >= long:
+                    continue
+                t = self._predict(w, req, unc, now)
+                if t <= budget and (best is None or t < best[0]):
+                    best = (t, w, unc)
+            if best is not None:
+                predicted, choice, uncached = best
+                matched = matches.get(choice.url, 0)
+                rate = matched / len(req.prompt) if req.prompt else 0.0
+                route = RouteDecision(choice.url, "spill", matched, rate)
+        if cfg.slo_admission and not cls.serve_late:
+            if predicted > budget:
+                retry = max(_RETRY_MIN_S, predicted - budget)
+                return Shed(req.rid, req.band, "predicted_ttft", retry, predicted)
+            if uncached >= long and len(choice.bands) > 0:
+                # past capacity (requests wait for this worker's slots) a long prefill displaces cheaper
+                # work: shed it rather than spend on it
+                return Shed(req.rid, req.band, "costly_miss", self._retry_after(cls), predicted)
+        self.router.commit(choice.url, req.prompt, now)
+        e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
+        e.deadline = self._deadline(e, choice, now)
+        flow = req.tenant if cfg.fair_queuing else "*"
+        e.item = QueuedItem(e, flow, req.weight, float(req.cost), req.band, now, e.deadline)
+        choice.bands.push(e.item)
+        self._depth[req.band] += 1
+        self._queued += 1
+        heapq.heappush(self._deadlines, (e.deadline, next(self._seq), req.rid))
+        arrivals = choice.arrivals.get(cls.rank)
+        if arrivals is None:
+            arrivals = choice.arrivals[cls.rank] = DecayingRate(cfg.estimates.rate_tau_s)
+            arrivals.start(now)
+        arrivals.add(now)
+        return None
+
+    def _headroom(self, w: _Worker, band: str) -> int:
+        """Requests beyond the window ``band`` may send to ``w``: the top band's headroom, at most what the
+        lower bands have in flight there (requests it can overtake inside the engine)."""
+        if band != self._top:
+            return 0
+        lower = w.in_flight - w.band_in_flight.get(band, 0)
+        return min(w.window.headroom, max(0, lower))
+
+    def _band_room(self, w: _Worker, band: str) -> int:
+        """Requests of ``band`` that may still start on ``w`` under the class's ``window_share``."""
+        share = self._classes[band].window_share
+        if share >= 1.0:
+            return w.window.size + self._headroom(w, band)
+        return int(share * w.window.size) - w.band_in_flight.get(band, 0)
+
+    def _uncached(self, req: AdmissionRequest, matched_chars: int) -> int:
+        if not req.prompt or matched_chars <= 0:
+            return req.prompt_tokens
+        return max(0, round(req.prompt_tokens * (1.0 - min(1.0, matched_chars / len(req.prompt)))))
+
+    def _predict(self, w: _Worker, req: AdmissionRequest, uncached: int, now: float) -> float:
+        """Predicted TTFT of ``req`` queued on ``w`` now, s (queue wait + engine TTFT)."""
+        free = w.window.size + self._headroom(w, req.band) - w.in_flight
+        free = min(free, self._band_room(w, req.band))
+        flow = req.tenant if self.config.fair_queuing else "*"
+        ahead = w.bands.count_ahead(req.band, flow, req.weight, float(req.cost))
+        need = ahead + 1 - max(free, 0)
+        wait = 0.0
+        if need > 0:
+            capacity = w.est.capacity(now, w.window.size)
+            if capacity is not None:
+                rank = self._classes[req.band].rank
+                higher = sum(r.rate(now) or 0.0 for k, r in w.arrivals.items() if k > rank)
+                wait = need / max(capacity - higher, capacity * _MIN_RESIDUAL)
+        return wait + w.est.engine_ttft(w.prefill_backlog + uncached, now)
+
+    def _deadline(self, e: _Entry, w: _Worker, now: float) -> float:
+        """Latest dispatch time of ``e`` on ``w``, s."""
+        cls, arrival = e.cls, e.req.arrival
+        if cls.serve_late and cls.max_wait_s is not None:
+            return arrival + cls.max_wait_s
+        cap = arrival + cls.max_wait_s if cls.max_wait_s is not None else float("inf")
+        if not self.config.slo_admission:
+            return min(cap, arrival + cls.ttft_goal_s) if cls.max_wait_s is None else cap
+        # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
+        # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
+        return min(cap, arrival + cls.ttft_goal_s - w.est.engine_ttft(e.uncached, now))
+
+    def _late_at_dispatch(self, w: _Worker, e: _Entry, now: float) -> bool:
+        """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
+        if not self.config.slo_admission or e.cls.serve_late:
+            return False
+        first_token = now + w.est.engine_ttft(w.prefill_backlog + e.uncached, now)
+        return first_token > e.req.arrival + e.cls.ttft_goal_s
+
+    def _retry_after(self, cls: ClassPolicy) -> float:
+        return max(_RETRY_MIN_S, min(cls.ttft_goal_s, 5.0))
+
+    # -- queue mechanics ----------------------------------------------------------------------------
+    def _unqueue(self, e: _Entry) -> None:
+        if e.item is not None and e.worker is not None and e.worker.bands.remove(e.item):
+            self._depth[e.req.band] -= 1
+            self._queued -= 1
+
+    def _release(self, w: _Worker, e: _Entry) -> None:
+        self._prefilled(e)
+        w.in_flight -= 1
+        w.in_flight_tokens -= e.req.cost
+        w.band_in_flight[e.req.band] -= 1
+
+    @staticmethod
+    def _start(w: _Worker, e: _Entry, now: float) -> None:
+        """Count ``e`` as dispatched to ``w`` at ``now``."""
+        e.dispatched_at, e.first_token_seen = now, False
+        e.backlog_at_dispatch = w.prefill_backlog
+        w.prefill_backlog += e.uncached
+        w.in_flight += 1
+        w.in_flight_tokens += e.req.cost
+        w.band_in_flight[e.req.band] = w.band_in_flight.get(e.req.band, 0) + 1
+
+    @staticmethod
+    def _prefilled(e: _Entry) -> None:
+        """``e`` no longer waits for its prefill on its worker (first token, end, or moved)."""
+        if not e.first_token_seen and e.worker is not None:
+            e.worker.prefill_backlog -= e.uncached
+        e.first_token_seen = True
+
+    def _pump(self, w: _Worker, now: float) -> list[Decision]:
+        """Dispatch ``w``'s queue head while its window has room."""
+        out: list[Decision] = []
+        bands, window = w.bands, w.window
+        while w.eligible and (head := bands.peek()) is not None:
+            e = head.payload
+            if not window.has_room(
+                w.in_flight, w.in_flight_tokens, e.req.cost, self._headroom(w, e.req.band)
+            ):
+                break
+            if self._band_room(w, e.req.band) <= 0:
+                break
+            bands.pop()
+            self._depth[e.req.band] -= 1
+            self._queued -= 1
+            if e.deadline < now or self._late_at_dispatch(w, e, now):
+                # never spend capacity on an answer that is already late (unless late is useful)
+                self._entries.pop(e.req.rid, None)
+                out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival))
+                continue
+            self._start(w, e, now)
+            assert e.route is not None
+            out.append(Dispatch(e.req.rid, w.url, e.route, now - e.req.arrival, e.predicted))
+        return out
+
+    def _rebind(self, w: _Worker, now: float) -> list[Decision]:
+        """Place ``w``'s queued requests on other workers (or shed them)."""
+        out: list[Decision] = []
+        entries = [item.payload for item in w.bands.all_items()]
+        for e in entries:
+            self._unqueue(e)
+        touched: set[str] = set()
+        for e in entries:
+            shed = self._place(e, now, (w.url,))
+            if shed is not None:
+                self._entries.pop(e.req.rid, None)
+                out.append(shed)
+            elif e.worker is not None:
+                touched.add(e.worker.url)
+        for url in touched:
+            out.extend(self._pump(self._workers[url], now))
+        return out
+
+    def _evict_below(self, rank: int, now: float, out: list[Decision]) -> bool:
+        """Shed the newest request of the lowest backlogged band below ``rank``; False if there is none."""
+        bands = sorted(
+            (c.rank, name) for name, c in self._classes.items() if c.rank < rank and self._depth[name] > 0
+        )
+        if not bands:
+            return False
+        band = bands[0][1]
+        newest: QueuedItem[_Entry] | None = None
+        for w in self._workers.values():
+            item = w.bands.queue(band).newest()
+            if item is not None and (newest is None or item.enqueued_at > newest.enqueued_at):
+                newest = item
+        if newest is None:
+            return False
+        e = newest.payload
+        self._entries.pop(e.req.rid, None)
+        self._unqueue(e)
+        out.append(Shed(e.req.rid, band, "evicted", self._retry_after(e.cls)))
+        return True
+
+
+def decisions_for(decisions: Iterable[Decision], rid: str) -> list[Decision]:
+    """The decisions about one request (a helper for tests and adapters)."""
+    return [d for d in decisions if d.rid == rid]
+
+
+__all__ = ["AdmissionCore", "ShedReason", "decisions_for"]

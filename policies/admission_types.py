@@ -1,0 +1,166 @@
+"""The admission core's inputs and outputs: requests in, decisions out (frozen dataclasses, no behaviour).
+
+Kept apart from :mod:`policies.admission_core` so adapters (the gateway's asyncio scheduler, the fleet
+simulation) can import the vocabulary without the machinery. Times are seconds on the caller's clock;
+sizes are tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from policies.cache_aware import CacheAwareConfig
+from policies.classes import ClassPolicy, default_classes
+from policies.estimates import EstimateConfig
+from policies.route_types import RouteDecision
+from policies.routing import RouterName
+from policies.windows import WindowConfig
+
+ShedReason = Literal["predicted_ttft", "costly_miss", "band_full", "queue_full", "evicted", "no_worker"]
+"""Why a request was refused: its predicted TTFT exceeds its class's goal; it needs a long uncached prefill
+on a worker past capacity (it would displace cheaper work); its band or the whole queue is full; it was
+pushed out of a full queue by a higher band; no worker is eligible."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """A request the gateway has authenticated, priced and charged to its tenant's quota.
+
+    Attributes:
+        rid: unique request id.
+        tenant: tenant id (the fair-queuing flow).
+        band: priority class name.
+        prompt: rendered prompt text (the routing key; prefix matches are counted in its characters).
+        prompt_tokens: prompt length, tokens.
+        max_tokens: completion limit, tokens.
+        arrival: when the request reached the gateway, s (its TTFT goal counts from here).
+        weight: the tenant's fair-queuing weight (> 0).
+        session_id: sticky routing key (consistent hashing), if any.
+    """
+
+    rid: str
+    tenant: str
+    band: str
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    weight: float = 1.0
+    session_id: str | None = None
+
+    @property
+    def cost(self) -> int:
+        """Tokens the request may occupy: prompt + max_tokens."""
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send request ``rid`` to ``worker`` now.
+
+    Attributes:
+        rid: the request.
+        worker: the worker's URL.
+        route: the routing decision (reason, predicted cached characters).
+        queued_s: time spent in the gateway's queue, s.
+        predicted_ttft_s: the TTFT predicted at admission, s (0 while the worker's rates are unknown).
+    """
+
+    rid: str
+    worker: str
+    route: RouteDecision
+    queued_s: float
+    predicted_ttft_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """Refuse request ``rid`` (503 with ``Retry-After``); nothing was sent to a worker.
+
+    Attributes:
+        rid: the request.
+        band: its class.
+        reason: see :data:`ShedReason`.
+        retry_after_s: when a retry may succeed, s (the predicted wait, at least 1 s).
+        predicted_ttft_s: the prediction that refused it, s (None for the other reasons).
+    """
+
+    rid: str
+    band: str
+    reason: ShedReason
+    retry_after_s: float
+    predicted_ttft_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """Request ``rid`` waited past its dispatch deadline and leaves the queue unserved (503).
+
+    Attributes:
+        rid: the request.
+        band: its class.
+        waited_s: time it spent queued, s.
+    """
+
+    rid: str
+    band: str
+    waited_s: float
+
+
+Decision = Dispatch | Shed | Expire
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Everything the admission core decides with; defaults are the gateway's defaults.
+
+    Attributes:
+        classes: priority classes by name (:mod:`policies.classes`).
+        window: per-worker window controller (:mod:`policies.windows`).
+        routing: routing policy (:func:`policies.routing.make_router`).
+        cache_aware: settings of the cache-aware policy (SGLang router's defaults, but its load-balance
+            branch off: the core weighs misses against waits itself).
+        estimates: smoothing of the measured rates (:mod:`policies.estimates`).
+        max_queue_total: most requests queued across all bands and workers.
+        slo_admission: shed requests predicted to miss their TTFT goal and expire queued ones at their
+            deadline (False: the first round's behaviour, a fixed queue-wait budget; an ablation).
+        spill: when the policy's worker cannot meet the goal, use the worker predicted to be fastest, cache
+            miss included (False: stay with the policy's worker; an ablation).
+        fair_queuing: weighted fair queuing between tenants inside a band (False: every tenant is one
+            flow, first come first served; an ablation).
+    """
+
+    classes: Mapping[str, ClassPolicy] = field(default_factory=default_classes)
+    window: WindowConfig = field(default_factory=WindowConfig)
+    routing: RouterName = "cache_aware"
+    cache_aware: CacheAwareConfig = field(default_factory=lambda: CacheAwareConfig(balance=False))
+    estimates: EstimateConfig = field(default_factory=EstimateConfig)
+    max_queue_total: int = 10000
+    slo_admission: bool = True
+    spill: bool = True
+    fair_queuing: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """The core's view of one worker, for metrics and the admin API.
+
+    Attributes:
+        url: the worker.
+        eligible: accepting new requests (healthy, not draining).
+        window: current window, requests.
+        in_flight: requests dispatched and not finished.
+        queued: requests waiting in the gateway for this worker.
+        capacity_rps: measured completions per second when saturated (None while unknown).
+        engine_ttft_s: measured engine TTFT of short prefills, s (None while unknown).
+    """
+
+    url: str
+    eligible: bool
+    window: int
+    in_flight: int
+    queued: int
+    capacity_rps: float | None
+    engine_ttft_s: float | None

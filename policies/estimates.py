@@ -1,0 +1,230 @@
+"""Rates and latencies measured from a worker's own answers (pure; the caller passes ``now`` in s).
+
+The admission core predicts a request's time to first token from what the gateway itself saw the worker do:
+
+- :class:`DecayingRate`: events (or units) per second, exponentially time-decayed (time constant ``tau``;
+  the continuous-time EWMA of a rate, as in Linux's load average or Finagle's "peak EWMA"). Used for each
+  worker's completion rate and for the arrival rate of each band at a worker.
+- :class:`Ewma`: exponentially weighted moving average of samples (weight ``alpha`` per sample).
+- :class:`WorkerEstimates`: per worker, the completion rate, the mean dispatch-to-done time and a linear
+  model of the engine's time to first token, ``ttft = base + per_token x (backlog + uncached)``: a
+  request's first token comes after the engine has prefilled what was sent before it and is still
+  prefilling (``backlog``, uncached tokens of dispatched requests without a first token yet) and its own
+  uncached prompt; prefill is compute-bound, so its time is linear in the tokens (e.g. DistServe, Zhong et
+  al., OSDI 2024, section 3). ``per_token`` is learned from first tokens that followed at least
+  ``long_prefill_tokens`` of prefill, ``base`` (scheduling step, decode interleave) from the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class DecayingRate:
+    """Rate of events (or of amounts) per second, exponentially decayed with time constant ``tau_s``.
+
+    ``rate(now)`` is ``sum(amount_i x exp(-(now - t_i) / tau)) / tau``, corrected during the first
+    ``tau`` seconds by ``1 / (1 - exp(-elapsed / tau))`` so that a steady rate reads right from the start.
+
+    Args:
+        tau_s: time constant, s (> 0).
+        min_span_s: history needed before a rate is reported, s.
+
+    Raises:
+        ValueError: ``tau_s <= 0``.
+    """
+
+    __slots__ = ("_first", "_last", "_min_span", "_tau", "_value")
+
+    def __init__(self, tau_s: float = 5.0, min_span_s: float = 0.0) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be > 0")
+        self._tau = tau_s
+        self._min_span = min_span_s
+        self._value = 0.0
+        self._last: float | None = None
+        self._first: float | None = None
+
+    def start(self, now: float) -> None:
+        """Start the clock at ``now`` without an event (a rate of zero is then a measurement)."""
+        if self._first is None:
+            self._first = self._last = now
+
+    def add(self, now: float, amount: float = 1.0) -> None:
+        """Count ``amount`` at ``now`` (s)."""
+        if self._last is None:
+            self._first = self._last = now
+        elif now > self._last:
+            self._value *= math.exp(-(now - self._last) / self._tau)
+            self._last = now
+        self._value += amount / self._tau
+
+    def rate(self, now: float) -> float | None:
+        """Units per second at ``now``; None before ``min_span_s`` of history."""
+        if self._first is None or self._last is None:
+            return None
+        elapsed = now - self._first
+        if elapsed < self._min_span:
+            return None
+        value = self._value * math.exp(-max(0.0, now - self._last) / self._tau)
+        warm = 1.0 - math.exp(-elapsed / self._tau) if elapsed > 0 else 0.0
+        return value / warm if warm > 1e-9 else None
+
+
+class Ewma:
+    """Exponentially weighted moving average of samples.
+
+    Args:
+        alpha: weight of each new sample, 0 < alpha <= 1.
+
+    Raises:
+        ValueError: alpha outside (0, 1].
+    """
+
+    __slots__ = ("_alpha", "count", "value")
+
+    def __init__(self, alpha: float) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha must be in (0, 1]")
+        self._alpha = alpha
+        self.value: float | None = None
+        self.count = 0
+
+    def update(self, sample: float) -> float:
+        """Fold in ``sample``; returns the new average."""
+        self.count += 1
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value += self._alpha * (sample - self.value)
+        return self.value
+
+
+class DecayingEwma:
+    """An :class:`Ewma` of samples that relaxes towards zero when samples stop.
+
+    ``value(now) = v x exp(-(now - t_last) / tau)`` where ``v`` is the EWMA at the last sample. A worker
+    whose estimate was measured under a load that has since gone gets no new samples if that estimate makes
+    the gateway send it nothing; relaxing lets traffic, and so fresh samples, come back (an optimistic
+    estimate costs at most a few late requests, which their deadlines then catch).
+
+    Args:
+        alpha: weight of each sample, 0 < alpha <= 1.
+        tau_s: relaxation time constant, s (> 0).
+    """
+
+    __slots__ = ("_ewma", "_last", "_tau")
+
+    def __init__(self, alpha: float, tau_s: float) -> None:
+        if tau_s <= 0:
+            raise ValueError("tau_s must be > 0")
+        self._ewma = Ewma(alpha)
+        self._tau = tau_s
+        self._last = 0.0
+
+    @property
+    def count(self) -> int:
+        """Samples seen."""
+        return self._ewma.count
+
+    def update(self, sample: float, now: float) -> None:
+        """Fold in ``sample`` taken at ``now`` (s)."""
+        current = self.value(now)
+        if current is not None:
+            self._ewma.value = current  # continue from the relaxed value
+        self._ewma.update(sample)
+        self._last = now
+
+    def value(self, now: float) -> float | None:
+        """The estimate at ``now``; None before the first sample."""
+        v = self._ewma.value
+        if v is None:
+            return None
+        return v * math.exp(-max(0.0, now - self._last) / self._tau)
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateConfig:
+    """Smoothing of :class:`WorkerEstimates`.
+
+    Attributes:
+        rate_tau_s: time constant of the completion and arrival rates, s (5 s: a few load polls; long enough
+            to average Poisson noise at tens of requests/s, short enough to follow a load step).
+        min_history_s: history needed before a worker's capacity is used to predict waits, s (5 s; before
+            that, waits are predicted as zero, so a cold start sheds nothing).
+        ttft_alpha: weight of each TTFT sample (0.05: about the last 20 first tokens).
+        e2e_alpha: weight of each dispatch-to-done sample.
+        long_prefill_tokens: uncached prompt tokens from which a request's TTFT is treated as
+            prefill-dominated (``per_token`` model) rather than as the short-request ``base``.
+    """
+
+    rate_tau_s: float = 5.0
+    min_history_s: float = 5.0
+    ttft_alpha: float = 0.05
+    e2e_alpha: float = 0.02
+    long_prefill_tokens: int = 1024
+
+
+@dataclass(slots=True)
+class WorkerEstimates:
+    """What one worker was measured to do.
+
+    Attributes:
+        config: smoothing settings.
+        completions: finished requests per s.
+        e2e: mean dispatch-to-last-token time, s.
+        ttft_base: engine TTFT (dispatch to first token) not explained by prefill tokens, s.
+        ttft_per_token: engine TTFT per prefilled token, s/token.
+    """
+
+    config: EstimateConfig = field(default_factory=EstimateConfig)
+    completions: DecayingRate = field(init=False)
+    e2e: Ewma = field(init=False)
+    ttft_base: DecayingEwma = field(init=False)
+    ttft_per_token: DecayingEwma = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.completions = DecayingRate(cfg.rate_tau_s, cfg.min_history_s)
+        self.e2e = Ewma(cfg.e2e_alpha)
+        self.ttft_base = DecayingEwma(cfg.ttft_alpha, cfg.rate_tau_s)
+        self.ttft_per_token = DecayingEwma(cfg.ttft_alpha, cfg.rate_tau_s)
+
+    def on_first_token(self, now: float, engine_ttft_s: float, prefill_tokens: int) -> None:
+        """Learn from a first token that came at ``now`` (s), ``engine_ttft_s`` after dispatch.
+
+        ``prefill_tokens``: the engine's prefill backlog at dispatch plus the request's own uncached tokens.
+        """
+        base = self.ttft_base.value(now) or 0.0
+        per_token = self.ttft_per_token.value(now)
+        if prefill_tokens >= self.config.long_prefill_tokens:
+            self.ttft_per_token.update(max(0.0, engine_ttft_s - base) / prefill_tokens, now)
+        else:
+            explained = per_token * prefill_tokens if per_token is not None else 0.0
+            self.ttft_base.update(max(0.0, engine_ttft_s - explained), now)
+
+    def on_done(self, now: float, e2e_s: float) -> None:
+        """Learn from a request that finished at ``now`` after ``e2e_s`` on the worker."""
+        self.completions.add(now)
+        self.e2e.update(e2e_s)
+
+    def engine_ttft(self, prefill_tokens: int, now: float) -> float:
+        """Predicted dispatch-to-first-token time after ``prefill_tokens`` of prefill, s (0 while unknown)."""
+        per_token = self.ttft_per_token.value(now)
+        base = self.ttft_base.value(now) or 0.0
+        return base + (per_token * prefill_tokens if per_token is not None else 0.0)
+
+    def capacity(self, now: float, window: int) -> float | None:
+        """Requests per second the worker completes when its window is full; None while unknown.
+
+        The larger of the measured completion rate and Little's law ``window / e2e`` (the latter reads the
+        capacity even when demand kept the window from filling).
+        """
+        measured = self.completions.rate(now)
+        if measured is None:
+            return None
+        e2e = self.e2e.value
+        little = window / e2e if e2e and e2e > 0 else 0.0
+        best = max(measured, little)
+        return best if best > 0 else None
