@@ -1,9 +1,12 @@
 """HTTP client for SGLang's native ``/generate`` API (stream and non-stream), ``/abort_request`` and health.
 
 Request body (SGLang ``GenerateReqInput``): ``{"text", "sampling_params": {...}, "stream", "rid",
-"priority"}``. Each response (or SSE chunk ``data: {...}``, ended by ``data: [DONE]``) carries ``text``
-and ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and ``finish_reason``.
-Streamed ``text`` is cumulative by default; :func:`text_delta` handles both cumulative and incremental.
+"priority"}``. Each response (or SSE chunk ``data: {...}``, ended by ``data: [DONE]``) carries ``text``,
+``output_ids`` and ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and
+``finish_reason``.
+
+What a worker can take and how it streams is learned from the worker itself (``GET /server_info``, see
+:class:`WorkerInfo`), once per worker and again after it was seen down (a restart may change its flags).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
+
+log = structlog.get_logger("radixgate.client")
 
 
 class UpstreamError(Exception):
@@ -77,7 +83,7 @@ def text_delta(previous: str, current: str) -> str:
     return current
 
 
-def _chunk(payload: dict[str, Any], text: str) -> UpstreamChunk:
+def _chunk(payload: dict[str, Any], text: str, output_ids: tuple[int, ...] | None) -> UpstreamChunk:
     meta = payload.get("meta_info") or {}
     return UpstreamChunk(
         text=text,
@@ -85,7 +91,7 @@ def _chunk(payload: dict[str, Any], text: str) -> UpstreamChunk:
         completion_tokens=int(meta.get("completion_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
         finish_reason=finish_reason_of(meta),
-        output_ids=tuple(ids) if isinstance(ids := payload.get("output_ids"), list) else None,
+        output_ids=output_ids,
     )
 
 
@@ -97,6 +103,67 @@ def _error_message(payload: Any) -> str:
         if err is not None:
             return str(err)
     return "worker returned an error"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLimits:
+    """Token limits of a worker (or the tightest over several).
+
+    Attributes:
+        max_prompt_tokens: longest prompt the worker schedules, tokens.
+        max_total_tokens: longest prompt + completion it runs without cutting ``max_new_tokens``, tokens.
+    """
+
+    max_prompt_tokens: int
+    max_total_tokens: int
+
+    def tightest(self, other: TokenLimits | None) -> TokenLimits:
+        """The smaller of both limits, field by field."""
+        if other is None:
+            return self
+        return TokenLimits(
+            min(self.max_prompt_tokens, other.max_prompt_tokens),
+            min(self.max_total_tokens, other.max_total_tokens),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker reports about itself on ``GET /server_info`` (SGLang's resolved server arguments
+    merged with its scheduler's start-up info).
+
+    Attributes:
+        incremental_streaming: the worker runs with ``--incremental-streaming-output`` (streamed ``text``
+            and ``output_ids`` are deltas, not cumulative); None when it does not say (SGLang's default,
+            cumulative, is then assumed only where the chunks themselves cannot tell).
+        limits: its token limits, None when it reports none.
+    """
+
+    incremental_streaming: bool | None = None
+    limits: TokenLimits | None = None
+
+    @classmethod
+    def parse(cls, payload: Any) -> WorkerInfo:
+        """Read a ``/server_info`` body.
+
+        Limits (SGLang 0.5.23, ``tp_worker.py`` and ``scheduler.py``): the scheduler's
+        ``max_req_len = min(context_len - 1, kv_capacity - 1)`` and ``max_req_input_len = max_req_len - 5``;
+        it refuses a prompt of ``max_req_input_len`` tokens or more and silently cuts ``max_new_tokens`` to
+        ``max_req_len - prompt - 1``. So a prompt may have ``max_req_input_len - 1`` tokens and prompt +
+        completion ``max_req_input_len + 4``. Without ``max_req_input_len`` the model's
+        ``context_length`` is used the same way (``max_req_len = context_length - 1``).
+        """
+        if not isinstance(payload, dict):
+            return cls()
+        flag = payload.get("incremental_streaming_output")
+        limits = None
+        max_input = payload.get("max_req_input_len")
+        context = payload.get("context_length")
+        if isinstance(max_input, int) and max_input > 1:
+            limits = TokenLimits(max_input - 1, max_input + 4)
+        elif isinstance(context, int) and context > 7:
+            limits = TokenLimits(context - 7, context - 2)
+        return cls(incremental_streaming=flag if isinstance(flag, bool) else None, limits=limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,13 +203,61 @@ class SGLangClient:
 
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
+        self._info: dict[str, WorkerInfo] = {}
+
+    # -- what each worker is -------------------------------------------------------------------------
+    def known_info(self, worker: str) -> WorkerInfo | None:
+        """The cached :class:`WorkerInfo` of ``worker``; None until it was learned."""
+        return self._info.get(worker)
+
+    def forget(self, worker: str) -> None:
+        """Drop what was learned about ``worker`` (it went down; it may come back with other flags)."""
+        self._info.pop(worker, None)
+
+    async def learn(self, worker: str, timeout_s: float = 5.0) -> WorkerInfo | None:
+        """Read ``/server_info`` (``/get_server_info`` on older SGLang) and cache it.
+
+        A worker without either route (404) is cached as reporting nothing; a transport error caches
+        nothing and returns None (try again on the next contact).
+        """
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
+            except httpx.HTTPError:
+                return None
+            if resp.status_code == 200:
+                info = WorkerInfo.parse(_json_or_none(resp.text))
+                break
+            if resp.status_code != 404:
+                return None
+        else:
+            info = WorkerInfo()
+        if self._info.get(worker) != info:
+            log.info(
+                "worker_info",
+                worker=worker,
+                incremental_streaming=info.incremental_streaming,
+                max_prompt_tokens=info.limits.max_prompt_tokens if info.limits else None,
+                max_total_tokens=info.limits.max_total_tokens if info.limits else None,
+            )
+        self._info[worker] = info
+        return info
+
+    def token_limits(self, workers: list[str]) -> TokenLimits | None:
+        """The tightest limits over those of ``workers`` that reported theirs; None when none did."""
+        limits: TokenLimits | None = None
+        for worker in workers:
+            info = self._info.get(worker)
+            if info is not None and info.limits is not None:
+                limits = info.limits.tightest(limits)
+        return limits
 
     async def generate(self, worker: str, body: dict[str, Any]) -> UpstreamChunk:
         """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""
         try:
             resp = await self._http.post(f"{worker}/generate", json={**body, "stream": False})
         except httpx.HTTPError as exc:
-            raise _transport_error(worker, exc) from exc
+            raise self._transport_error(worker, exc) from exc
         if resp.status_code != 200:
             raise UpstreamError(
                 worker,
@@ -151,7 +266,8 @@ class SGLangClient:
                 retryable=resp.status_code >= 500,
             )
         payload = resp.json()
-        chunk = _chunk(payload, str(payload.get("text", "")))
+        ids = payload.get("output_ids")
+        chunk = _chunk(payload, str(payload.get("text", "")), tuple(ids) if isinstance(ids, list) else None)
         if chunk.finish_reason == "abort":
             raise UpstreamError(worker, "worker aborted the request", status=503)
         return chunk
@@ -180,7 +296,10 @@ class SGLangClient:
                     if "error" in payload:
                         raise UpstreamError(worker, _error_message(payload), status=500)
                     current = str(payload.get("text", ""))
-                    chunk = _chunk(payload, text_delta(previous, current))
+                    ids = payload.get("output_ids")
+                    chunk = _chunk(
+                        payload, text_delta(previous, current), tuple(ids) if isinstance(ids, list) else None
+                    )
                     previous = current
                     if chunk.finish_reason == "abort":
                         raise UpstreamError(worker, "worker aborted the request", status=503)
@@ -189,7 +308,7 @@ class SGLangClient:
                 if not finished:
                     raise UpstreamError(worker, "stream ended before the answer finished")
         except httpx.HTTPError as exc:
-            raise _transport_error(worker, exc) from exc
+            raise self._transport_error(worker, exc) from exc
 
     async def abort(self, worker: str, rid: str) -> bool:
         """Ask a worker to abort request ``rid`` (SGLang ``/abort_request``). Never raises."""
@@ -214,18 +333,28 @@ class SGLangClient:
 
     async def healthy(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> bool:
         """``GET /health`` (or, when ``deep``, ``/health_generate``, which runs a 1-token generation on an
-        idle worker) answers 200 within ``timeout_s``."""
+        idle worker) answers 200 within ``timeout_s``.
+
+        A worker that answers for the first time (or again after a failed probe) has its
+        :class:`WorkerInfo` learned; one that does not answer has it forgotten."""
         path = "/health_generate" if deep else "/health"
         try:
             resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
         except httpx.HTTPError:
+            self.forget(worker)
             return False
-        return resp.status_code == 200
+        if resp.status_code != 200:
+            self.forget(worker)
+            return False
+        if worker not in self._info:
+            await self.learn(worker, timeout_s)
+        return True
 
-
-def _transport_error(worker: str, exc: httpx.HTTPError) -> UpstreamError:
-    refused = isinstance(exc, httpx.ConnectError)
-    return UpstreamError(worker, f"{type(exc).__name__}: {exc}", refused=refused)
+    def _transport_error(self, worker: str, exc: httpx.HTTPError) -> UpstreamError:
+        refused = isinstance(exc, httpx.ConnectError)
+        if refused:
+            self.forget(worker)
+        return UpstreamError(worker, f"{type(exc).__name__}: {exc}", refused=refused)
 
 
 def _json_or_none(text: str) -> Any:

@@ -1,8 +1,10 @@
 """A fake SGLang worker for the gateway's error-path tests (not a model: fixed words).
 
-Speaks ``/generate`` (stream and non-stream, SGLang's cumulative-text SSE), ``/health`` and
-``/abort_request``. Its ``mode`` makes it answer 500, or break a stream after some chunks. Every request
-body it receives is kept in ``received`` so tests can assert that bad input never reached it.
+Speaks ``/generate`` (stream and non-stream, SGLang's SSE: cumulative ``text`` and ``output_ids``, or
+deltas when its ``server_info`` says ``incremental_streaming_output``), ``/health``, ``/server_info``
+(404 while ``server_info`` is None) and ``/abort_request``. Its ``mode`` makes it answer 500, or break a
+stream after some chunks. Every request body it receives is kept in ``received`` so tests can assert that
+bad input never reached it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class FakeWorker:
         received: bodies of ``/generate`` calls.
         aborted: rids passed to ``/abort_request``.
         delay_s: pause per generated word (between streamed chunks; summed for non-streamed answers).
+        server_info: the ``/server_info`` body (SGLang's names), or None to answer 404.
+        info_requests: how many times ``/server_info`` was asked.
     """
 
     def __init__(self) -> None:
@@ -36,9 +40,12 @@ class FakeWorker:
         self.aborted: list[str] = []
         self.delay_s = 0.0
         self.deep_probes = 0
+        self.server_info: dict[str, Any] | None = None
+        self.info_requests = 0
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
+                Route("/server_info", self.info),
                 Route("/health", self.health),
                 Route("/health_generate", self.health_generate),
                 Route("/abort_request", self.abort, methods=["POST"]),
@@ -47,6 +54,12 @@ class FakeWorker:
 
     async def health(self, _: Request) -> Response:
         return Response(status_code=200)
+
+    async def info(self, _: Request) -> Response:
+        self.info_requests += 1
+        if self.server_info is None:
+            return Response(status_code=404)
+        return JSONResponse(self.server_info)
 
     async def health_generate(self, _: Request) -> Response:
         self.deep_probes += 1
@@ -77,7 +90,10 @@ class FakeWorker:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s * n)
             text = " ".join(WORDS[:n])
-            return JSONResponse({"text": text, "meta_info": self._meta(body, n, True)})
+            return JSONResponse(
+                {"text": text, "output_ids": list(range(n)), "meta_info": self._meta(body, n, True)}
+            )
+        incremental = bool((self.server_info or {}).get("incremental_streaming_output"))
 
         async def events() -> AsyncIterator[bytes]:
             for i in range(1, n + 1):
@@ -85,7 +101,11 @@ class FakeWorker:
                     raise RuntimeError("worker died")
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                payload = {"text": " ".join(WORDS[:i]), "meta_info": self._meta(body, i, i == n)}
+                if incremental:
+                    text, ids = ("" if i == 1 else " ") + WORDS[i - 1], [i - 1]
+                else:
+                    text, ids = " ".join(WORDS[:i]), list(range(i))
+                payload = {"text": text, "output_ids": ids, "meta_info": self._meta(body, i, i == n)}
                 yield f"data: {json.dumps(payload)}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
