@@ -230,3 +230,25 @@ def test_a_request_body_with_nan_is_refused_even_inside_lists(http: httpx.Client
         "/v1/chat/completions", content=raw, headers={**auth(key), "Content-Type": "application/json"}
     )
     assert_openai_error(resp, 400, "invalid_json")
+
+
+@pytest.mark.parametrize(
+    ("stop", "sent"),
+    [
+        ("", None),
+        (["", ""], None),
+        ([], None),
+        (["", "zzzz"], ["zzzz"]),
+        (["zzzz", "", "zzzz"], ["zzzz"]),
+        (["\n", "\n", "."], ["\n", "."]),
+        (["ab", "b"], ["ab", "b"]),  # "ab" can still decide the cut ("xab" ends after "x")
+        ("\n", ["\n"]),
+    ],
+)
+def test_degenerate_stop_sequences_are_normalised_before_the_engine(
+    http: httpx.Client, fake: tuple[FakeWorker, str], stop: Any, sent: list[str] | None
+) -> None:
+    _, key = new_tenant(http)
+    for route, body in (("/v1/completions", text(stop=stop)), ("/v1/chat/completions", chat(stop=stop))):
+        assert http.post(route, json=body, headers=auth(key)).status_code == 200
+        assert fake[0].received[-1]["sampling_params"].get("stop") == sent

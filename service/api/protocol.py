@@ -60,6 +60,19 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+def effective_stops(stops: list[str]) -> list[str]:
+    """Drop stop sequences that cannot change an answer except to spoil it.
+
+    - ``""`` matches before any text, so SGLang ends the answer at once (issue 8: an empty answer with
+      ``finish_reason: "stop"``); OpenAI ignores it. Dropped.
+    - Duplicates. Dropped (the first of each is kept, in order).
+
+    A sequence that contains another one is kept: it can still decide where the answer is cut (with
+    ``["ab", "b"]``, ``"xab"`` ends after ``"x"``). An all-empty list becomes no stop at all.
+    """
+    return list(dict.fromkeys(s for s in stops if s))
+
+
 class SamplingFields(BaseModel):
     """Fields shared by chat and text completions."""
 
@@ -101,10 +114,10 @@ class SamplingFields(BaseModel):
         return value
 
     def stop_list(self) -> list[str]:
-        """Stop sequences as a list."""
+        """The stop sequences that can matter, in the order given (see :func:`effective_stops`)."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return effective_stops([self.stop] if isinstance(self.stop, str) else self.stop)
 
     @property
     def include_usage(self) -> bool:
