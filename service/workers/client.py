@@ -56,7 +56,7 @@ class UpstreamChunk:
         text: new text since the previous chunk (the full text for a non-streamed answer).
         prompt_tokens, completion_tokens, cached_tokens: the worker's counts so far (tokens).
         finish_reason: ``"stop"``, ``"length"``, or None while generating.
-        output_ids: all token ids generated so far (SGLang streams them cumulatively), if sent.
+        output_ids: the token ids new in this chunk (all of them for a non-streamed answer), if sent.
     """
 
     text: str
@@ -76,11 +76,50 @@ def finish_reason_of(meta: dict[str, Any]) -> str | None:
     return {"length": "length", "stop": "stop", "abort": "abort"}.get(str(kind), "stop")
 
 
-def text_delta(previous: str, current: str) -> str:
-    """New text of a streamed chunk: SGLang sends cumulative text unless told otherwise."""
-    if current.startswith(previous):
-        return current[len(previous) :]
-    return current
+class StreamDeltas:
+    """Turns one streamed answer's chunks into deltas: the text and token ids new since the last chunk.
+
+    SGLang 0.5.23 (``tokenizer_manager.py``, ``_handle_batch_output``): by default each chunk carries
+    the cumulative ``text`` and ``output_ids``; with ``--incremental-streaming-output`` both are deltas
+    (queued deltas are concatenated, never dropped). The mode comes from the worker
+    (:attr:`WorkerInfo.incremental_streaming`). When the worker did not say, the token counts tell: a
+    cumulative chunk holds ``meta_info.completion_tokens`` ids, an incremental one only the new ones
+    (the first chunk reads the same either way). The text's shape is never used to decide.
+
+    Args:
+        incremental: the worker's mode, or None when unknown.
+    """
+
+    def __init__(self, incremental: bool | None) -> None:
+        self._incremental = incremental
+        self._text_chars = 0  # length of the cumulative text so far
+        self._ids = 0  # token ids so far
+
+    def _is_incremental(self, ids: list[int] | None, completion_tokens: int) -> bool:
+        if self._incremental is not None:
+            return self._incremental
+        if ids is None or not completion_tokens or not self._ids:
+            return False
+        return len(ids) + self._ids == completion_tokens
+
+    def step(self, payload: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
+        """The new text and new token ids (None when the chunk has no ``output_ids``) of one chunk."""
+        raw_ids = payload.get("output_ids")
+        ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
+        meta = payload.get("meta_info") or {}
+        text = payload.get("text")
+        if self._is_incremental(ids, int(meta.get("completion_tokens") or 0)):
+            self._ids += len(ids or ())
+            return (text if isinstance(text, str) else ""), (tuple(ids) if ids is not None else None)
+        delta = ""
+        if isinstance(text, str):
+            delta = text[self._text_chars :]
+            self._text_chars = max(self._text_chars, len(text))
+        new_ids = None
+        if ids is not None:
+            new_ids = tuple(ids[self._ids :])
+            self._ids = max(self._ids, len(ids))
+        return delta, new_ids
 
 
 def _chunk(payload: dict[str, Any], text: str, output_ids: tuple[int, ...] | None) -> UpstreamChunk:
@@ -273,8 +312,10 @@ class SGLangClient:
         return chunk
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
-        """Streamed ``/generate``: yields deltas. Raises :class:`UpstreamError` (also mid-stream)."""
-        previous = ""
+        """Streamed ``/generate``: yields deltas (see :class:`StreamDeltas`). Raises :class:`UpstreamError`
+        (also mid-stream)."""
+        info = self._info.get(worker) or await self.learn(worker)
+        deltas = StreamDeltas(info.incremental_streaming if info else None)
         try:
             async with self._http.stream("POST", f"{worker}/generate", json={**body, "stream": True}) as resp:
                 if resp.status_code != 200:
@@ -295,12 +336,7 @@ class SGLangClient:
                     payload = json.loads(data)
                     if "error" in payload:
                         raise UpstreamError(worker, _error_message(payload), status=500)
-                    current = str(payload.get("text", ""))
-                    ids = payload.get("output_ids")
-                    chunk = _chunk(
-                        payload, text_delta(previous, current), tuple(ids) if isinstance(ids, list) else None
-                    )
-                    previous = current
+                    chunk = _chunk(payload, *deltas.step(payload))
                     if chunk.finish_reason == "abort":
                         raise UpstreamError(worker, "worker aborted the request", status=503)
                     finished = finished or chunk.finish_reason is not None

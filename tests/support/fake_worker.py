@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+TOKENS = [w if i == 0 else " " + w for i, w in enumerate(WORDS)]  # the answer, token by token
 
 
 class FakeWorker:
@@ -32,6 +33,8 @@ class FakeWorker:
         delay_s: pause per generated word (between streamed chunks; summed for non-streamed answers).
         server_info: the ``/server_info`` body (SGLang's names), or None to answer 404.
         info_requests: how many times ``/server_info`` was asked.
+        tokens: the texts of the tokens it answers with (token id = position), at most this many.
+        up: False makes ``/health`` answer 503 (a worker restarting).
     """
 
     def __init__(self) -> None:
@@ -42,6 +45,8 @@ class FakeWorker:
         self.deep_probes = 0
         self.server_info: dict[str, Any] | None = None
         self.info_requests = 0
+        self.tokens = list(TOKENS)
+        self.up = True
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -53,7 +58,7 @@ class FakeWorker:
         )
 
     async def health(self, _: Request) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if self.up else 503)
 
     async def info(self, _: Request) -> Response:
         self.info_requests += 1
@@ -74,7 +79,7 @@ class FakeWorker:
         limit = body["sampling_params"]["max_new_tokens"]
         return {
             "id": body.get("rid"),
-            "prompt_tokens": len(body["text"].split()),
+            "prompt_tokens": len(body["input_ids"]) if "input_ids" in body else len(body["text"].split()),
             "completion_tokens": n,
             "cached_tokens": 0,
             "finish_reason": {"type": "length", "length": limit} if done else None,
@@ -85,11 +90,12 @@ class FakeWorker:
         self.received.append(body)
         if self.mode == "error500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        n = min(body["sampling_params"]["max_new_tokens"], len(WORDS))
+        tokens = self.tokens
+        n = min(body["sampling_params"]["max_new_tokens"], len(tokens))
         if not body.get("stream"):
             if self.delay_s:
                 await asyncio.sleep(self.delay_s * n)
-            text = " ".join(WORDS[:n])
+            text = "".join(tokens[:n])
             return JSONResponse(
                 {"text": text, "output_ids": list(range(n)), "meta_info": self._meta(body, n, True)}
             )
@@ -101,10 +107,10 @@ class FakeWorker:
                     raise RuntimeError("worker died")
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                if incremental:
-                    text, ids = ("" if i == 1 else " ") + WORDS[i - 1], [i - 1]
+                if incremental:  # SGLang --incremental-streaming-output: deltas
+                    text, ids = tokens[i - 1], [i - 1]
                 else:
-                    text, ids = " ".join(WORDS[:i]), list(range(i))
+                    text, ids = "".join(tokens[:i]), list(range(i))
                 payload = {"text": text, "output_ids": ids, "meta_info": self._meta(body, i, i == n)}
                 yield f"data: {json.dumps(payload)}\n\n".encode()
             yield b"data: [DONE]\n\n"
