@@ -1,6 +1,8 @@
 """Typed protocol between HTTP and the dispatch pipeline: OpenAI request/response models.
 
-Unknown top-level fields are rejected (400 ``Unrecognized request argument supplied``) as OpenAI does.
+Bodies are screened first by :mod:`service.api.openai_fields` (OpenAI fields not served, hints, ``null``
+meaning the default); the models here parse what is served. Unknown fields are rejected (400
+``Unrecognized request argument supplied``) as OpenAI does.
 Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos`` (SGLang sampling) and
 ``priority`` (a radixgate priority class name).
 
@@ -42,7 +44,6 @@ class ChatMessage(BaseModel):
     model_config = REQUEST_CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    name: str | None = Field(None, max_length=limits.MAX_NAME_CHARS)
     tool_call_id: str | None = Field(None, max_length=limits.MAX_NAME_CHARS)
 
     @model_validator(mode="after")
@@ -84,7 +85,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=limits.TOP_K_ALL, description="-1 and 0 mean off.")
     min_p: float | None = Field(None, ge=0, le=1)
-    n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
+    n: int = Field(1, ge=1, description="n > 1 is refused by service.api.openai_fields.")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -147,16 +148,6 @@ class CompletionRequest(SamplingFields):
     """Body of ``POST /v1/completions`` (one text prompt)."""
 
     prompt: str | list[str]
-    echo: StrictBool = False
-    suffix: str | None = None
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo=true is not supported")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        return self
 
     @field_validator("prompt")
     @classmethod
