@@ -10,6 +10,7 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 
+from service.api.openai_fields import parameters_table
 from service.app import create_app
 from service.config import Settings
 from service.config_doc import settings_table
@@ -67,19 +68,31 @@ def worker(port: int = typer.Option(None, help="Port (default: engine.base_port)
         proc.stop()
 
 
+def _print_or_write(table: str, marker: str, readme: Path | None) -> None:
+    if readme is None:
+        print(table)
+        return
+    start, end = f"<!-- {marker}:start -->\n", f"\n<!-- {marker}:end -->"
+    text = readme.read_text()
+    head, tail = text[: text.index(start) + len(start)], text[text.index(end) :]
+    readme.write_text(head + table + tail)
+
+
 @cli.command("config-table")
 def config_table(
     readme: Path | None = typer.Option(None, help="Rewrite the table between the markers of this file."),
 ) -> None:
     """Print every setting as a markdown table, or write it into the README's configuration section."""
-    table = settings_table()
-    if readme is None:
-        print(table)
-        return
-    start, end = "<!-- config-table:start -->\n", "\n<!-- config-table:end -->"
-    text = readme.read_text()
-    head, tail = text[: text.index(start) + len(start)], text[text.index(end) :]
-    readme.write_text(head + table + tail)
+    _print_or_write(settings_table(), "config-table", readme)
+
+
+@cli.command("params-table")
+def params_table(
+    readme: Path | None = typer.Option(None, help="Rewrite the table between the markers of this file."),
+) -> None:
+    """Print the OpenAI request parameters (served / accepted / off only / refused) as a markdown table,
+    or write it into the README."""
+    _print_or_write(parameters_table(), "params-table", readme)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ class Dispatcher:
         scheduler: Scheduler,
     ) -> None:
         self._settings = settings
-        self._preparer = RequestPreparer(settings, renderer)
+        self._preparer = RequestPreparer(
+            settings, renderer, lambda: client.token_limits([w.url for w in pool.workers])
+        )
         self._upstream = UpstreamCaller(settings, pool, scheduler, client, metrics, renderer)
         self._scheduler = scheduler
         self._quota = quota

@@ -6,6 +6,7 @@ anything reaches a worker.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from service.api.errors import APIError
 from service.api.protocol import ChatCompletionRequest, CompletionRequest
 from service.config import Settings
 from service.prompting import PromptError, PromptRenderer, RenderedPrompt
+from service.workers.client import TokenLimits
 from tenancy.models import Tenant
 
 
@@ -61,11 +63,25 @@ class RequestPreparer:
     Args:
         settings: the app's settings (models, priority classes, limits).
         renderer: chat template and tokenizer.
+        worker_limits: the tightest token limits the workers reported (None while none did); the
+            context check uses the smaller of these and ``api.context_length``.
     """
 
-    def __init__(self, settings: Settings, renderer: PromptRenderer) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        renderer: PromptRenderer,
+        worker_limits: Callable[[], TokenLimits | None] = lambda: None,
+    ) -> None:
         self._settings = settings
         self._renderer = renderer
+        self._worker_limits = worker_limits
+
+    def limits(self) -> TokenLimits:
+        """Prompt and prompt + completion limits (tokens): ``api.context_length`` and what the workers
+        reported, whichever is smaller."""
+        context = self._settings.api.context_length
+        return TokenLimits(context - 1, context).tightest(self._worker_limits())
 
     def prepare(
         self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
@@ -97,7 +113,8 @@ class RequestPreparer:
                 prompt = self._renderer.render_text(req.prompt_text())
         except PromptError as exc:
             raise APIError(400, str(exc), code="invalid_prompt", param="messages") from exc
-        max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens)
+        prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+        max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param)
         body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
         return PreparedRequest(
             rid=rid,
@@ -134,15 +151,17 @@ class RequestPreparer:
             )
         return name
 
-    def _max_tokens(self, tenant: Tenant, asked: int | None, prompt_tokens: int) -> int:
-        context = self._settings.api.context_length
+    def _max_tokens(self, tenant: Tenant, asked: int | None, prompt_tokens: int, prompt_param: str) -> int:
+        limits = self.limits()
+        context = limits.max_total_tokens
         room = context - prompt_tokens
-        if room < 1:
+        if room < 1 or prompt_tokens > limits.max_prompt_tokens:
             raise APIError(
                 400,
-                f"The prompt is {prompt_tokens} tokens; this model's context is {context}.",
+                f"The prompt is {prompt_tokens} tokens; this model takes at most "
+                f"{min(limits.max_prompt_tokens, context - 1)} prompt tokens (context {context}).",
                 code="context_length_exceeded",
-                param="messages",
+                param=prompt_param,
             )
         cap = tenant.max_tokens_cap
         if asked is None:
@@ -175,7 +194,6 @@ class RequestPreparer:
         for name in (
             "temperature",
             "top_p",
-            "top_k",
             "min_p",
             "presence_penalty",
             "frequency_penalty",
@@ -185,6 +203,8 @@ class RequestPreparer:
             value = getattr(req, name)
             if value is not None:
                 sampling[name] = value
+        if req.top_k is not None and req.top_k > 0:  # -1 and 0 mean "off" (vLLM, SGLang)
+            sampling["top_k"] = req.top_k
         if req.seed is not None:
             sampling["sampling_seed"] = req.seed
         if req.stop_list():

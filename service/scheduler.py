@@ -339,7 +339,8 @@ class Scheduler:
         urls = [url for url, ok in self._eligible.items() if ok]
         for url in urls:
             if self._max_running.get(url) is None:
-                self._max_running[url] = await self._client.max_running_requests(url)
+                info = self._client.known_info(url) or await self._client.learn(url)
+                self._max_running[url] = info.max_running if info is not None else None
         loads = await asyncio.gather(*(self._client.load(u) for u in urls))
         now = self._clock()
         for url, load in zip(urls, loads, strict=True):

@@ -6,9 +6,10 @@
   Blog, "Exponential Backoff and Jitter", 2015). The client sees one response.
 - After the first token, a broken stream is resumed on another worker: the new request's prompt is the
   original prompt followed by what was already generated, ``max_new_tokens`` reduced by the tokens
-  already produced. When the worker streams ``output_ids`` and the gateway's tokenization of the prompt
-  matches the worker's prompt-token count, the resume is exact at the token level (``input_ids`` =
-  prompt ids + generated ids); otherwise it resumes on the text. With greedy sampling the client's text
+  already produced. When the worker streams ``output_ids`` (the client turns them into per-chunk deltas
+  whatever the worker's streaming mode) and the gateway's tokenization of the prompt matches the
+  worker's prompt-token count, the resume is exact at the token level (``input_ids`` = prompt ids +
+  generated ids); otherwise it resumes on the text. With greedy sampling the client's text
   equals an uninterrupted run's. Usage counts each token once.
 - Every outcome feeds the worker's circuit breaker.
 """
@@ -191,7 +192,6 @@ class UpstreamCaller:
         body = prepared.body
         while True:
             worker = await self._next_worker(prepared, outcome, tried, last_error)
-            ids_base = len(progress.output_ids)  # this attempt's output_ids restart from zero
             first = True
             try:
                 async for chunk in self._client.stream(worker, body):
@@ -205,7 +205,7 @@ class UpstreamCaller:
                     if chunk.output_ids is None:
                         progress.ids_known = False
                     elif progress.ids_known:
-                        progress.output_ids[ids_base:] = chunk.output_ids
+                        progress.output_ids.extend(chunk.output_ids)
                     outcome.streamed_any = True
                     if chunk.finish_reason:
                         outcome.finished = True

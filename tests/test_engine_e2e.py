@@ -146,3 +146,22 @@ def test_text_completion_and_usage_recorded_for_the_tenant(
     assert usage["requests"] == 1
     assert usage["prompt_tokens"] == got.usage.prompt_tokens
     assert usage["completion_tokens"] == got.usage.completion_tokens
+
+
+@pytest.mark.parametrize("stop", ["", ["", "zzzz"], ["zzzz", "zzzz", ""]])
+def test_empty_and_repeated_stop_sequences_answer_as_without_stop(
+    gateway: str, tenant: tuple[str, str], stop: str | list[str]
+) -> None:
+    """Issue 8: ``"stop": ""`` used to end a greedy answer at once with one empty token."""
+    with httpx.Client(
+        base_url=gateway, headers={"Authorization": f"Bearer {tenant[1]}"}, timeout=120
+    ) as http:
+        for route, body in (
+            ("/v1/completions", {"prompt": "The capital of France is"}),
+            ("/v1/chat/completions", {"messages": QUESTION}),
+        ):
+            base = {"model": MODEL, "max_tokens": 12, "temperature": 0, **body}
+            plain = http.post(route, json=base).json()
+            stopped = http.post(route, json={**base, "stop": stop}).json()
+            assert stopped["choices"] == plain["choices"], (route, stop)
+            assert stopped["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] > 1

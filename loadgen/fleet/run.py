@@ -97,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     args = ap.parse_args(argv)
-    config = FleetConfig(profile=args.profile, workers=args.workers, seed=args.seed).with_core(routing=args.routing)
+    config = FleetConfig(profile=args.profile, workers=args.workers, seed=args.seed).with_core(
+        routing=args.routing
+    )
     fr = run_scenario(load_scenario(args.scenario), config)
     print_report(fr.report)
     fleet = fr.report["fleet"]

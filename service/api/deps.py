@@ -78,11 +78,16 @@ def require_admin(request: Request, state: StateDep) -> None:
 AdminDep = Depends(require_admin)
 
 
+def _not_json(constant: str) -> Any:
+    """``NaN``/``Infinity``, which Python's json module accepts but JSON (RFC 8259) does not."""
+    raise ValueError(f"{constant} is not JSON")
+
+
 async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
     """Read and decode the JSON body, at most ``api.max_body_bytes``.
 
     Raises:
-        APIError: 413 body too large; 400 not JSON or not an object.
+        APIError: 413 body too large; 400 not JSON (also ``NaN``/``Infinity``) or not an object.
     """
     limit = state.settings.api.max_body_bytes
     declared = request.headers.get("content-length")
@@ -96,7 +101,7 @@ async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
             raise APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
         chunks.append(chunk)
     try:
-        payload = json.loads(b"".join(chunks))
+        payload = json.loads(b"".join(chunks), parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise APIError(
             400,

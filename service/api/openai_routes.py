@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from service.api.cancellation import ClientDisconnected, until_disconnect
 from service.api.deps import JsonBody, StateDep, TenantDep, request_id
 from service.api.errors import validation_error
+from service.api.openai_fields import screen_chat, screen_completion
 from service.api.protocol import ChatCompletionRequest, CompletionRequest
 from service.state import GatewayState
 from tenancy.models import Tenant
@@ -68,13 +69,13 @@ async def _serve(
 @router.post("/chat/completions")
 async def chat_completions(request: Request, tenant: TenantDep, body: JsonBody, state: StateDep) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
-    return await _serve(request, state, tenant, parse(ChatCompletionRequest, body))
+    return await _serve(request, state, tenant, parse(ChatCompletionRequest, screen_chat(body)))
 
 
 @router.post("/completions")
 async def completions(request: Request, tenant: TenantDep, body: JsonBody, state: StateDep) -> Response:
     """``POST /v1/completions`` (one prompt; stream and non-stream)."""
-    return await _serve(request, state, tenant, parse(CompletionRequest, body))
+    return await _serve(request, state, tenant, parse(CompletionRequest, screen_completion(body)))
 
 
 @router.get("/models")

@@ -1,9 +1,13 @@
 """Typed protocol between HTTP and the dispatch pipeline: OpenAI request/response models.
 
-Unknown top-level fields are rejected (400 ``Unrecognized request argument supplied``) as OpenAI does.
+Bodies are screened first by :mod:`service.api.openai_fields` (OpenAI fields not served, hints, ``null``
+meaning the default); the models here parse what is served. Unknown fields are rejected (400
+``Unrecognized request argument supplied``) as OpenAI does.
 Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos`` (SGLang sampling) and
-``priority``
-(a radixgate priority class name).
+``priority`` (a radixgate priority class name).
+
+Types are strict (``"5"`` is not a number, ``true`` is not 1) and every number and size is bounded by
+:mod:`service.api.limits`, so nothing reaches a worker that it cannot take.
 """
 
 from __future__ import annotations
@@ -13,18 +17,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from service.api import limits
+
+REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+"""Request models: unknown fields refused, no type coercion, no NaN or infinity."""
+
 
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage`` adds a final chunk with the usage."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     include_usage: bool = False
 
 
 class TextPart(BaseModel):
     """A ``{"type": "text", "text": ...}`` content part (the only kind a text model takes)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     type: Literal["text"]
     text: str
 
@@ -32,11 +41,10 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One chat message. ``developer`` is treated as ``system``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(None, max_length=limits.MAX_NAME_CHARS)
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
@@ -53,41 +61,64 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+def effective_stops(stops: list[str]) -> list[str]:
+    """Drop stop sequences that cannot change an answer except to spoil it.
+
+    - ``""`` matches before any text, so SGLang ends the answer at once (issue 8: an empty answer with
+      ``finish_reason: "stop"``); OpenAI ignores it. Dropped.
+    - Duplicates. Dropped (the first of each is kept, in order).
+
+    A sequence that contains another one is kept: it can still decide where the answer is cut (with
+    ``["ab", "b"]``, ``"xab"`` ends after ``"x"``). An all-empty list becomes no stop at all.
+    """
+    return list(dict.fromkeys(s for s in stops if s))
+
+
 class SamplingFields(BaseModel):
     """Fields shared by chat and text completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = REQUEST_CONFIG
 
-    model: str = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
+    model: str = Field(..., min_length=1, max_length=256)
+    max_tokens: int | None = Field(None, ge=1, description="Also bounded by the context (preparation).")
+    temperature: float | None = Field(None, ge=0, le=limits.TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=limits.TOP_K_ALL, description="-1 and 0 mean off.")
     min_p: float | None = Field(None, ge=0, le=1)
-    n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
+    n: int = Field(1, ge=1, description="n > 1 is refused by service.api.openai_fields.")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    presence_penalty: float | None = Field(None, ge=limits.PENALTY_MIN, le=limits.PENALTY_MAX)
+    frequency_penalty: float | None = Field(None, ge=limits.PENALTY_MIN, le=limits.PENALTY_MAX)
+    repetition_penalty: float | None = Field(
+        None, ge=limits.REPETITION_PENALTY_MIN, le=limits.REPETITION_PENALTY_MAX
+    )
     ignore_eos: bool | None = Field(None, description="SGLang/vLLM extension: generate max_tokens.")
-    seed: int | None = None
-    user: str | None = Field(None, max_length=256)
+    seed: int | None = Field(None, ge=limits.SEED_MIN, le=limits.SEED_MAX)
+    user: str | None = Field(None, max_length=limits.MAX_USER_CHARS)
     priority: str | None = Field(None, max_length=64, description="radixgate priority class name.")
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences")
+        items = [value] if isinstance(value, str) else value or []
+        if len(items) > limits.MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {limits.MAX_STOP_SEQUENCES} stop sequences")
+        for item in items:
+            try:
+                size = len(item.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise ValueError("a stop sequence is not valid Unicode (lone surrogate)") from None
+            if size > limits.MAX_STOP_BYTES:
+                raise ValueError(f"a stop sequence may have at most {limits.MAX_STOP_BYTES} bytes")
         return value
 
     def stop_list(self) -> list[str]:
-        """Stop sequences as a list."""
+        """The stop sequences that can matter, in the order given (see :func:`effective_stops`)."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return effective_stops([self.stop] if isinstance(self.stop, str) else self.stop)
 
     @property
     def include_usage(self) -> bool:
@@ -98,7 +129,7 @@ class SamplingFields(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     """Body of ``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=limits.MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
@@ -117,16 +148,6 @@ class CompletionRequest(SamplingFields):
     """Body of ``POST /v1/completions`` (one text prompt)."""
 
     prompt: str | list[str]
-    echo: StrictBool = False
-    suffix: str | None = None
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo=true is not supported")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        return self
 
     @field_validator("prompt")
     @classmethod

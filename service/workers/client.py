@@ -1,9 +1,12 @@
 """HTTP client for SGLang's native ``/generate`` API (stream and non-stream), ``/abort_request`` and health.
 
 Request body (SGLang ``GenerateReqInput``): ``{"text", "sampling_params": {...}, "stream", "rid",
-"priority"}``. Each response (or SSE chunk ``data: {...}``, ended by ``data: [DONE]``) carries ``text``
-and ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and ``finish_reason``.
-Streamed ``text`` is cumulative by default; :func:`text_delta` handles both cumulative and incremental.
+"priority"}``. Each response (or SSE chunk ``data: {...}``, ended by ``data: [DONE]``) carries ``text``,
+``output_ids`` and ``meta_info`` with ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` and
+``finish_reason``.
+
+What a worker can take and how it streams is learned from the worker itself (``GET /server_info``, see
+:class:`WorkerInfo`), once per worker and again after it was seen down (a restart may change its flags).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+import structlog
 from prometheus_client.parser import text_string_to_metric_families
+
+log = structlog.get_logger("radixgate.client")
 
 ProbeResult = Literal["ok", "failed", "refused", "unknown"]
 """Outcome of one health probe ("unknown": the gateway's own connection pool was full; no evidence)."""
@@ -57,7 +63,7 @@ class UpstreamChunk:
         text: new text since the previous chunk (the full text for a non-streamed answer).
         prompt_tokens, completion_tokens, cached_tokens: the worker's counts so far (tokens).
         finish_reason: ``"stop"``, ``"length"``, or None while generating.
-        output_ids: all token ids generated so far (SGLang streams them cumulatively), if sent.
+        output_ids: the token ids new in this chunk (all of them for a non-streamed answer), if sent.
     """
 
     text: str
@@ -77,14 +83,53 @@ def finish_reason_of(meta: dict[str, Any]) -> str | None:
     return {"length": "length", "stop": "stop", "abort": "abort"}.get(str(kind), "stop")
 
 
-def text_delta(previous: str, current: str) -> str:
-    """New text of a streamed chunk: SGLang sends cumulative text unless told otherwise."""
-    if current.startswith(previous):
-        return current[len(previous) :]
-    return current
+class StreamDeltas:
+    """Turns one streamed answer's chunks into deltas: the text and token ids new since the last chunk.
+
+    SGLang 0.5.23 (``tokenizer_manager.py``, ``_handle_batch_output``): by default each chunk carries
+    the cumulative ``text`` and ``output_ids``; with ``--incremental-streaming-output`` both are deltas
+    (queued deltas are concatenated, never dropped). The mode comes from the worker
+    (:attr:`WorkerInfo.incremental_streaming`). When the worker did not say, the token counts tell: a
+    cumulative chunk holds ``meta_info.completion_tokens`` ids, an incremental one only the new ones
+    (the first chunk reads the same either way). The text's shape is never used to decide.
+
+    Args:
+        incremental: the worker's mode, or None when unknown.
+    """
+
+    def __init__(self, incremental: bool | None) -> None:
+        self._incremental = incremental
+        self._text_chars = 0  # length of the cumulative text so far
+        self._ids = 0  # token ids so far
+
+    def _is_incremental(self, ids: list[int] | None, completion_tokens: int) -> bool:
+        if self._incremental is not None:
+            return self._incremental
+        if ids is None or not completion_tokens or not self._ids:
+            return False
+        return len(ids) + self._ids == completion_tokens
+
+    def step(self, payload: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
+        """The new text and new token ids (None when the chunk has no ``output_ids``) of one chunk."""
+        raw_ids = payload.get("output_ids")
+        ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
+        meta = payload.get("meta_info") or {}
+        text = payload.get("text")
+        if self._is_incremental(ids, int(meta.get("completion_tokens") or 0)):
+            self._ids += len(ids or ())
+            return (text if isinstance(text, str) else ""), (tuple(ids) if ids is not None else None)
+        delta = ""
+        if isinstance(text, str):
+            delta = text[self._text_chars :]
+            self._text_chars = max(self._text_chars, len(text))
+        new_ids = None
+        if ids is not None:
+            new_ids = tuple(ids[self._ids :])
+            self._ids = max(self._ids, len(ids))
+        return delta, new_ids
 
 
-def _chunk(payload: dict[str, Any], text: str) -> UpstreamChunk:
+def _chunk(payload: dict[str, Any], text: str, output_ids: tuple[int, ...] | None) -> UpstreamChunk:
     meta = payload.get("meta_info") or {}
     return UpstreamChunk(
         text=text,
@@ -92,7 +137,7 @@ def _chunk(payload: dict[str, Any], text: str) -> UpstreamChunk:
         completion_tokens=int(meta.get("completion_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
         finish_reason=finish_reason_of(meta),
-        output_ids=tuple(ids) if isinstance(ids := payload.get("output_ids"), list) else None,
+        output_ids=output_ids,
     )
 
 
@@ -104,6 +149,74 @@ def _error_message(payload: Any) -> str:
         if err is not None:
             return str(err)
     return "worker returned an error"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLimits:
+    """Token limits of a worker (or the tightest over several).
+
+    Attributes:
+        max_prompt_tokens: longest prompt the worker schedules, tokens.
+        max_total_tokens: longest prompt + completion it runs without cutting ``max_new_tokens``, tokens.
+    """
+
+    max_prompt_tokens: int
+    max_total_tokens: int
+
+    def tightest(self, other: TokenLimits | None) -> TokenLimits:
+        """The smaller of both limits, field by field."""
+        if other is None:
+            return self
+        return TokenLimits(
+            min(self.max_prompt_tokens, other.max_prompt_tokens),
+            min(self.max_total_tokens, other.max_total_tokens),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker reports about itself on ``GET /server_info`` (SGLang's resolved server arguments
+    merged with its scheduler's start-up info).
+
+    Attributes:
+        incremental_streaming: the worker runs with ``--incremental-streaming-output`` (streamed ``text``
+            and ``output_ids`` are deltas, not cumulative); None when it does not say (SGLang's default,
+            cumulative, is then assumed only where the chunks themselves cannot tell).
+        limits: its token limits, None when it reports none.
+        max_running: requests the engine runs at once (:func:`engine_max_running`), None when unknown;
+            the admission core starts the worker's window there.
+    """
+
+    incremental_streaming: bool | None = None
+    limits: TokenLimits | None = None
+    max_running: int | None = None
+
+    @classmethod
+    def parse(cls, payload: Any) -> WorkerInfo:
+        """Read a ``/server_info`` body.
+
+        Limits (SGLang 0.5.23, ``tp_worker.py`` and ``scheduler.py``): the scheduler's
+        ``max_req_len = min(context_len - 1, kv_capacity - 1)`` and ``max_req_input_len = max_req_len - 5``;
+        it refuses a prompt of ``max_req_input_len`` tokens or more and silently cuts ``max_new_tokens`` to
+        ``max_req_len - prompt - 1``. So a prompt may have ``max_req_input_len - 1`` tokens and prompt +
+        completion ``max_req_input_len + 4``. Without ``max_req_input_len`` the model's
+        ``context_length`` is used the same way (``max_req_len = context_length - 1``).
+        """
+        if not isinstance(payload, dict):
+            return cls()
+        flag = payload.get("incremental_streaming_output")
+        limits = None
+        max_input = payload.get("max_req_input_len")
+        context = payload.get("context_length")
+        if isinstance(max_input, int) and max_input > 1:
+            limits = TokenLimits(max_input - 1, max_input + 4)
+        elif isinstance(context, int) and context > 7:
+            limits = TokenLimits(context - 7, context - 2)
+        return cls(
+            incremental_streaming=flag if isinstance(flag, bool) else None,
+            limits=limits,
+            max_running=engine_max_running(payload),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +256,62 @@ class SGLangClient:
 
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
+        self._info: dict[str, WorkerInfo] = {}
+
+    # -- what each worker is -------------------------------------------------------------------------
+    def known_info(self, worker: str) -> WorkerInfo | None:
+        """The cached :class:`WorkerInfo` of ``worker``; None until it was learned."""
+        return self._info.get(worker)
+
+    def forget(self, worker: str) -> None:
+        """Drop what was learned about ``worker`` (it went down; it may come back with other flags)."""
+        self._info.pop(worker, None)
+
+    async def learn(self, worker: str, timeout_s: float = 5.0) -> WorkerInfo | None:
+        """Read ``/server_info`` (``/get_server_info`` on older SGLang) and cache it.
+
+        A worker without either route (404) is cached as reporting nothing; a transport error caches
+        nothing and returns None (try again on the next contact).
+        """
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
+            except httpx.HTTPError:
+                return None
+            if resp.status_code == 200:
+                info = WorkerInfo.parse(_json_or_none(resp.text))
+                break
+            if resp.status_code != 404:
+                return None
+        else:
+            info = WorkerInfo()
+        if self._info.get(worker) != info:
+            log.info(
+                "worker_info",
+                worker=worker,
+                incremental_streaming=info.incremental_streaming,
+                max_prompt_tokens=info.limits.max_prompt_tokens if info.limits else None,
+                max_total_tokens=info.limits.max_total_tokens if info.limits else None,
+                max_running=info.max_running,
+            )
+        self._info[worker] = info
+        return info
+
+    def token_limits(self, workers: list[str]) -> TokenLimits | None:
+        """The tightest limits over those of ``workers`` that reported theirs; None when none did."""
+        limits: TokenLimits | None = None
+        for worker in workers:
+            info = self._info.get(worker)
+            if info is not None and info.limits is not None:
+                limits = info.limits.tightest(limits)
+        return limits
 
     async def generate(self, worker: str, body: dict[str, Any]) -> UpstreamChunk:
         """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""
         try:
             resp = await self._http.post(f"{worker}/generate", json={**body, "stream": False})
         except httpx.HTTPError as exc:
-            raise _transport_error(worker, exc) from exc
+            raise self._transport_error(worker, exc) from exc
         if resp.status_code != 200:
             raise UpstreamError(
                 worker,
@@ -158,14 +320,17 @@ class SGLangClient:
                 retryable=resp.status_code >= 500,
             )
         payload = resp.json()
-        chunk = _chunk(payload, str(payload.get("text", "")))
+        ids = payload.get("output_ids")
+        chunk = _chunk(payload, str(payload.get("text", "")), tuple(ids) if isinstance(ids, list) else None)
         if chunk.finish_reason == "abort":
             raise UpstreamError(worker, "worker aborted the request", status=503)
         return chunk
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
-        """Streamed ``/generate``: yields deltas. Raises :class:`UpstreamError` (also mid-stream)."""
-        previous = ""
+        """Streamed ``/generate``: yields deltas (see :class:`StreamDeltas`). Raises :class:`UpstreamError`
+        (also mid-stream)."""
+        info = self._info.get(worker) or await self.learn(worker)
+        deltas = StreamDeltas(info.incremental_streaming if info else None)
         try:
             async with self._http.stream("POST", f"{worker}/generate", json={**body, "stream": True}) as resp:
                 if resp.status_code != 200:
@@ -186,9 +351,7 @@ class SGLangClient:
                     payload = json.loads(data)
                     if "error" in payload:
                         raise UpstreamError(worker, _error_message(payload), status=500)
-                    current = str(payload.get("text", ""))
-                    chunk = _chunk(payload, text_delta(previous, current))
-                    previous = current
+                    chunk = _chunk(payload, *deltas.step(payload))
                     if chunk.finish_reason == "abort":
                         raise UpstreamError(worker, "worker aborted the request", status=503)
                     finished = finished or chunk.finish_reason is not None
@@ -196,7 +359,7 @@ class SGLangClient:
                 if not finished:
                     raise UpstreamError(worker, "stream ended before the answer finished")
         except httpx.HTTPError as exc:
-            raise _transport_error(worker, exc) from exc
+            raise self._transport_error(worker, exc) from exc
 
     async def abort(self, worker: str, rid: str) -> bool:
         """Ask a worker to abort request ``rid`` (SGLang ``/abort_request``). Never raises."""
@@ -205,20 +368,6 @@ class SGLangClient:
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
-
-    async def max_running_requests(self, worker: str, timeout_s: float = 5.0) -> int | None:
-        """How many requests the engine runs at once, from ``GET /server_info`` (None if unknown).
-
-        SGLang reports ``internal_states[i].effective_max_running_requests_per_dp`` per data-parallel rank
-        (the explicit ``--max-running-requests`` or what it derived from the KV pool); the sum is the
-        worker's. Falls back to the top-level ``max_running_requests`` server argument.
-        """
-        try:
-            resp = await self._http.get(f"{worker}/server_info", timeout=timeout_s)
-            info = resp.json() if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-        return engine_max_running(info)
 
     async def load(self, worker: str, timeout_s: float = 2.0) -> WorkerLoad | None:
         """The worker's reported load from ``GET /metrics``; None if it cannot be read."""
@@ -237,7 +386,10 @@ class SGLangClient:
         """``GET /health`` (or, when ``deep``, ``/health_generate``, which runs a 1-token generation on an
         idle worker): ``"ok"`` for 200 within ``timeout_s``, ``"refused"`` when the connection could
         not be opened, ``"unknown"`` when no pooled connection was free, ``"failed"`` otherwise (other
-        status, timeout, reset)."""
+        status, timeout, reset).
+
+        A worker that answers for the first time (or again after a failed probe) has its
+        :class:`WorkerInfo` learned; one that does not answer has it forgotten."""
         path = "/health_generate" if deep else "/health"
         try:
             resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
@@ -246,13 +398,30 @@ class SGLangClient:
         except httpx.PoolTimeout:
             return "unknown"
         except httpx.HTTPError:
+            self.forget(worker)
             return "failed"
-        return "ok" if resp.status_code == 200 else "failed"
+        if resp.status_code != 200:
+            self.forget(worker)
+            return "failed"
+        if worker not in self._info:
+            await self.learn(worker, timeout_s)
+        return "ok"
+
+    def _transport_error(self, worker: str, exc: httpx.HTTPError) -> UpstreamError:
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, httpx.PoolTimeout):  # no free connection in our own pool: not the worker's fault
+            return UpstreamError(worker, message, retryable=False, local=True)
+        refused = isinstance(exc, httpx.ConnectError)
+        if refused:
+            self.forget(worker)
+        return UpstreamError(worker, message, refused=refused)
 
 
 def engine_max_running(info: Any) -> int | None:
-    """``max_running_requests`` of a worker from its ``/server_info`` JSON (see
-    :meth:`SGLangClient.max_running_requests`); None when absent."""
+    """``max_running_requests`` of a worker from its ``/server_info`` JSON: SGLang reports
+    ``internal_states[i].effective_max_running_requests_per_dp`` per data-parallel rank (the explicit
+    ``--max-running-requests`` or what it derived from the KV pool), summed here; else the top-level
+    ``max_running_requests`` server argument; None when absent."""
     if not isinstance(info, dict):
         return None
     states = info.get("internal_states")
@@ -263,13 +432,6 @@ def engine_max_running(info: Any) -> int | None:
             return sum(values)
     value = info.get("max_running_requests")
     return int(value) if isinstance(value, int | float) and value > 0 else None
-
-
-def _transport_error(worker: str, exc: httpx.HTTPError) -> UpstreamError:
-    message = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, httpx.PoolTimeout):  # no free connection in our own pool: not the worker's fault
-        return UpstreamError(worker, message, retryable=False, local=True)
-    return UpstreamError(worker, message, refused=isinstance(exc, httpx.ConnectError))
 
 
 def _json_or_none(text: str) -> Any:

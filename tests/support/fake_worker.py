@@ -1,8 +1,10 @@
 """A fake SGLang worker for the gateway's error-path tests (not a model: fixed words).
 
-Speaks ``/generate`` (stream and non-stream, SGLang's cumulative-text SSE), ``/health`` and
-``/abort_request``. Its ``mode`` makes it answer 500, or break a stream after some chunks. Every request
-body it receives is kept in ``received`` so tests can assert that bad input never reached it.
+Speaks ``/generate`` (stream and non-stream, SGLang's SSE: cumulative ``text`` and ``output_ids``, or
+deltas when its ``server_info`` says ``incremental_streaming_output``), ``/health``, ``/server_info``
+(404 while ``server_info`` is None) and ``/abort_request``. Its ``mode`` makes it answer 500, or break a
+stream after some chunks. Every request body it receives is kept in ``received`` so tests can assert that
+bad input never reached it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+TOKENS = [w if i == 0 else " " + w for i, w in enumerate(WORDS)]  # the answer, token by token
 
 
 class FakeWorker:
@@ -30,6 +33,10 @@ class FakeWorker:
         delay_s: pause per generated word (between streamed chunks; summed for non-streamed answers).
         deep_status: status of ``/health_generate`` (500 anyway in mode ``"error500"``).
         deep_probes: ``/health_generate`` calls received.
+        server_info: the ``/server_info`` body (SGLang's names), or None to answer 404.
+        info_requests: how many times ``/server_info`` was asked.
+        tokens: the texts of the tokens it answers with (token id = position), at most this many.
+        up: False makes ``/health`` answer 503 (a worker restarting).
     """
 
     def __init__(self) -> None:
@@ -39,9 +46,14 @@ class FakeWorker:
         self.delay_s = 0.0
         self.deep_probes = 0
         self.deep_status = 200
+        self.server_info: dict[str, Any] | None = None
+        self.info_requests = 0
+        self.tokens = list(TOKENS)
+        self.up = True
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
+                Route("/server_info", self.info),
                 Route("/health", self.health),
                 Route("/health_generate", self.health_generate),
                 Route("/abort_request", self.abort, methods=["POST"]),
@@ -49,7 +61,13 @@ class FakeWorker:
         )
 
     async def health(self, _: Request) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if self.up else 503)
+
+    async def info(self, _: Request) -> Response:
+        self.info_requests += 1
+        if self.server_info is None:
+            return Response(status_code=404)
+        return JSONResponse(self.server_info)
 
     async def health_generate(self, _: Request) -> Response:
         self.deep_probes += 1
@@ -64,7 +82,7 @@ class FakeWorker:
         limit = body["sampling_params"]["max_new_tokens"]
         return {
             "id": body.get("rid"),
-            "prompt_tokens": len(body["text"].split()),
+            "prompt_tokens": len(body["input_ids"]) if "input_ids" in body else len(body["text"].split()),
             "completion_tokens": n,
             "cached_tokens": 0,
             "finish_reason": {"type": "length", "length": limit} if done else None,
@@ -75,12 +93,16 @@ class FakeWorker:
         self.received.append(body)
         if self.mode == "error500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        n = min(body["sampling_params"]["max_new_tokens"], len(WORDS))
+        tokens = self.tokens
+        n = min(body["sampling_params"]["max_new_tokens"], len(tokens))
         if not body.get("stream"):
             if self.delay_s:
                 await asyncio.sleep(self.delay_s * n)
-            text = " ".join(WORDS[:n])
-            return JSONResponse({"text": text, "meta_info": self._meta(body, n, True)})
+            text = "".join(tokens[:n])
+            return JSONResponse(
+                {"text": text, "output_ids": list(range(n)), "meta_info": self._meta(body, n, True)}
+            )
+        incremental = bool((self.server_info or {}).get("incremental_streaming_output"))
 
         async def events() -> AsyncIterator[bytes]:
             for i in range(1, n + 1):
@@ -88,7 +110,11 @@ class FakeWorker:
                     raise RuntimeError("worker died")
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                payload = {"text": " ".join(WORDS[:i]), "meta_info": self._meta(body, i, i == n)}
+                if incremental:  # SGLang --incremental-streaming-output: deltas
+                    text, ids = tokens[i - 1], [i - 1]
+                else:
+                    text, ids = "".join(tokens[:i]), list(range(i))
+                payload = {"text": text, "output_ids": ids, "meta_info": self._meta(body, i, i == n)}
                 yield f"data: {json.dumps(payload)}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
