@@ -77,6 +77,7 @@ class _Worker:
     in_flight_tokens: int = 0
     band_in_flight: dict[str, int] = field(default_factory=dict)
     prefill_backlog: int = 0  # uncached tokens of dispatched requests without a first token yet
+    silent: list[tuple[float, int, _Entry]] = field(default_factory=list)  # assumed first tokens
 
 
 @dataclass(slots=True, eq=False)
@@ -113,6 +114,7 @@ class AdmissionCore:
             for name, c in self._classes.items()
         ]
         goal = min(c.ttft_goal_s for c in self._classes.values())
+        self._guard_s = cfg.lower_band_prefill_guard * self._classes[self._top].ttft_goal_s
         fraction = cfg.window.ttft_target_fraction
         self._ttft_target = cfg.window.ttft_target_s or (fraction * goal if fraction else None)
         self.router: Router = make_router(cfg.routing, cache_aware=cfg.cache_aware)
@@ -223,14 +225,16 @@ class AdmissionCore:
         assert entry.worker is not None
         return out + self._pump(entry.worker, now)
 
-    def first_token(self, rid: str, now: float, cached_tokens: int | None = None) -> None:
-        """The first token of ``rid`` reached the gateway at ``now``: learn the engine's TTFT."""
+    def first_token(self, rid: str, now: float, cached_tokens: int | None = None) -> list[Decision]:
+        """The first token of ``rid`` reached the gateway at ``now``: learn the engine's TTFT; returns what
+        the shorter prefill queue let through."""
         e = self._entries.get(rid)
         if e is None or e.dispatched_at is None or e.first_token_seen or e.worker is None:
-            return
+            return []
         self._prefilled(e)
         uncached = e.uncached if cached_tokens is None else max(0, e.req.prompt_tokens - cached_tokens)
         e.worker.est.on_first_token(now, now - e.dispatched_at, e.backlog_at_dispatch + uncached)
+        return self._pump(e.worker, now) if len(e.worker.bands) else []
 
     def finish(
         self,
@@ -297,8 +301,13 @@ class AdmissionCore:
         return self._pump(w, now)
 
     def tick(self, now: float) -> list[Decision]:
-        """Expire queued requests whose deadline is ``<= now``."""
+        """Expire queued requests whose deadline is ``<= now``; dispatch what assumed first tokens let
+        through."""
         out: list[Decision] = []
+        for w in self._workers.values():
+            if w.silent and w.silent[0][0] <= now and len(w.bands):
+                self._backlog(w, now)
+                out += self._pump(w, now)
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             deadline, _, rid = heapq.heappop(heap)
@@ -311,15 +320,21 @@ class AdmissionCore:
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a queued request (when to call :meth:`tick`), or None."""
+        """When to call :meth:`tick` next: the earliest deadline of a queued request, or the assumed first
+        token of a non-streamed request on a worker whose queue waits; None when there is nothing."""
         heap = self._deadlines
+        soonest: float | None = None
         while heap:
             deadline, _, rid = heap[0]
             e = self._entries.get(rid)
             if e is not None and e.dispatched_at is None and e.deadline == deadline:
-                return deadline
+                soonest = deadline
+                break
             heapq.heappop(heap)
-        return None
+        for w in self._workers.values():
+            if w.silent and len(w.bands) and (soonest is None or w.silent[0][0] < soonest):
+                soonest = w.silent[0][0]
+        return soonest
 
     # -- placement ----------------------------------------------------------------------------------
     def _place(self, e: _Entry, now: float, exclude: Collection[str]) -> Shed | None:
@@ -416,7 +431,7 @@ class AdmissionCore:
                 rank = self._classes[req.band].rank
                 higher = sum(r.rate(now) or 0.0 for k, r in w.arrivals.items() if k > rank)
                 wait = need / max(capacity - higher, capacity * _MIN_RESIDUAL)
-        return wait + w.est.engine_ttft(w.prefill_backlog + uncached, now)
+        return wait + w.est.engine_ttft(self._backlog(w, now) + uncached, now)
 
     def _deadline(self, e: _Entry, w: _Worker, now: float) -> float:
         """Latest dispatch time of ``e`` on ``w``, s."""
@@ -434,7 +449,8 @@ class AdmissionCore:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
         if not self.config.slo_admission or e.cls.serve_late:
             return False
-        first_token = now + w.est.engine_ttft(w.prefill_backlog + e.uncached, now)
+        engine = w.est.engine_ttft(self._backlog(w, now) + e.uncached, now)
+        first_token = now + engine * (1.0 + self.config.dispatch_margin)
         return first_token > e.req.arrival + e.cls.ttft_goal_s
 
     def _retry_after(self, cls: ClassPolicy) -> float:
@@ -452,15 +468,25 @@ class AdmissionCore:
         w.in_flight_tokens -= e.req.cost
         w.band_in_flight[e.req.band] -= 1
 
-    @staticmethod
-    def _start(w: _Worker, e: _Entry, now: float) -> None:
+    def _start(self, w: _Worker, e: _Entry, now: float) -> None:
         """Count ``e`` as dispatched to ``w`` at ``now``."""
         e.dispatched_at, e.first_token_seen = now, False
-        e.backlog_at_dispatch = w.prefill_backlog
+        e.backlog_at_dispatch = self._backlog(w, now)
+        if not e.req.reports_first_token:
+            expected = now + w.est.engine_ttft(e.backlog_at_dispatch + e.uncached, now)
+            heapq.heappush(w.silent, (expected, next(self._seq), e))
         w.prefill_backlog += e.uncached
         w.in_flight += 1
         w.in_flight_tokens += e.req.cost
         w.band_in_flight[e.req.band] = w.band_in_flight.get(e.req.band, 0) + 1
+
+    def _backlog(self, w: _Worker, now: float) -> int:
+        """``w``'s prefill backlog at ``now``, tokens: non-streamed requests count until their predicted
+        first token (the gateway cannot see it)."""
+        silent = w.silent
+        while silent and silent[0][0] <= now:
+            self._prefilled(heapq.heappop(silent)[2])
+        return w.prefill_backlog
 
     @staticmethod
     def _prefilled(e: _Entry) -> None:
@@ -479,7 +505,7 @@ class AdmissionCore:
                 w.in_flight, w.in_flight_tokens, e.req.cost, self._headroom(w, e.req.band)
             ):
                 break
-            if self._band_room(w, e.req.band) <= 0:
+            if self._band_room(w, e.req.band) <= 0 or self._guarded(w, e, now):
                 break
             bands.pop()
             self._depth[e.req.band] -= 1
@@ -493,6 +519,13 @@ class AdmissionCore:
             assert e.route is not None
             out.append(Dispatch(e.req.rid, w.url, e.route, now - e.req.arrival, e.predicted))
         return out
+
+    def _guarded(self, w: _Worker, e: _Entry, now: float) -> bool:
+        """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``."""
+        if e.req.band == self._top or not self.config.slo_admission:
+            return False
+        backlog = self._backlog(w, now)
+        return backlog > 0 and w.est.engine_ttft(backlog + e.uncached, now) > self._guard_s
 
     def _rebind(self, w: _Worker, now: float) -> list[Decision]:
         """Place ``w``'s queued requests on other workers (or shed them)."""

@@ -38,6 +38,8 @@ class AdmissionRequest:
         arrival: when the request reached the gateway, s (its TTFT goal counts from here).
         weight: the tenant's fair-queuing weight (> 0).
         session_id: sticky routing key (consistent hashing), if any.
+        reports_first_token: the caller will call ``first_token`` when it arrives (a streamed answer);
+            otherwise the core assumes the first token at its predicted time.
     """
 
     rid: str
@@ -49,6 +51,7 @@ class AdmissionRequest:
     arrival: float
     weight: float = 1.0
     session_id: str | None = None
+    reports_first_token: bool = True
 
     @property
     def cost(self) -> int:
@@ -124,6 +127,13 @@ class CoreConfig:
             branch off: the core weighs misses against waits itself).
         estimates: smoothing of the measured rates (:mod:`policies.estimates`).
         max_queue_total: most requests queued across all bands and workers.
+        lower_band_prefill_guard: a request below the top band is dispatched only while the worker's
+            predicted engine TTFT, its own prefill included, stays within this fraction of the top band's
+            goal (when anything is prefilling there at all): lower work then never fills the engine's
+            prefill queue so far that a top-band request arriving next would miss its goal (SGLang
+            schedules prefills by priority, but a step already running with lower work must end first).
+        dispatch_margin: a queued request is dispatched only if its predicted first token, with the
+            engine's part stretched by this fraction, still meets its goal (the prediction is a mean).
         slo_admission: shed requests predicted to miss their TTFT goal and expire queued ones at their
             deadline (False: the first round's behaviour, a fixed queue-wait budget; an ablation).
         spill: when the policy's worker cannot meet the goal, use the worker predicted to be fastest, cache
@@ -138,6 +148,8 @@ class CoreConfig:
     cache_aware: CacheAwareConfig = field(default_factory=lambda: CacheAwareConfig(balance=False))
     estimates: EstimateConfig = field(default_factory=EstimateConfig)
     max_queue_total: int = 10000
+    lower_band_prefill_guard: float = 0.5
+    dispatch_margin: float = 0.25
     slo_admission: bool = True
     spill: bool = True
     fair_queuing: bool = True

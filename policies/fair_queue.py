@@ -183,7 +183,7 @@ class PriorityBands(Generic[T]):
         return self._queues[band]
 
     def push(self, item: QueuedItem[T]) -> None:
-        """Enqueue into ``item.band`` (capacity checks are the caller's, see ``policies.shedding``)."""
+        """Enqueue into ``item.band`` (capacity checks are the caller's, see ``policies.admission_core``)."""
         self._queues[item.band].push(item)
 
     def remove(self, item: QueuedItem[T]) -> bool:

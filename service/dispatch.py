@@ -161,7 +161,7 @@ class Dispatcher:
             make = chat_response if prepared.chat else text_response
             return make(prepared.rid, prepared.model, chunk.text, chunk.finish_reason, usage)
         except GatewayError as err:
-            outcome.status = http_status(err)
+            outcome.status, outcome.error_code = http_status(err), outcome.error_code or err.code
             raise
         except asyncio.CancelledError:
             outcome.status = 499
@@ -203,7 +203,7 @@ class Dispatcher:
                 yield _sse(usage_chunk(prepared.rid, prepared.model, created, prepared.chat, usage))
             yield b"data: [DONE]\n\n"
         except GatewayError as err:
-            outcome.status = http_status(err)
+            outcome.status, outcome.error_code = http_status(err), outcome.error_code or err.code
             if not outcome.streamed_any:
                 raise  # nothing sent yet: the route answers with a real HTTP status
             yield sse_error_event(err)

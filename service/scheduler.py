@@ -112,6 +112,7 @@ class Scheduler:
         self._clock = clock
         self._waiters: dict[str, asyncio.Future[Slot]] = {}
         self._costs: dict[str, int] = {}
+        self._tenants: dict[str, str] = {}  # rid -> tenant label, while the core decides about it
         self._eligible: dict[str, bool] = {}
         self._max_running: dict[str, int | None] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -151,6 +152,7 @@ class Scheduler:
         self._waiters[req.rid] = waiter
         cost = req.prompt_tokens + req.max_tokens
         self._costs[req.rid] = cost
+        self._tenants[req.rid] = self._metrics.tenant(req.tenant)
         self._apply(
             self._core.arrive(
                 AdmissionRequest(
@@ -182,6 +184,7 @@ class Scheduler:
             self._costs.pop(req.rid, None)
             raise
         finally:
+            self._tenants.pop(req.rid, None)
             self._gauge_depth(req.band)
         m.queue_wait.labels(req.band).observe(max(0.0, self._clock() - now))
         m.scheduler_outcomes.labels(req.band, label, "admitted").inc()
@@ -189,7 +192,7 @@ class Scheduler:
 
     def first_token(self, slot: Slot, cached_tokens: int | None = None) -> None:
         """The first token of ``slot``'s request arrived now (teaches the core the engine's TTFT)."""
-        self._core.first_token(slot.rid, self._clock(), cached_tokens)
+        self._apply(self._core.first_token(slot.rid, self._clock(), cached_tokens))
 
     def release(
         self, slot: Slot, ok: bool = True, prompt_tokens: int | None = None, cached_tokens: int | None = None
@@ -267,15 +270,17 @@ class Scheduler:
                     waiter.set_result(slot)
                 continue
             self._costs.pop(d.rid, None)
+            tenant = self._tenants.get(d.rid, "-")
             if isinstance(d, Shed):
                 m.shed.labels(d.band, d.reason).inc()
+                m.scheduler_outcomes.labels(d.band, tenant, "shed").inc()
                 error: Exception = (
                     NoWorkerAvailable("No healthy worker is available; retry shortly.", retry_after_s=1.0)
                     if d.reason == "no_worker"
                     else Overloaded(_shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s))
                 )
             else:
-                m.scheduler_outcomes.labels(d.band, "-", "expired").inc()
+                m.scheduler_outcomes.labels(d.band, tenant, "expired").inc()
                 goal = self._settings.priority_classes[d.band].ttft_goal_ms
                 error = QueueTimeout(
                     f"Queued {d.waited_s * 1000:.0f} ms; the '{d.band}' class's time-to-first-token goal "

@@ -20,13 +20,8 @@ from tests.support.servers import ThreadedServer
 from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
 
-def band(rank: int, prio: int, budget_ms: float, max_len: int) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "sglang_priority": prio,
-        "queue_wait_budget_ms": budget_ms,
-        "max_queue_len": max_len,
-    }
+def band(rank: int, prio: int, goal_ms: float, max_len: int) -> dict[str, Any]:
+    return {"rank": rank, "sglang_priority": prio, "ttft_goal_ms": goal_ms, "max_queue_len": max_len}
 
 
 @pytest.fixture(scope="module")

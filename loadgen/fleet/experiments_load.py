@@ -107,7 +107,8 @@ def exp_routing() -> list[dict[str, Any]]:
         f"- **{h['policy']}**: SLO rate {h['slo_rps']:.0f} RPS, peak served {h['peak_served_rps']:.0f} RPS; "
         + ", ".join(
             f"at {m}x served {h['served_rps_at'][m]:.0f} RPS "
-            f"({h['served_rps_at'][m] / h['peak_served_rps']:.0%} of peak), hit rate {_pct(h['hit_rate_at'][m])}"
+            f"({h['served_rps_at'][m] / h['peak_served_rps']:.0%} of peak), "
+            f"hit rate {_pct(h['hit_rate_at'][m])}"
             for m in h["served_rps_at"]
         )
         + f" (hit rate at the SLO rate {_pct(h['hit_rate_at_slo'])})."
@@ -272,10 +273,11 @@ allows, batch {g["batch"]:.1%}; {head["good_rps"]:.0f} good requests/s of {head[
 
 Reading: each request's TTFT is predicted at arrival from the requests ahead of it on its worker (higher
 bands first, weighted fair queuing inside a band), the worker's measured capacity left by the higher bands'
-arrivals, and its measured time to first token; a standard request that cannot make its 2 s is shed at once instead of
-waiting, and a queued one whose deadline passes is dropped before it reaches a worker, so no capacity goes to
-answers that are already late. The first round instead let standard requests wait out a 5 s budget and served
-them after their goal: 0% standard goodput while batch got 52%. ({time.monotonic() - t0:.0f} s wall)
+arrivals, and its measured time to first token; a standard request that cannot make its 2 s is shed at once
+instead of waiting, and a queued one whose deadline passes is dropped before it reaches a worker, so no
+capacity goes to answers that are already late. The first round instead let standard requests wait out a
+5 s budget and served them after their goal: 0% standard goodput while batch got 52%.
+({time.monotonic() - t0:.0f} s wall)
 """
     write_section("overload", body)
     return head

@@ -10,8 +10,8 @@ from typing import Literal
 
 Outcome = Literal["ok", "quota", "too_large", "shed", "evicted", "expired", "unfinished"]
 """``ok`` served (HTTP 200); ``quota`` 429 (token bucket); ``too_large`` 413 (above a bucket's burst);
-``shed`` 503 at arrival (``policies.shedding``); ``evicted`` 503, pushed out of a full queue by a higher
-band; ``expired`` 503 ``queue_timeout`` (waited past its band's budget); ``unfinished`` still queued or
+``shed`` 503 at arrival (``policies.admission_core``); ``evicted`` 503, pushed out of a full queue by a higher
+band; ``expired`` 503 ``queue_timeout`` (its dispatch deadline passed while queued); ``unfinished`` still queued or
 running when the run was cut off."""
 
 HTTP_STATUS: dict[Outcome, int] = {
@@ -34,7 +34,7 @@ class RequestRecord:
         arrival_s: when the client sent it.
         prompt_tokens, max_tokens: its size (pseudo-tokens of ``loadgen.sim.tokens``), tokens.
         outcome: see :data:`Outcome`.
-        shed_reason: ``policies.shedding`` reason when shed.
+        shed_reason: the admission core's reason when shed (``policies.admission_types.ShedReason``).
         dispatch_s: when the gateway sent it to a worker (None if never).
         first_token_s, done_s: when the client saw its first and last token (None if never).
         worker: index of the worker that ran it (-1 if none).

@@ -270,7 +270,7 @@ class FleetSim:
             if ev.completion_tokens == 1:
                 rec.first_token_s = ev.time_s + lat
                 rec.cached_tokens = ev.cached_tokens
-                self.core.first_token(rec.rid, ev.time_s + lat, ev.cached_tokens)
+                decisions += self.core.first_token(rec.rid, ev.time_s + lat, ev.cached_tokens)
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s + lat
                 rec.completion_tokens = ev.completion_tokens
