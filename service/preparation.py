@@ -1,7 +1,7 @@
 """Step 1 of the pipeline: validate a request against the served models and the tenant, render its prompt.
 
-Nothing is charged here: every failure is a 4xx :class:`APIError` before any quota is touched and before
-anything reaches a worker.
+Nothing is charged here: every failure is a 4xx domain error (:mod:`service.errors`) before any quota is
+touched and before anything reaches a worker.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.cost import reserved_tokens
-from service.api.errors import APIError
 from service.api.protocol import ChatCompletionRequest, CompletionRequest
 from service.config import Settings
+from service.errors import InvalidRequest, NotFound, PermissionDenied
 from service.prompting import PromptError, PromptRenderer, RenderedPrompt
 from service.workers.client import TokenLimits
 from tenancy.models import Tenant
@@ -89,16 +89,16 @@ class RequestPreparer:
         """Check a request against the served models and the tenant's limits, and render its prompt.
 
         Raises:
-            APIError: 404 unknown model, 403 model or priority class not allowed, 400 bad max_tokens,
-                unknown priority class, context length exceeded or template failure.
+            NotFound: unknown model.
+            PermissionDenied: model or priority class not allowed.
+            InvalidRequest: bad max_tokens, unknown priority class, context length exceeded or template
+                failure.
         """
         if req.model not in self._settings.served_models:
-            raise APIError(
-                404, f"The model '{req.model}' does not exist.", code="model_not_found", param="model"
-            )
+            raise NotFound(f"The model '{req.model}' does not exist.", code="model_not_found", param="model")
         if tenant.allowed_models is not None and req.model not in tenant.allowed_models:
-            raise APIError(
-                403, f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
+            raise PermissionDenied(
+                f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
             )
         priority_class = self._priority_class(tenant, req.priority)
         try:
@@ -112,7 +112,7 @@ class RequestPreparer:
             else:
                 prompt = self._renderer.render_text(req.prompt_text())
         except PromptError as exc:
-            raise APIError(400, str(exc), code="invalid_prompt", param="messages") from exc
+            raise InvalidRequest(str(exc), code="invalid_prompt", param="messages") from exc
         prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param)
         body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
@@ -135,16 +135,14 @@ class RequestPreparer:
         classes = self._settings.priority_classes
         name = asked or tenant.priority_class
         if name not in classes:
-            raise APIError(
-                400,
+            raise InvalidRequest(
                 f"Unknown priority class '{name}'; known: {sorted(classes)}.",
                 code="invalid_priority",
                 param="priority",
             )
         ceiling = classes.get(tenant.max_priority_class or tenant.priority_class)
         if ceiling is not None and classes[name].rank > ceiling.rank:
-            raise APIError(
-                403,
+            raise PermissionDenied(
                 f"This tenant may not use priority class '{name}'.",
                 code="priority_not_allowed",
                 param="priority",
@@ -156,8 +154,7 @@ class RequestPreparer:
         context = limits.max_total_tokens
         room = context - prompt_tokens
         if room < 1 or prompt_tokens > limits.max_prompt_tokens:
-            raise APIError(
-                400,
+            raise InvalidRequest(
                 f"The prompt is {prompt_tokens} tokens; this model takes at most "
                 f"{min(limits.max_prompt_tokens, context - 1)} prompt tokens (context {context}).",
                 code="context_length_exceeded",
@@ -167,15 +164,13 @@ class RequestPreparer:
         if asked is None:
             return min(self._settings.api.default_max_tokens, cap or room, room)
         if cap is not None and asked > cap:
-            raise APIError(
-                400,
+            raise InvalidRequest(
                 f"max_tokens is {asked}; this tenant's cap is {cap}.",
                 code="max_tokens_above_cap",
                 param="max_tokens",
             )
         if asked > room:
-            raise APIError(
-                400,
+            raise InvalidRequest(
                 f"prompt ({prompt_tokens}) + max_tokens ({asked}) exceeds the context length ({context}).",
                 code="context_length_exceeded",
                 param="max_tokens",

@@ -127,18 +127,18 @@ async def test_the_mode_is_learned_once_and_again_after_the_worker_was_down() ->
     with ThreadedServer(worker.app) as fake:
         async with httpx.AsyncClient(timeout=10) as http:
             client = SGLangClient(http)
-            assert await client.healthy(fake.url)
-            assert await client.healthy(fake.url)
+            assert await client.probe(fake.url) == "ok"
+            assert await client.probe(fake.url) == "ok"
             assert worker.info_requests == 1  # learned on first contact, then cached
             known = client.known_info(fake.url)
             assert known is not None and known.incremental_streaming is False
             # the worker restarts with --incremental-streaming-output
             worker.up = False
-            assert not await client.healthy(fake.url)
+            assert await client.probe(fake.url) == "failed"
             assert client.known_info(fake.url) is None  # seen down: forgotten
             worker.server_info = {"incremental_streaming_output": True}
             worker.up = True
-            assert await client.healthy(fake.url)
+            assert await client.probe(fake.url) == "ok"
             known = client.known_info(fake.url)
             assert known is not None and known.incremental_streaming is True
             text = "".join([c.text async for c in client.stream(fake.url, body)])

@@ -10,9 +10,9 @@ from typing import Literal
 
 Outcome = Literal["ok", "quota", "too_large", "shed", "evicted", "expired", "unfinished"]
 """``ok`` served (HTTP 200); ``quota`` 429 (token bucket); ``too_large`` 413 (above a bucket's burst);
-``shed`` 503 at arrival (``policies.admission_core``); ``evicted`` 503, pushed out of a full queue by a higher
-band; ``expired`` 503 ``queue_timeout`` (its dispatch deadline passed while queued); ``unfinished`` still queued or
-running when the run was cut off."""
+``shed`` 503 at arrival (``policies.admission_core``); ``evicted`` 503, pushed out of a full queue by a
+higher band; ``expired`` 503 ``queue_timeout`` (its dispatch deadline passed while queued); ``unfinished``
+still queued or running when the run was cut off."""
 
 HTTP_STATUS: dict[Outcome, int] = {
     "ok": 200,
