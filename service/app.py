@@ -8,7 +8,6 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 import structlog
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -88,14 +87,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     metrics: GatewayMetrics = app.state.metrics
     redis = connect_redis(settings.redis)
     up = settings.upstream
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            connect=up.connect_timeout_s, read=up.read_timeout_s, write=30.0, pool=up.pool_timeout_s
-        ),
-        limits=httpx.Limits(
-            max_connections=up.max_connections, max_keepalive_connections=up.max_keepalive_connections
-        ),
-    )
+    client = SGLangClient(up)
     launched: list[WorkerProcess] = []
     supervisors: list[WorkerSupervisor] = []
     try:
@@ -107,7 +99,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 worker.start()
                 launched.append(worker)
                 await worker.wait_ready()
-        client = SGLangClient(http)
         pool = WorkerPool(
             [w.url for w in launched] + list(up.workers),
             client,
@@ -167,7 +158,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         for supervisor in supervisors:  # before stopping the workers, so none is restarted
             await supervisor.stop()
-        await http.aclose()
+        await client.aclose()
         await redis.aclose()
         for worker in launched:
             worker.stop()

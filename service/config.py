@@ -125,6 +125,11 @@ class UpstreamSettings(BaseModel):
     pool_timeout_s: float = Field(
         5.0, gt=0, description="Longest wait for a free worker connection, s; then 503 with Retry-After."
     )
+    keepalive_s: float = Field(
+        4.0,
+        gt=0,
+        description="Idle worker connections are closed after this long, s (below SGLang's own 5 s).",
+    )
     read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
     health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
     health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
-
 from policies.circuit_breaker import BreakerConfig
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
@@ -16,10 +14,10 @@ async def test_deep_probes_and_breaker_transitions() -> None:
     clock = [0.0]
     transitions: list[tuple[str, str]] = []
     with ThreadedServer(fake.app) as server:
-        async with httpx.AsyncClient() as http:
+        async with SGLangClient() as client:
             pool = WorkerPool(
                 [server.url],
-                SGLangClient(http),
+                client,
                 1.0,
                 2.0,
                 BreakerConfig(2, 1, 10.0),
@@ -51,10 +49,10 @@ async def test_failed_probes_count_for_nothing_while_requests_succeed() -> None:
     fake.deep_status = 500
     clock = [0.0]
     with ThreadedServer(fake.app) as server:
-        async with httpx.AsyncClient() as http:
+        async with SGLangClient() as client:
             pool = WorkerPool(
                 [server.url],
-                SGLangClient(http),
+                client,
                 1.0,
                 2.0,
                 BreakerConfig(1, 1, 10.0, trust_window_s=5.0),
@@ -75,8 +73,8 @@ async def test_failed_probes_count_for_nothing_while_requests_succeed() -> None:
 
 async def test_a_refused_probe_opens_at_once() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with httpx.AsyncClient() as http:
-        pool = WorkerPool([dead], SGLangClient(http), 1.0, breaker=BreakerConfig(5, 1, 10.0))
+    async with SGLangClient() as client:
+        pool = WorkerPool([dead], client, 1.0, breaker=BreakerConfig(5, 1, 10.0))
         pool.record(dead, "request_ok")
         await pool.probe_all()  # nothing listens: the connection is refused, which is definitive
         state = pool.get(dead)
@@ -85,8 +83,8 @@ async def test_a_refused_probe_opens_at_once() -> None:
 
 async def test_refused_connection_opens_at_once_and_drained_worker_leaves_when_idle() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with httpx.AsyncClient() as http:
-        pool = WorkerPool([dead, "http://w2"], SGLangClient(http), 1.0)
+    async with SGLangClient() as client:
+        pool = WorkerPool([dead, "http://w2"], client, 1.0)
         for url in (dead, "http://w2"):
             pool.record(url, "request_ok")
         pool.record(dead, "refused")

@@ -19,6 +19,7 @@ from loadgen.sim.__main__ import main as cli_main
 from loadgen.sim.__main__ import parse_args
 from loadgen.sim.profiles import get_profile
 from loadgen.sim.server import SimServer
+from service.config import UpstreamSettings
 from service.workers.client import SGLangClient, UpstreamError
 from tests.support.servers import ThreadedServer, free_port
 
@@ -47,8 +48,10 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-def client(http: httpx.AsyncClient) -> SGLangClient:
-    return SGLangClient(http)
+async def client() -> AsyncIterator[SGLangClient]:
+    settings = UpstreamSettings(connect_timeout_s=10.0, read_timeout_s=10.0, pool_timeout_s=10.0)
+    async with SGLangClient(settings) as shared:
+        yield shared
 
 
 def body(text: str, n: int = 8, **extra: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from service.app import create_app
-from service.config import Settings
+from service.config import Settings, UpstreamSettings
 from service.workers.client import SGLangClient, StreamDeltas
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker
@@ -125,8 +125,7 @@ async def test_the_mode_is_learned_once_and_again_after_the_worker_was_down() ->
     worker.server_info = {"incremental_streaming_output": False}
     body = {"text": "x", "sampling_params": {"max_new_tokens": 12}}
     with ThreadedServer(worker.app) as fake:
-        async with httpx.AsyncClient(timeout=10) as http:
-            client = SGLangClient(http)
+        async with SGLangClient(UpstreamSettings(read_timeout_s=10.0)) as client:
             assert await client.probe(fake.url) == "ok"
             assert await client.probe(fake.url) == "ok"
             assert worker.info_requests == 1  # learned on first contact, then cached

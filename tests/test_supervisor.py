@@ -64,13 +64,18 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+@pytest.fixture
+async def client() -> AsyncIterator[SGLangClient]:
+    async with SGLangClient() as shared:
+        yield shared
+
+
 async def supervised(
-    http: httpx.AsyncClient, worker: WorkerProcess
+    client: SGLangClient, worker: WorkerProcess
 ) -> tuple[WorkerPool, WorkerSupervisor, list[tuple[str, RestartReason]], list[str]]:
     worker.start()
     await worker.wait_ready()
     transitions: list[str] = []
-    client = SGLangClient(http)
     pool = WorkerPool(
         [worker.url],
         client,
@@ -88,9 +93,11 @@ async def supervised(
     return pool, supervisor, restarts, transitions
 
 
-async def test_a_killed_worker_is_restarted_and_readmitted(http: httpx.AsyncClient) -> None:
+async def test_a_killed_worker_is_restarted_and_readmitted(
+    http: httpx.AsyncClient, client: SGLangClient
+) -> None:
     worker = SimWorkerProcess(ENGINE, free_port())
-    pool, supervisor, restarts, transitions = await supervised(http, worker)
+    pool, supervisor, restarts, transitions = await supervised(client, worker)
     try:
         assert pool.any_healthy()
         assert worker.proc is not None
@@ -110,9 +117,11 @@ async def test_a_killed_worker_is_restarted_and_readmitted(http: httpx.AsyncClie
         worker.stop()
 
 
-async def test_a_live_worker_failing_health_is_restarted(http: httpx.AsyncClient) -> None:
+async def test_a_live_worker_failing_health_is_restarted(
+    http: httpx.AsyncClient, client: SGLangClient
+) -> None:
     worker = SimWorkerProcess(ENGINE, free_port())
-    pool, supervisor, restarts, _ = await supervised(http, worker)
+    pool, supervisor, restarts, _ = await supervised(client, worker)
     try:
         assert worker.proc is not None
         first_pid = worker.proc.pid
@@ -130,10 +139,10 @@ async def test_a_live_worker_failing_health_is_restarted(http: httpx.AsyncClient
         worker.stop()
 
 
-async def test_a_crash_loop_backs_off(http: httpx.AsyncClient) -> None:
+async def test_a_crash_loop_backs_off(http: httpx.AsyncClient, client: SGLangClient) -> None:
     port = free_port()
     worker = SimWorkerProcess(ENGINE, port)
-    pool, supervisor, restarts, _ = await supervised(http, worker)
+    pool, supervisor, restarts, _ = await supervised(client, worker)
     try:
         # from now on every start exits at once
         worker.argv = [sys.executable, "-c", "raise SystemExit(3)"]

@@ -11,14 +11,16 @@ What a worker can take and how it streams is learned from the worker itself (``G
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+import orjson
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
+
+from service.config import UpstreamSettings
+from service.workers.transport import TransportFailure, WorkerHTTP
 
 log = structlog.get_logger("radixgate.client")
 
@@ -248,15 +250,26 @@ def parse_load(metrics_text: str) -> WorkerLoad:
 
 
 class SGLangClient:
-    """Talks to SGLang workers over one shared :class:`httpx.AsyncClient` (connection pooling).
+    """Talks to SGLang workers over the replica's pooled keep-alive connections
+    (:class:`service.workers.transport.WorkerHTTP`).
 
     Args:
-        http: the shared client; its timeouts apply (connect and per-read silence).
+        settings: the upstream settings (pool size, keep-alive, timeouts); defaults when None.
     """
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self._http = http
+    def __init__(self, settings: UpstreamSettings | None = None) -> None:
+        self._http = WorkerHTTP(settings or UpstreamSettings())
         self._info: dict[str, WorkerInfo] = {}
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # -- what each worker is -------------------------------------------------------------------------
     def known_info(self, worker: str) -> WorkerInfo | None:
@@ -275,13 +288,13 @@ class SGLangClient:
         """
         for path in ("/server_info", "/get_server_info"):
             try:
-                resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
-            except httpx.HTTPError:
+                status, raw = await self._http.call("GET", worker, path, timeout_s=timeout_s)
+            except TransportFailure:
                 return None
-            if resp.status_code == 200:
-                info = WorkerInfo.parse(_json_or_none(resp.text))
+            if status == 200:
+                info = WorkerInfo.parse(_json_or_none(raw))
                 break
-            if resp.status_code != 404:
+            if status != 404:
                 return None
         else:
             info = WorkerInfo()
@@ -309,17 +322,16 @@ class SGLangClient:
     async def generate(self, worker: str, body: dict[str, Any]) -> UpstreamChunk:
         """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""
         try:
-            resp = await self._http.post(f"{worker}/generate", json={**body, "stream": False})
-        except httpx.HTTPError as exc:
-            raise self._transport_error(worker, exc) from exc
-        if resp.status_code != 200:
-            raise UpstreamError(
-                worker,
-                _error_message(_json_or_none(resp.text)),
-                status=resp.status_code,
-                retryable=resp.status_code >= 500,
+            status, raw = await self._http.call(
+                "POST", worker, "/generate", orjson.dumps({**body, "stream": False})
             )
-        payload = resp.json()
+        except TransportFailure as exc:
+            raise self._transport_error(worker, exc) from exc
+        if status != 200:
+            raise UpstreamError(
+                worker, _error_message(_json_or_none(raw)), status=status, retryable=status >= 500
+            )
+        payload = orjson.loads(raw)
         ids = payload.get("output_ids")
         chunk = _chunk(payload, str(payload.get("text", "")), tuple(ids) if isinstance(ids, list) else None)
         if chunk.finish_reason == "abort":
@@ -328,27 +340,31 @@ class SGLangClient:
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
         """Streamed ``/generate``: yields deltas (see :class:`StreamDeltas`). Raises :class:`UpstreamError`
-        (also mid-stream)."""
+        (also mid-stream). The response is read past ``data: [DONE]`` to its end, so its connection is
+        reused."""
         info = self._info.get(worker) or await self.learn(worker)
         deltas = StreamDeltas(info.incremental_streaming if info else None)
+        done = finished = False
         try:
-            async with self._http.stream("POST", f"{worker}/generate", json={**body, "stream": True}) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")
+            async with await self._http.stream(
+                worker, "/generate", orjson.dumps({**body, "stream": True})
+            ) as resp:
+                if resp.status != 200:
+                    raw = await resp.body()
                     raise UpstreamError(
                         worker,
-                        _error_message(_json_or_none(text)),
-                        status=resp.status_code,
-                        retryable=resp.status_code >= 500,
+                        _error_message(_json_or_none(raw)),
+                        status=resp.status,
+                        retryable=resp.status >= 500,
                     )
-                finished = False
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
+                async for line in resp.lines():
+                    if done or not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    payload = json.loads(data)
+                    if data == b"[DONE]":
+                        done = True  # read on to the end of the response: the connection is reused
+                        continue
+                    payload = orjson.loads(data)
                     if "error" in payload:
                         raise UpstreamError(worker, _error_message(payload), status=500)
                     chunk = _chunk(payload, *deltas.step(payload))
@@ -356,29 +372,32 @@ class SGLangClient:
                         raise UpstreamError(worker, "worker aborted the request", status=503)
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
-                if not finished:
-                    raise UpstreamError(worker, "stream ended before the answer finished")
-        except httpx.HTTPError as exc:
-            raise self._transport_error(worker, exc) from exc
+        except TransportFailure as exc:
+            if not done:  # after [DONE] the answer is whole: a failure while draining costs the connection
+                raise self._transport_error(worker, exc) from exc
+        if not finished:
+            raise UpstreamError(worker, "stream ended before the answer finished")
 
     async def abort(self, worker: str, rid: str) -> bool:
         """Ask a worker to abort request ``rid`` (SGLang ``/abort_request``). Never raises."""
         try:
-            resp = await self._http.post(f"{worker}/abort_request", json={"rid": rid}, timeout=2.0)
-        except httpx.HTTPError:
+            status, _ = await self._http.call(
+                "POST", worker, "/abort_request", orjson.dumps({"rid": rid}), timeout_s=2.0
+            )
+        except TransportFailure:
             return False
-        return resp.status_code == 200
+        return status == 200
 
     async def load(self, worker: str, timeout_s: float = 2.0) -> WorkerLoad | None:
         """The worker's reported load from ``GET /metrics``; None if it cannot be read."""
         try:
-            resp = await self._http.get(f"{worker}/metrics", timeout=timeout_s)
-        except httpx.HTTPError:
+            status, raw = await self._http.call("GET", worker, "/metrics", timeout_s=timeout_s)
+        except TransportFailure:
             return None
-        if resp.status_code != 200:
+        if status != 200:
             return None
         try:
-            return parse_load(resp.text)
+            return parse_load(raw.decode(errors="replace"))
         except ValueError:
             return None
 
@@ -392,29 +411,27 @@ class SGLangClient:
         :class:`WorkerInfo` learned; one that does not answer has it forgotten."""
         path = "/health_generate" if deep else "/health"
         try:
-            resp = await self._http.get(f"{worker}{path}", timeout=timeout_s)
-        except httpx.ConnectError:
-            return "refused"
-        except httpx.PoolTimeout:
-            return "unknown"
-        except httpx.HTTPError:
+            status, _ = await self._http.call("GET", worker, path, timeout_s=timeout_s)
+        except TransportFailure as exc:
+            if exc.refused:
+                return "refused"
+            if exc.local:
+                return "unknown"
             self.forget(worker)
             return "failed"
-        if resp.status_code != 200:
+        if status != 200:
             self.forget(worker)
             return "failed"
         if worker not in self._info:
             await self.learn(worker, timeout_s)
         return "ok"
 
-    def _transport_error(self, worker: str, exc: httpx.HTTPError) -> UpstreamError:
-        message = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, httpx.PoolTimeout):  # no free connection in our own pool: not the worker's fault
-            return UpstreamError(worker, message, retryable=False, local=True)
-        refused = isinstance(exc, httpx.ConnectError)
-        if refused:
+    def _transport_error(self, worker: str, exc: TransportFailure) -> UpstreamError:
+        if exc.local:  # no free connection in our own pool: not the worker's fault
+            return UpstreamError(worker, str(exc), retryable=False, local=True)
+        if exc.refused:
             self.forget(worker)
-        return UpstreamError(worker, message, refused=refused)
+        return UpstreamError(worker, str(exc), refused=exc.refused)
 
 
 def engine_max_running(info: Any) -> int | None:
@@ -434,8 +451,8 @@ def engine_max_running(info: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
-def _json_or_none(text: str) -> Any:
+def _json_or_none(raw: bytes) -> Any:
     try:
-        return json.loads(text)
+        return orjson.loads(raw)
     except ValueError:
         return None

@@ -1,0 +1,92 @@
+"""The pooled keep-alive connections to workers (service/workers/transport.py) through SGLangClient:
+connections reused (streams read to their end), idle connections capped by max_keepalive_connections,
+an exhausted pool reported as local (never the worker's fault), unbounded SSE lines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from loadgen.bench.upstream import FakeSGLang, serve
+from service.config import UpstreamSettings
+from service.workers.client import SGLangClient, UpstreamError
+from tests.support.fake_worker import FakeWorker
+from tests.support.servers import ThreadedServer, free_port
+
+BODY = {"text": "hello there", "sampling_params": {"max_new_tokens": 8}, "rid": "t-1"}
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeSGLang, str]]:
+    app = FakeSGLang()
+    server = await serve(app, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield app, f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_generate_and_streams_reuse_one_connection(fake: tuple[FakeSGLang, str]) -> None:
+    app, url = fake
+    async with SGLangClient() as client:
+        assert await client.probe(url) == "ok"
+        for _ in range(10):
+            whole = await client.generate(url, BODY)
+            chunks = [c async for c in client.stream(url, BODY)]
+            assert "".join(c.text for c in chunks) == whole.text
+            assert chunks[-1].finish_reason == "length" and whole.completion_tokens == 8
+    # probe + server_info + 10 x (generate + stream): every call on the first connection
+    assert app.requests["/generate"] == 20 and app.connections == 1
+
+
+async def _burst(client: SGLangClient, url: str, n: int) -> None:
+    await asyncio.gather(*(client.generate(url, BODY) for _ in range(n)))
+
+
+@pytest.mark.parametrize(("keepalive", "reopened"), [(2, 6), (64, 0)])
+async def test_idle_connections_are_capped_by_max_keepalive(
+    fake: tuple[FakeSGLang, str], keepalive: int, reopened: int
+) -> None:
+    app, url = fake
+    async with SGLangClient(UpstreamSettings(max_keepalive_connections=keepalive)) as client:
+        await _burst(client, url, 8)
+        assert app.connections == 8  # 8 calls in flight at once: 8 connections
+        await _burst(client, url, 8)
+        # kept idle after the first burst: min(8, keepalive); the second burst opens the rest anew
+        assert app.connections - 8 == reopened
+
+
+async def test_an_exhausted_pool_is_local_and_probes_say_unknown(fake: tuple[FakeSGLang, str]) -> None:
+    _, url = fake
+    settings = UpstreamSettings(max_connections=1, pool_timeout_s=0.1)
+    async with SGLangClient(settings) as client:
+        held = client.stream(url, BODY)
+        await held.__anext__()  # one stream open: the only connection is taken
+        with pytest.raises(UpstreamError) as caught:
+            await client.generate(url, BODY)
+        assert caught.value.local and not caught.value.retryable and caught.value.status is None
+        assert await client.probe(url, timeout_s=0.1) == "unknown"
+        await held.aclose()  # abandoned half-way: its connection is closed, the slot freed
+        assert (await client.generate(url, BODY)).completion_tokens == 8
+
+
+async def test_a_refused_connection_is_refused() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with SGLangClient() as client:
+        with pytest.raises(UpstreamError) as caught:
+            await client.generate(dead, BODY)
+        assert caught.value.refused and caught.value.retryable
+        assert await client.probe(dead) == "refused"
+
+
+async def test_sse_lines_longer_than_the_read_buffer_are_parsed() -> None:
+    worker = FakeWorker()
+    worker.tokens = ["a" * 300_000, " b"]  # one SSE line of about 300 KB
+    with ThreadedServer(worker.app) as server:
+        async with SGLangClient() as client:
+            text = "".join([c.text async for c in client.stream(server.url, BODY)])
+    assert text == "a" * 300_000 + " b"
