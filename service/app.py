@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import structlog
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -19,7 +18,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
 from service.api import admin_routes, admin_workers, health_routes, openai_routes
-from service.api.errors import install_error_handlers
+from service.api.deps import new_request_id
+from service.api.errors import install_error_handlers, response_for
+from service.api.openai_routes import COMPLETION_ROUTES
 from service.config import RedisSettings, Settings
 from service.dispatch import Dispatcher
 from service.logs import configure_logging
@@ -49,7 +50,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = uuid.uuid4().hex
+        rid = new_request_id()
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message: Message) -> None:
@@ -58,6 +59,44 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class GatewayApp(FastAPI):
+    """The FastAPI app with a direct entry for the completion routes.
+
+    ``POST /v1/chat/completions`` and ``POST /v1/completions``
+    (:data:`service.api.openai_routes.COMPLETION_ROUTES`) are served straight from the ASGI entry: no
+    middleware stack, routing table or dependency solving, only what they need (a request id returned
+    as ``x-request-id``, the body limit in :func:`service.api.deps.read_json`, and the app's error
+    handlers, :func:`service.api.errors.response_for`). Every other request, and these paths with another
+    method, take FastAPI's usual path.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = COMPLETION_ROUTES.get(scope["path"])
+            if handler is not None:
+                await self._serve_completion(handler, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _serve_completion(
+        self,
+        handler: Callable[[Request], Awaitable[Response]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        rid = new_request_id()
+        scope["app"] = self
+        scope.setdefault("state", {})["request_id"] = rid
+        request = Request(scope, receive, send)
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            response = await response_for(request, exc)
+        response.raw_headers.append((b"x-request-id", rid.encode()))
+        await response(scope, receive, send)
 
 
 def connect_redis(settings: RedisSettings) -> Redis:
@@ -175,7 +214,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     configure_logging(settings.observability.log_level)
-    app = FastAPI(title="radixgate", version="0.1.0", lifespan=_lifespan)
+    app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan)
     app.state.settings = settings
     app.state.metrics = GatewayMetrics(CollectorRegistry(), settings.observability.max_tenant_labels)
     install_error_handlers(app)

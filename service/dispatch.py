@@ -17,13 +17,13 @@ upstream request and refunds what was not used.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
+import orjson
 import structlog
 
 from service.api.errors import http_status, sse_error_event
@@ -56,7 +56,7 @@ log = structlog.get_logger("radixgate.request")
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 class Dispatcher:

@@ -1,11 +1,19 @@
-"""FastAPI dependencies (Annotated): app state, tenant authentication, admin authentication, raw body."""
+"""Request helpers and FastAPI dependencies (Annotated): app state, tenant authentication, admin
+authentication, raw body.
+
+Every dependency is ``async``: FastAPI runs a plain ``def`` dependency on a worker thread, a thread-pool
+hop per request (issue 10). The completion routes call the helpers directly (no dependency solving);
+the other routes use them through the ``...Dep`` aliases.
+"""
 
 from __future__ import annotations
 
 import json
-import uuid
+import os
+import re
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, Request
 
 from service.api.errors import APIError
@@ -14,10 +22,15 @@ from tenancy.keys import tokens_equal
 from tenancy.models import Tenant
 
 
-def get_state(request: Request) -> GatewayState:
+def gateway_state(request: Request) -> GatewayState:
     """The replica's :class:`GatewayState` (set by the lifespan)."""
     state: GatewayState = request.app.state.radixgate
     return state
+
+
+async def get_state(request: Request) -> GatewayState:
+    """:func:`gateway_state` as a dependency."""
+    return gateway_state(request)
 
 
 StateDep = Annotated[GatewayState, Depends(get_state)]
@@ -34,11 +47,12 @@ def bearer_token(request: Request) -> str | None:
     return request.headers.get("api-key") or None
 
 
-async def authenticated_tenant(request: Request, state: StateDep) -> Tenant:
+async def authenticate(request: Request, state: GatewayState) -> Tenant:
     """Resolve the caller's API key to an enabled tenant.
 
     Raises:
         APIError: 401 missing/unknown/revoked key; 403 disabled tenant.
+        StoreUnavailable: Redis is exhausted, slow or unreachable.
     """
     token = bearer_token(request)
     if token is None:
@@ -50,14 +64,18 @@ async def authenticated_tenant(request: Request, state: StateDep) -> Tenant:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
-    request.state.tenant_id = tenant.id
     return tenant
+
+
+async def authenticated_tenant(request: Request, state: StateDep) -> Tenant:
+    """:func:`authenticate` as a dependency."""
+    return await authenticate(request, state)
 
 
 TenantDep = Annotated[Tenant, Depends(authenticated_tenant)]
 
 
-def require_admin(request: Request, state: StateDep) -> None:
+async def require_admin(request: Request, state: StateDep) -> None:
     """Allow only the admin token (constant-time comparison).
 
     Raises:
@@ -83,13 +101,33 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
-async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
-    """Read and decode the JSON body, at most ``api.max_body_bytes``.
+_LONG_NUMBER = re.compile(rb"\d{19}")
+"""A run of 19+ digits: an integer orjson may turn into a float (outside int64/uint64) where Python's
+json keeps it exact."""
+
+
+def decode_json(raw: bytes) -> Any:
+    """Decode a request body exactly as ``json.loads(raw, parse_constant=<refuse NaN/Infinity>)`` does:
+    with orjson where it gives the same result (most bodies), Python's json otherwise (orjson refuses the
+    body, or it holds a digit run long enough to be an integer orjson would round).
+
+    Raises:
+        ValueError, UnicodeDecodeError, RecursionError: not JSON.
+    """
+    if _LONG_NUMBER.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw, parse_constant=_not_json)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """Read and decode the JSON body, at most ``limit`` bytes.
 
     Raises:
         APIError: 413 body too large; 400 not JSON (also ``NaN``/``Infinity``) or not an object.
     """
-    limit = state.settings.api.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
@@ -101,7 +139,7 @@ async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
             raise APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
         chunks.append(chunk)
     try:
-        payload = json.loads(b"".join(chunks), parse_constant=_not_json)
+        payload = decode_json(chunks[0] if len(chunks) == 1 else b"".join(chunks))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise APIError(
             400,
@@ -113,10 +151,20 @@ async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
     return payload
 
 
+async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
+    """:func:`read_json` bounded by ``api.max_body_bytes``, as a dependency."""
+    return await read_json(request, state.settings.api.max_body_bytes)
+
+
 JsonBody = Annotated[dict[str, Any], Depends(json_body)]
 
 
+def new_request_id() -> str:
+    """A fresh request id: 32 random hex characters (128 bits)."""
+    return os.urandom(16).hex()
+
+
 def request_id(request: Request) -> str:
-    """This request's id (set by the request-id middleware; a fresh one otherwise)."""
-    rid = getattr(request.state, "request_id", None)
-    return rid if isinstance(rid, str) else uuid.uuid4().hex
+    """This request's id (set where the request entered the app; a fresh one otherwise)."""
+    rid = request.scope.get("state", {}).get("request_id")
+    return rid if isinstance(rid, str) else new_request_id()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import (
@@ -95,9 +97,16 @@ class APIError(Exception):
         return f"data: {json.dumps(self.body())}\n\n".encode()
 
 
+class FastJSONResponse(JSONResponse):
+    """A JSON response rendered with orjson (compact, UTF-8; what the hot routes answer)."""
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
 def error_response(err: APIError) -> JSONResponse:
     """Render an :class:`APIError` as a JSON response."""
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    return FastJSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def validation_error(exc: RequestValidationError | Exception) -> APIError:
@@ -170,40 +179,60 @@ def sse_error_event(exc: GatewayError | APIError) -> bytes:
     return err.sse_event()
 
 
+async def _on_api_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _on_gateway_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(to_api_error(exc))
+
+
+async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StoreUnavailable)
+    log.warning("store_unavailable", operation=exc.operation, error=str(exc.__cause__ or exc))
+    request.app.state.metrics.store_unavailable.labels(exc.operation).inc()
+    return error_response(store_unavailable(request.app.state.settings.redis.retry_after_s))
+
+
+async def _on_validation(_: Request, exc: Exception) -> Response:
+    return error_response(validation_error(exc))
+
+
+async def _on_http(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+
+
+async def _on_crash(_: Request, exc: Exception) -> Response:
+    log.exception("unhandled_error", error_type=type(exc).__name__)
+    return error_response(APIError(500, "Internal error; it has been logged.", code="internal_error"))
+
+
+_HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Exception], Awaitable[Response]]], ...] = (
+    (APIError, _on_api_error),
+    (GatewayError, _on_gateway_error),
+    (StoreUnavailable, _on_store_unavailable),
+    (RequestValidationError, _on_validation),
+    (StarletteHTTPException, _on_http),
+)
+
+
+async def response_for(request: Request, exc: Exception) -> Response:
+    """The response :func:`install_error_handlers` gives for ``exc`` (for handlers served outside
+    FastAPI's exception middleware)."""
+    for kind, handler in _HANDLERS:
+        if isinstance(exc, kind):
+            return await handler(request, exc)
+    return await _on_crash(request, exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error leave the app in OpenAI's shape (APIError, domain errors, validation, 404/405,
     crashes). Domain errors raised below the routes map here: :class:`StoreUnavailable` -> 503 with
     ``Retry-After`` (``redis.retry_after_s``), counted in ``radixgate_store_unavailable_total``."""
-
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, APIError)
-        return error_response(exc)
-
-    async def on_gateway_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, GatewayError)
-        return error_response(to_api_error(exc))
-
-    async def on_store_unavailable(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StoreUnavailable)
-        log.warning("store_unavailable", operation=exc.operation, error=str(exc.__cause__ or exc))
-        request.app.state.metrics.store_unavailable.labels(exc.operation).inc()
-        return error_response(store_unavailable(request.app.state.settings.redis.retry_after_s))
-
-    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(validation_error(exc))
-
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return error_response(APIError(exc.status_code, str(exc.detail), code=code))
-
-    async def on_crash(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled_error", error_type=type(exc).__name__)
-        return error_response(APIError(500, "Internal error; it has been logged.", code="internal_error"))
-
-    app.add_exception_handler(Exception, on_crash)
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(GatewayError, on_gateway_error)
-    app.add_exception_handler(StoreUnavailable, on_store_unavailable)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, _on_crash)
+    for kind, handler in _HANDLERS:
+        app.add_exception_handler(kind, handler)

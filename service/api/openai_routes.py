@@ -1,18 +1,22 @@
-"""OpenAI-compatible routes (thin: parse, then hand to :class:`service.dispatch.Dispatcher`)."""
+"""OpenAI-compatible routes (thin: parse, then hand to :class:`service.dispatch.Dispatcher`).
+
+The two completion routes take only the request (no dependency solving): :class:`service.app.GatewayApp`
+calls them straight from its ASGI entry (:data:`COMPLETION_ROUTES`); FastAPI keeps them for its schema.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from service.api.cancellation import ClientDisconnected, until_disconnect
-from service.api.deps import JsonBody, StateDep, TenantDep, request_id
-from service.api.errors import validation_error
+from service.api.deps import StateDep, TenantDep, authenticate, gateway_state, read_json, request_id
+from service.api.errors import FastJSONResponse, validation_error
 from service.api.openai_fields import screen_chat, screen_completion
 from service.api.protocol import ChatCompletionRequest, CompletionRequest
 from service.state import GatewayState
@@ -43,7 +47,7 @@ async def _serve(
             result = await until_disconnect(request, dispatcher.complete(prepared, reservation))
         except ClientDisconnected:
             return Response(status_code=499)
-        return JSONResponse(result)
+        return FastJSONResponse(result)
     events = dispatcher.stream(prepared, reservation)
     try:
         # The first event arrives with the first token: errors before it get a real HTTP status.
@@ -67,15 +71,28 @@ async def _serve(
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, tenant: TenantDep, body: JsonBody, state: StateDep) -> Response:
+async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
+    state = gateway_state(request)
+    tenant = await authenticate(request, state)
+    body = await read_json(request, state.settings.api.max_body_bytes)
     return await _serve(request, state, tenant, parse(ChatCompletionRequest, screen_chat(body)))
 
 
 @router.post("/completions")
-async def completions(request: Request, tenant: TenantDep, body: JsonBody, state: StateDep) -> Response:
+async def completions(request: Request) -> Response:
     """``POST /v1/completions`` (one prompt; stream and non-stream)."""
+    state = gateway_state(request)
+    tenant = await authenticate(request, state)
+    body = await read_json(request, state.settings.api.max_body_bytes)
     return await _serve(request, state, tenant, parse(CompletionRequest, screen_completion(body)))
+
+
+COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
+    "/v1/chat/completions": chat_completions,
+    "/v1/completions": completions,
+}
+"""``POST`` path -> handler of the routes served without dependency solving."""
 
 
 @router.get("/models")
