@@ -33,6 +33,7 @@ from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry, sync_loop
 from service.workers.supervisor import WorkerSupervisor
+from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.quota import QuotaLimiter
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
@@ -125,6 +126,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     metrics: GatewayMetrics = app.state.metrics
     redis = connect_redis(settings.redis)
+    # its own connection, no read timeout: the auth-cache invalidations wait for messages indefinitely
+    subscriber = Redis.from_url(
+        settings.redis.url, decode_responses=True, socket_connect_timeout=settings.redis.connect_timeout_s
+    )
+    background: list[asyncio.Task[None]] = []
     up = settings.upstream
     client = SGLangClient(up)
     launched: list[WorkerProcess] = []
@@ -171,7 +177,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "RADIXGATE_ENGINE__LAUNCH=true, or add workers with POST /admin/workers",
             )
         prefix = settings.redis.key_prefix
-        tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode())
+        auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)
+        tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
+        if auth_cache.enabled:
+            background.append(
+                asyncio.create_task(
+                    follow_invalidations(subscriber, invalidation_channel(prefix), auth_cache),
+                    name="auth-invalidations",
+                )
+            )
         quota = QuotaLimiter(redis, prefix)
         usage = UsageRecorder(redis, prefix)
         renderer = PromptRenderer(settings.tokenizer_path)
@@ -179,8 +193,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await scheduler.start()
         dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler)
         registry = WorkerRegistry(redis, prefix)
-        registry_task = asyncio.create_task(
-            sync_loop(pool, registry, up.health_interval_s), name="worker-registry"
+        background.append(
+            asyncio.create_task(sync_loop(pool, registry, up.health_interval_s), name="worker-registry")
         )
         app.state.radixgate = GatewayState(
             settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry
@@ -189,16 +203,18 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            registry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await registry_task
             await scheduler.stop()
             await pool.stop()
     finally:
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for supervisor in supervisors:  # before stopping the workers, so none is restarted
             await supervisor.stop()
         await client.aclose()
         await redis.aclose()
+        await subscriber.aclose()
         for worker in launched:
             worker.stop()
 

@@ -51,6 +51,16 @@ class RedisSettings(BaseModel):
     retry_after_s: int = Field(
         1, ge=1, description="Retry-After sent with a 503 when Redis is unavailable, s."
     )
+    auth_cache_ttl_s: float = Field(
+        1.0,
+        ge=0,
+        description="Longest a replica answers an authenticated API key from memory, s: revocation and "
+        "tenant changes reach every replica at once through Redis pub/sub, and within this bound when a "
+        "message is lost (0 = ask Redis on every request).",
+    )
+    auth_cache_entries: int = Field(
+        10_000, ge=1, description="API keys a replica remembers at most (oldest dropped first)."
+    )
 
 
 class EngineSettings(BaseModel):

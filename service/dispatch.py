@@ -8,7 +8,8 @@
    (priority bands, fair queuing, shedding; it routes the request), then call SGLang ``/generate``
    through :class:`service.upstream.UpstreamCaller` (retries, mid-stream resume, circuit breakers).
 4. Settle once, whatever happened: reconcile the reservation with the real usage (refund on failure or
-   cancellation), record usage, metrics and one log line.
+   cancellation) and record usage in one atomic Redis call (:meth:`QuotaLimiter.settle`), then
+   metrics and one log line.
 
 Cancellation (client gone) raises ``CancelledError`` inside 3; the settle step runs shielded, aborts the
 upstream request and refunds what was not used.
@@ -238,21 +239,17 @@ class Dispatcher:
             if served:
                 if not outcome.prompt_tokens:
                     outcome.prompt_tokens = prepared.prompt.num_tokens
-                await self._quota.reconcile(reservation, outcome.prompt_tokens + outcome.completion_tokens)
-                await self._usage.record(
-                    tenant_id,
-                    reservation.epoch,
-                    requests=1,
-                    errors=int(outcome.status != 200),
-                    prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                    cached_tokens=outcome.cached_tokens,
-                )
+                usage = {
+                    "requests": 1,
+                    "errors": int(outcome.status != 200),
+                    "prompt_tokens": outcome.prompt_tokens,
+                    "completion_tokens": outcome.completion_tokens,
+                    "cached_tokens": outcome.cached_tokens,
+                }
+                used: int | None = outcome.prompt_tokens + outcome.completion_tokens
             else:
-                await self._quota.refund(reservation)
-                await self._usage.record(
-                    tenant_id, reservation.epoch, errors=int(outcome.status not in (200, 499))
-                )
+                usage, used = {"errors": int(outcome.status not in (200, 499))}, None  # refund it all
+            await self._quota.settle(reservation, used, usage)  # one round trip: buckets and usage
         except Exception:  # Redis unavailable (or worse) after the answer: keep the answer, count it
             self._metrics.settle_failures.inc()
             log.exception("settle_failed", request_id=prepared.rid, tenant=tenant_id)

@@ -64,8 +64,12 @@ class KeyLayout:
         return f"{self.prefix}usage:{tenant_id}"
 
 
-def lua(name: str, guarded: bool = False) -> str:
-    """The text of ``tenancy/<name>``, after the tenant guard (``tenant_guard.lua``) when ``guarded``."""
+def lua(name: str, guarded: bool = False, buckets: bool = False) -> str:
+    """The text of ``tenancy/<name>``, after the tenant guard (``tenant_guard.lua``) when ``guarded`` and
+    the token-bucket steps (``bucket_lib.lua``) when ``buckets``."""
     files = resources.files("tenancy")
-    body = files.joinpath(name).read_text()
-    return files.joinpath("tenant_guard.lua").read_text() + "\n" + body if guarded else body
+    parts = [files.joinpath("tenant_guard.lua").read_text()] if guarded else []
+    if buckets:
+        parts.append(files.joinpath("bucket_lib.lua").read_text())
+    parts.append(files.joinpath(name).read_text())
+    return "\n".join(parts)

@@ -131,6 +131,17 @@ class IssuedKey(ApiKeyInfo):
     api_key: str
 
 
+USAGE_FIELDS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "quota_rejections",
+)
+"""The counters of :class:`Usage` (fields of the ``usage:<id>`` hash)."""
+
+
 class Usage(BaseModel):
     """Accumulated usage of a tenant (counters since the tenant was created)."""
 

@@ -13,6 +13,7 @@ leave a bucket behind, nor charge or refund a re-created tenant of the same id.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +21,7 @@ from redis.asyncio import Redis
 
 from tenancy.errors import TenantNotFoundError, store_operation
 from tenancy.layout import BucketName, KeyLayout, lua
-from tenancy.models import Quotas
+from tenancy.models import USAGE_FIELDS, Quotas
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,8 @@ class QuotaLimiter:
 
     def __init__(self, redis: Redis, prefix: str) -> None:
         self._layout = KeyLayout(prefix)
-        self._script = redis.register_script(lua("token_bucket.lua", guarded=True))
+        self._script = redis.register_script(lua("token_bucket.lua", guarded=True, buckets=True))
+        self._settle = redis.register_script(lua("settle.lua", guarded=True, buckets=True))
 
     def bucket_key(self, tenant_id: str, bucket: BucketName) -> str:
         """Redis key of one of a tenant's buckets."""
@@ -178,3 +180,54 @@ class QuotaLimiter:
         """Settle a finished request: refund unused reserved tokens, or charge the overrun."""
         r = reservation
         await self.adjust(r.tenant_id, r.quotas, 0, r.tokens - used_tokens, epoch=r.epoch)
+
+    @store_operation
+    async def settle(
+        self,
+        reservation: Reservation,
+        used_tokens: int | None,
+        usage: Mapping[str, int],
+        now_ms: float | None = None,
+    ) -> bool:
+        """Settle a request and record its usage in one atomic round trip (``settle.lua``): what
+        :meth:`reconcile` (``used_tokens`` given) or :meth:`refund` (None: nothing was served) and then
+        :meth:`tenancy.usage.UsageRecorder.record` do, with one tenant check for both.
+
+        Args:
+            reservation: what :meth:`reserve` took.
+            used_tokens: prompt + completion tokens served; None gives the whole reservation back.
+            usage: usage field (of :class:`tenancy.models.Usage`) -> amount; zeros are skipped.
+            now_ms: test hook; ``None`` uses Redis server time.
+
+        Returns:
+            False when the reservation has an epoch and the tenant is gone (nothing written), else True.
+
+        Raises:
+            ValueError: an unknown usage field.
+        """
+        unknown = set(usage) - set(USAGE_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown usage fields: {sorted(unknown)}")
+        r = reservation
+        if used_tokens is None:
+            requests, tokens = float(r.requests), float(r.tokens)
+        else:
+            requests, tokens = 0.0, float(r.tokens - used_tokens)
+        buckets = [b for b in self._buckets(r.tenant_id, r.quotas, requests, tokens) if b[4] != 0]
+        counts = [(field, value) for field, value in usage.items() if value]
+        if not buckets and not counts:
+            return True
+        layout = self._layout
+        keys = [layout.tenant(r.tenant_id), layout.usage(r.tenant_id), *(b[1] for b in buckets)]
+        args: list[str | int] = [
+            "" if now_ms is None else repr(float(now_ms)),
+            "0" if r.epoch is None else "1",
+            r.epoch or "",
+            len(buckets),
+        ]
+        for _, _, rate, cap, amount in buckets:
+            args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
+        for field, value in counts:
+            args.extend([field, value])
+        result = await self._settle(keys=keys, args=args)
+        return int(result[0]) != -2

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import secrets
 
+import structlog
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from tenancy.auth_cache import AuthCache, invalidation_channel
 from tenancy.errors import (
     KeyNotFoundError,
     TenantExistsError,
@@ -30,6 +33,8 @@ from tenancy.models import (
 
 __all__ = ["KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
 
+log = structlog.get_logger("radixgate.tenants")
+
 
 class TenantStore:
     """CRUD for tenants and their API keys.
@@ -38,12 +43,17 @@ class TenantStore:
         redis: async client (``decode_responses=True``).
         prefix: Redis key prefix.
         pepper: HMAC key for API-key digests (from settings).
+        cache: this replica's memory of authenticated keys (:mod:`tenancy.auth_cache`); None reads
+            Redis on every authentication. Writes that change what authentication answers drop the
+            entries here and publish the invalidation to every replica either way.
     """
 
-    def __init__(self, redis: Redis, prefix: str, pepper: bytes) -> None:
+    def __init__(self, redis: Redis, prefix: str, pepper: bytes, cache: AuthCache | None = None) -> None:
         self._redis = redis
         self._layout = KeyLayout(prefix)
         self._pepper = pepper
+        self._cache = cache
+        self._channel = invalidation_channel(prefix)
         self._delete_script = redis.register_script(lua("tenant_delete.lua"))
         self._issue_script = redis.register_script(lua("key_issue.lua"))
 
@@ -94,6 +104,7 @@ class TenantStore:
         changes = patch.model_dump(exclude_unset=True)
         merged = Tenant.model_validate({**current.model_dump(), **changes})
         await self._redis.set(self._tenant_key(tenant_id), merged.model_dump_json(), xx=True)
+        await self._invalidate(f"tenant:{tenant_id}")
         return merged
 
     @store_operation
@@ -113,6 +124,7 @@ class TenantStore:
         ]
         if not await self._delete_script(keys=keys, args=[layout.api_key_prefix, tenant_id]):
             raise TenantNotFoundError(tenant_id)
+        await self._invalidate(f"tenant:{tenant_id}")
 
     @store_operation
     async def issue_key(self, tenant_id: str, name: str = "") -> IssuedKey:
@@ -164,18 +176,37 @@ class TenantStore:
             raise KeyNotFoundError(key_id)
         record.revoked = True
         await self._redis.set(self._key_key(key_id), record.model_dump_json(), xx=True)
+        await self._invalidate(f"key:{key_id}")
         return _info(record)
+
+    async def _invalidate(self, message: str) -> None:
+        """Drop what this replica's cache holds about ``message`` (``key:<id>``/``tenant:<id>``) and tell
+        every replica. A failed publish is only logged: the write is done, and the other replicas' entries
+        expire within their TTL."""
+        if self._cache is not None:
+            self._cache.apply(message)
+        try:
+            await self._redis.publish(self._channel, message)
+        except RedisError as exc:
+            log.warning("auth_invalidation_not_published", message=message, error=str(exc))
 
     @store_operation
     async def authenticate(self, presented: str) -> Tenant | None:
         """Resolve a presented API key to its tenant.
 
         Returns ``None`` for a malformed, unknown, revoked or wrong key, or a key whose tenant is gone.
-        The caller decides what a disabled tenant means (403).
+        The caller decides what a disabled tenant means (403). A key that passed within the cache's TTL
+        is answered from the cache (its digest still checked); otherwise Redis is read.
         """
         parsed = parse_key(presented)
         if parsed is None:
             return None
+        cache = self._cache
+        if cache is not None:
+            hit = cache.get(parsed.key_id)
+            if hit is not None:
+                return hit.tenant if digest_matches(parsed.full, hit.digest, self._pepper) else None
+            read_at, generation = cache.now(), cache.generation
         raw = await self._redis.get(self._key_key(parsed.key_id))
         if raw is None:
             return None
@@ -183,9 +214,12 @@ class TenantStore:
         if record.revoked or not digest_matches(parsed.full, record.digest, self._pepper):
             return None
         try:
-            return await self.get(record.tenant_id)
+            tenant = await self.get(record.tenant_id)
         except TenantNotFoundError:
             return None
+        if cache is not None:
+            cache.put(parsed.key_id, record.digest, tenant, read_at, generation)
+        return tenant
 
 
 def _info(record: ApiKeyRecord) -> ApiKeyInfo:

@@ -1,7 +1,7 @@
 -- Several token buckets taken from (or adjusted) in one atomic step: all or nothing.
--- Arithmetic mirrors policies/token_bucket.py (tested on one table); keep them in step.
+-- tenant_guard.lua and bucket_lib.lua are prepended (see tenancy/layout.py).
 --
--- KEYS[1]  the tenant's record (checked when ARGV[3] is "1"; see tenant_guard.lua, prepended)
+-- KEYS[1]  the tenant's record (checked when ARGV[3] is "1"; see tenant_guard.lua)
 -- KEYS[1+i]  bucket hashes, fields: level (units), ts (ms)
 -- ARGV[1]  now in ms, or "" to use the Redis server's clock (one clock for every gateway replica)
 -- ARGV[2]  "take" (debit amount if every bucket holds it) or "adjust" (add amount, may be negative)
@@ -18,11 +18,7 @@ if ARGV[3] == '1' and not tenant_alive(KEYS[1], ARGV[4]) then
   return {-2, 0, 0}
 end
 
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
+local now = now_ms(ARGV[1])
 local mode = ARGV[2]
 local n = #KEYS - 1
 local rates, caps, amounts, levels, stamps = {}, {}, {}, {}, {}
@@ -33,23 +29,13 @@ for i = 1, n do
   local cap = tonumber(ARGV[3 * i + 3])
   local amount = tonumber(ARGV[3 * i + 4])
   rates[i], caps[i], amounts[i] = rate, cap, amount
-  local stored = redis.call('HMGET', KEYS[1 + i], 'level', 'ts')
-  local level, updated = tonumber(stored[1]), tonumber(stored[2])
-  if level == nil or updated == nil then
-    level, updated = cap, now
-  end
-  local elapsed = now - updated
-  if elapsed > 0 then
-    level = math.min(cap, level + elapsed * rate / 60000)
-    updated = now
-  end
-  levels[i], stamps[i] = level, updated
+  levels[i], stamps[i] = bucket_level(KEYS[1 + i], rate, cap, now)
   if mode == 'take' then
     if amount > cap then
       return {-1, 0, i}
     end
-    if level < amount then
-      local wait = math.ceil((amount - level) * 60000 / rate)
+    if levels[i] < amount then
+      local wait = math.ceil((amount - levels[i]) * 60000 / rate)
       if wait > worst_wait then
         worst_wait, worst_idx = wait, i
       end
@@ -68,12 +54,9 @@ for i = 1, n do
   if mode == 'take' then
     levels[i] = levels[i] - amounts[i]
   else
-    levels[i] = math.max(-caps[i], math.min(caps[i], levels[i] + amounts[i]))
+    levels[i] = adjusted(levels[i], amounts[i], caps[i])
   end
-  redis.call('HSET', KEYS[1 + i], 'level', string.format('%.17g', levels[i]), 'ts', string.format('%.17g', stamps[i]))
-  -- An idle bucket refills from -capacity to full in 2*capacity/rate minutes; after that a missing key
-  -- means the same as a full bucket, so the key can expire.
-  redis.call('PEXPIRE', KEYS[1 + i], math.ceil(2 * caps[i] * 60000 / rates[i]) + 1000)
+  bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
   out[3 + i] = string.format('%.17g', levels[i])
 end
 return out

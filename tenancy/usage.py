@@ -10,9 +10,9 @@ from redis.asyncio import Redis
 
 from tenancy.errors import store_operation
 from tenancy.layout import KeyLayout, lua
-from tenancy.models import Usage
+from tenancy.models import USAGE_FIELDS, Usage
 
-_FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "quota_rejections")
+_FIELDS = USAGE_FIELDS
 
 
 class UsageRecorder:

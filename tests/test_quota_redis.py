@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.usage import UsageRecorder
 
 BURST = 37
 QUOTAS = Quotas(requests_per_min=0.001, request_burst=BURST)  # refills ~nothing during the test
@@ -72,3 +73,28 @@ async def test_buckets_expire_once_full_again(redis_client: aioredis.Redis) -> N
     await limiter.reserve("t", quotas, 0)
     ttl_ms = await redis_client.pttl(limiter.bucket_key("t", "requests"))
     assert 0 < ttl_ms <= 2 * 10 * 60_000 / 600 + 1000
+
+
+async def test_settle_is_reconcile_or_refund_and_usage_in_one_call(redis_client: aioredis.Redis) -> None:
+    limiter, usage = QuotaLimiter(redis_client, "s:"), UsageRecorder(redis_client, "s:")
+    quotas = Quotas(requests_per_min=0.001, request_burst=5, tokens_per_min=0.001, token_burst=1000)
+    assert (await limiter.reserve("t", quotas, 600)).allowed  # requests 4, tokens 400
+    served = {"requests": 1, "errors": 0, "prompt_tokens": 200, "completion_tokens": 50}
+    assert await limiter.settle(Reservation("t", quotas, 1, 600), 250, served)  # refund 350 -> 750
+    assert (await limiter.reserve("t", quotas, 100)).allowed  # requests 3, tokens 650
+    assert await limiter.settle(Reservation("t", quotas, 1, 100), None, {"errors": 1})  # all back
+    assert (await limiter.reserve("t", quotas, 700)).allowed  # requests 3, tokens 50
+    assert await limiter.settle(Reservation("t", quotas, 1, 700), 760, {"requests": 1})  # overrun 60
+    levels = await limiter.adjust("t", quotas, requests=0.0001, tokens=0.0001)
+    assert levels["requests"] == pytest.approx(3, abs=0.01)
+    assert levels["tokens"] == pytest.approx(-10, abs=0.01)
+    counted = await usage.get("t")
+    assert (counted.requests, counted.errors, counted.prompt_tokens, counted.completion_tokens) == (
+        2,
+        1,
+        200,
+        50,
+    )
+    assert await limiter.settle(Reservation("t", quotas, 1, 5), 5, {"errors": 0})  # nothing to write
+    with pytest.raises(ValueError, match="unknown usage fields"):
+        await limiter.settle(Reservation("t", quotas, 1, 5), 5, {"bogus": 1})

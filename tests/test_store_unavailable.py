@@ -54,6 +54,10 @@ def worker(fake: tuple[FakeWorker, str]) -> FakeWorker:
     return fake[0]
 
 
+HUGE = {"requests_per_min": 1e9, "tokens_per_min": 1e12}
+"""Finite quotas that never refuse."""
+
+
 @contextlib.contextmanager
 def gateway_client(settings: Settings) -> Iterator[httpx.Client]:
     """A gateway on ``settings`` and an HTTP client to it."""
@@ -80,7 +84,8 @@ def test_burst_over_two_replicas_with_small_pools_gives_no_5xx_but_503(
 ) -> None:
     worker.delay_s = 0.05
     small = {
-        "redis": {"max_connections": 3, "pool_timeout_s": 0.25},
+        # auth from Redis on every request (no cache): enough round trips to run a pool of 3 dry
+        "redis": {"max_connections": 3, "pool_timeout_s": 0.25, "auth_cache_ttl_s": 0},
         "upstream": {"max_connections": 2, "pool_timeout_s": 0.1},
     }
     apps = [create_app(settings_for(redis_url, stub_model_dir, fake[1], "burst:", **small)) for _ in range(2)]
@@ -174,7 +179,9 @@ def test_paused_redis_gives_503_then_service_resumes(
     url = own_redis[0]
     settings = settings_for(url, stub_model_dir, fake[1], "pause:")
     with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
-        tenant_id, key = new_tenant(http)
+        # with quotas, every request reserves in Redis (a cached key of an unlimited tenant would not
+        # touch Redis before its answer for up to redis.auth_cache_ttl_s)
+        tenant_id, key = new_tenant(http, quotas=HUGE)
         assert ask(http, key).status_code == 200
         r.execute_command("CLIENT", "PAUSE", "2500")
         paused_until = time.monotonic() + 2.5
@@ -199,7 +206,7 @@ def test_stopped_redis_gives_503_then_service_resumes(
     url = stack.enter_context(redis_server(data, port))
     try:
         with gateway_client(settings_for(url, stub_model_dir, fake[1], "stop:")) as http:
-            tenant_id, key = new_tenant(http)
+            tenant_id, key = new_tenant(http, quotas=HUGE)  # every request reserves in Redis
             assert ask(http, key).status_code == 200
             with redis.Redis.from_url(url) as r:
                 r.save()  # keep the tenant across the restart

@@ -90,6 +90,8 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
     await quota.reconcile(held, used_tokens=3)
     await quota.refund(held)
     assert not await usage.record("racer", seen.epoch, requests=1, prompt_tokens=3)
+    assert not await quota.settle(held, 3, {"requests": 1, "prompt_tokens": 3})  # the one-call settle
+    assert not await quota.settle(held, None, {"errors": 1})
     with pytest.raises(TenantNotFoundError):
         await store.issue_key("racer")
     assert [k async for k in redis_client.scan_iter(match="*racer*")] == []
@@ -101,6 +103,7 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
     assert (await quota.reserve("racer", QUOTAS, 100, epoch=fresh.epoch)).allowed
     await quota.refund(held)  # stale epoch: a no-op
     assert not await usage.record("racer", seen.epoch, requests=1)
+    assert not await quota.settle(held, 1, {"requests": 1, "completion_tokens": 1})
     levels = await quota.adjust("racer", QUOTAS, tokens=0.001, epoch=fresh.epoch)
     assert levels["tokens"] == pytest.approx(5900, abs=1)  # only the new reservation is taken
     assert (await usage.get("racer")).requests == 0
@@ -126,9 +129,12 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
             return
         outcomes.append("reserved")
         await asyncio.sleep(0.001 * (i % 5))
-        if decision.allowed:
+        if decision.allowed and i % 2:
             await quota.reconcile(Reservation("busy", QUOTAS, 1, 5, tenant.epoch), used_tokens=2)
             await usage.record("busy", tenant.epoch, requests=1, prompt_tokens=2)
+        elif decision.allowed:  # the one-call settle the gateway uses
+            held = Reservation("busy", QUOTAS, 1, 5, tenant.epoch)
+            await quota.settle(held, 2, {"requests": 1, "prompt_tokens": 2})
         else:
             await usage.record("busy", tenant.epoch, quota_rejections=1)
 

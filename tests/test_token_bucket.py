@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from policies.token_bucket import BucketLimit, BucketState, adjust, full_bucket, refill, try_take
 from tenancy.models import Quotas
-from tenancy.quota import QuotaLimiter
+from tenancy.quota import QuotaLimiter, Reservation
 
 # rate 60 tokens/min = 1 token/s, capacity 10.
 LIMIT = BucketLimit(rate_per_min=60, capacity=10)
@@ -94,3 +94,18 @@ async def test_request_and_token_buckets_are_all_or_nothing(redis_client: aiored
     assert not refused.allowed and refused.limiting == "requests"
     assert refused.retry_after_s == pytest.approx(1.0)
     assert refused.remaining["tokens"] == pytest.approx(6)
+
+
+async def test_lua_settle_adjusts_as_the_same_table(redis_client: aioredis.Redis) -> None:
+    """The one-call settle (settle.lua) adds to a bucket with the arithmetic of the table's adjust rows."""
+    limiter = QuotaLimiter(redis_client, "ts:")
+    quotas = Quotas(tokens_per_min=LIMIT.rate_per_min, token_burst=LIMIT.capacity)
+    key = limiter.bucket_key("acme", "tokens")
+    for row in TABLE:
+        now, op, amount, _, _, level = row
+        if op == "take":
+            await limiter.reserve("acme", quotas, int(amount), now_ms=now)
+        else:  # reserved max(amount, 0), used max(-amount, 0): the bucket gets amount back
+            held = Reservation("acme", quotas, 1, int(max(amount, 0)))
+            assert await limiter.settle(held, int(max(-amount, 0)), {}, now_ms=now)
+            assert float(await redis_client.hget(key, "level")) == pytest.approx(level), row

@@ -1,0 +1,155 @@
+"""A replica's short-lived memory of authenticated API keys, and its invalidation through Redis pub/sub.
+
+Authentication costs two Redis reads (the key record, then its tenant). :class:`AuthCache` keeps, per key
+id, the stored digest and the tenant for ``ttl_s`` (1 s by default) in a bounded table, so a busy key is
+read from Redis about once a second per replica. Every write that changes what authentication answers
+(key revoked; tenant patched, disabled, enabled, re-quota'd or deleted) drops the entry on the replica
+that made it and publishes ``key:<key_id>`` or ``tenant:<tenant_id>`` on ``<prefix>auth-invalidate``;
+:func:`follow_invalidations` applies those messages on every replica. A lost message (the subscriber's
+connection broke, Redis failed over) costs at most ``ttl_s``: an entry never outlives it, and a replica
+clears its whole table each time it (re)subscribes.
+
+A presented key is still checked against the cached HMAC digest in constant time; only keys that passed
+are cached (unknown or revoked keys always go to Redis). An entry read before an invalidation arrived is
+not stored (:attr:`AuthCache.generation`), so a read racing a revoke cannot bring the old record back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from tenancy.models import Tenant
+
+log = structlog.get_logger("radixgate.auth_cache")
+
+
+def invalidation_channel(prefix: str) -> str:
+    """The pub/sub channel of authentication invalidations under Redis key prefix ``prefix``."""
+    return f"{prefix}auth-invalidate"
+
+
+@dataclass(frozen=True, slots=True)
+class CachedKey:
+    """What authentication learned about one key id.
+
+    Attributes:
+        digest: the key record's stored HMAC digest.
+        tenant: the key's tenant as read then.
+        expires: monotonic s after which the entry is not used.
+    """
+
+    digest: str
+    tenant: Tenant
+    expires: float
+
+
+class AuthCache:
+    """Key id -> :class:`CachedKey`, at most ``max_entries`` (the oldest is dropped first), each for
+    ``ttl_s`` from the moment its Redis read began.
+
+    Args:
+        ttl_s: longest time an entry is trusted, s (0 turns the cache off).
+        max_entries: bound on entries (memory).
+        clock: monotonic clock, s.
+    """
+
+    def __init__(self, ttl_s: float, max_entries: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._max = max_entries
+        self._clock = clock
+        self._entries: dict[str, CachedKey] = {}
+        self.generation = 0
+        """Counts invalidations; a read that saw another generation start is not stored."""
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether entries are kept at all."""
+        return self.ttl_s > 0
+
+    def now(self) -> float:
+        """The cache's clock, s."""
+        return self._clock()
+
+    def get(self, key_id: str) -> CachedKey | None:
+        """The live entry of ``key_id``, if any (an expired one is dropped)."""
+        entry = self._entries.get(key_id)
+        if entry is None:
+            return None
+        if entry.expires <= self._clock():
+            del self._entries[key_id]
+            return None
+        return entry
+
+    def put(self, key_id: str, digest: str, tenant: Tenant, read_at: float, generation: int) -> None:
+        """Remember a successful authentication whose Redis read began at ``read_at`` (clock s) in
+        ``generation``; ignored when an invalidation came in between or the cache is off."""
+        if not self.enabled or generation != self.generation:
+            return
+        if key_id not in self._entries and len(self._entries) >= self._max:
+            del self._entries[next(iter(self._entries))]  # oldest insertion first
+        self._entries[key_id] = CachedKey(digest, tenant, read_at + self.ttl_s)
+
+    def drop_key(self, key_id: str) -> None:
+        """Forget one key id."""
+        self.generation += 1
+        self._entries.pop(key_id, None)
+
+    def drop_tenant(self, tenant_id: str) -> None:
+        """Forget every key of a tenant."""
+        self.generation += 1
+        for key_id in [k for k, e in self._entries.items() if e.tenant.id == tenant_id]:
+            del self._entries[key_id]
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.generation += 1
+        self._entries.clear()
+
+    def apply(self, message: str) -> None:
+        """Apply one invalidation message: ``key:<key_id>`` or ``tenant:<tenant_id>`` (anything else
+        clears the whole table)."""
+        kind, _, name = message.partition(":")
+        if kind == "key" and name:
+            self.drop_key(name)
+        elif kind == "tenant" and name:
+            self.drop_tenant(name)
+        else:
+            self.clear()
+
+
+async def follow_invalidations(redis: Redis, channel: str, cache: AuthCache, retry_s: float = 1.0) -> None:
+    """Apply the invalidations published on ``channel`` to ``cache`` until cancelled.
+
+    ``redis`` must be a client without a read timeout (the subscription waits for messages
+    indefinitely); it holds one connection. Every (re)subscription clears the cache (messages may have
+    been missed); a broken subscription is retried every ``retry_s`` seconds.
+    """
+    while True:
+        pubsub = redis.pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    cache.clear()
+                elif message["type"] == "message":
+                    data = message["data"]
+                    cache.apply(data.decode() if isinstance(data, bytes) else str(data))
+        except (RedisError, OSError) as exc:
+            log.warning("auth_invalidations_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
+        finally:
+            cache.clear()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await asyncio.sleep(retry_s)
+
+
+__all__ = ["AuthCache", "CachedKey", "follow_invalidations", "invalidation_channel"]

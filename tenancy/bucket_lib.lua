@@ -1,0 +1,43 @@
+-- Token-bucket steps shared by token_bucket.lua and settle.lua (prepended to them; see tenancy/layout.py).
+-- Arithmetic mirrors policies/token_bucket.py (tested on one table); keep them in step.
+-- A bucket is a hash with fields level (units) and ts (ms); a missing one is full.
+
+-- now_ms(arg): arg as a number, or the Redis server's clock in ms when arg is "" (one clock for every
+-- gateway replica).
+local function now_ms(arg)
+  local now = tonumber(arg)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  end
+  return now
+end
+
+-- bucket_level(key, rate_per_min, capacity, now): the level refilled up to now (capped at capacity; a
+-- clock going back refills nothing), and the timestamp to store with it.
+local function bucket_level(key, rate, cap, now)
+  local stored = redis.call('HMGET', key, 'level', 'ts')
+  local level, updated = tonumber(stored[1]), tonumber(stored[2])
+  if level == nil or updated == nil then
+    level, updated = cap, now
+  end
+  local elapsed = now - updated
+  if elapsed > 0 then
+    level = math.min(cap, level + elapsed * rate / 60000)
+    updated = now
+  end
+  return level, updated
+end
+
+-- adjusted(level, amount, capacity): level + amount, capped at the capacity and floored at minus it.
+local function adjusted(level, amount, cap)
+  return math.max(-cap, math.min(cap, level + amount))
+end
+
+-- bucket_store(key, level, stamp, rate_per_min, capacity): write the bucket back.
+-- An idle bucket refills from -capacity to full in 2*capacity/rate minutes; after that a missing key
+-- means the same as a full bucket, so the key can expire.
+local function bucket_store(key, level, stamp, rate, cap)
+  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', stamp))
+  redis.call('PEXPIRE', key, math.ceil(2 * cap * 60000 / rate) + 1000)
+end
