@@ -188,7 +188,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
         quota = QuotaLimiter(redis, prefix)
         usage = UsageRecorder(redis, prefix)
-        renderer = PromptRenderer(settings.tokenizer_path)
+        renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
         scheduler = Scheduler(settings, pool, client, metrics)
         await scheduler.start()
         dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler)

@@ -178,6 +178,12 @@ class ApiSettings(BaseModel):
     tokenizer_path: Path | None = Field(
         None, description="Folder with tokenizer.json and the chat template (defaults to engine.model_path)."
     )
+    prompt_cache_chars: int = Field(
+        4_000_000,
+        ge=0,
+        description="Characters of rendered chats, and of prompt pieces with their token counts, each "
+        "replica remembers at most (0 = none).",
+    )
 
 
 _CLASS = ClassPolicy(rank=0, sglang_priority=0, ttft_goal_s=1.0)  # field defaults of policies.classes

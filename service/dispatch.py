@@ -254,15 +254,15 @@ class Dispatcher:
             self._metrics.settle_failures.inc()
             log.exception("settle_failed", request_id=prepared.rid, tenant=tenant_id)
         latency = time.perf_counter() - prepared.arrival
-        m, label = self._metrics, self._metrics.tenant(tenant_id)
-        m.requests.labels(label, prepared.model, str(outcome.status)).inc()
-        m.e2e.labels(label, prepared.model).observe(latency)
+        m = self._metrics.request_series(self._metrics.tenant(tenant_id), prepared.model, outcome.status)
+        m.requests.inc()
+        m.e2e.observe(latency)
         if outcome.ttft_s is not None:
-            m.ttft.labels(label, prepared.model).observe(outcome.ttft_s)
+            m.ttft.observe(outcome.ttft_s)
         if served:
-            m.prompt_tokens.labels(label).inc(outcome.prompt_tokens)
-            m.completion_tokens.labels(label).inc(outcome.completion_tokens)
-            m.cached_tokens.labels(label).inc(outcome.cached_tokens)
+            m.prompt_tokens.inc(outcome.prompt_tokens)
+            m.completion_tokens.inc(outcome.completion_tokens)
+            m.cached_tokens.inc(outcome.cached_tokens)
         log.info(
             "request",
             request_id=prepared.rid,

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
+import orjson
 import structlog
+
+
+def _dumps(obj: Any, **kw: Any) -> str:
+    """JSON of one log line with orjson (structlog passes its fallback for other types as ``default``);
+    Python's json for what orjson refuses (integers beyond 64 bits, lone surrogates)."""
+    try:
+        return orjson.dumps(obj, default=kw.get("default"), option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(obj, **kw)
 
 
 def configure_logging(level: str, stream: TextIO | None = None) -> None:
@@ -30,7 +41,7 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
-                structlog.processors.JSONRenderer(),
+                structlog.processors.JSONRenderer(serializer=_dumps),
             ],
         )
     )
@@ -40,7 +51,11 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        processors=[
+            *shared,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(serializer=_dumps),
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,

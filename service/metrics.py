@@ -7,6 +7,7 @@ label value, later ones report as ``"other"``.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -36,6 +37,18 @@ class TenantLabels:
         return "other"
 
 
+@dataclass(frozen=True, slots=True)
+class RequestSeries:
+    """The series one finished request updates, for one (tenant label, model, status)."""
+
+    requests: Counter
+    e2e: Histogram
+    ttft: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    cached_tokens: Counter
+
+
 class GatewayMetrics:
     """Every gateway metric, registered in ``registry``.
 
@@ -47,6 +60,7 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry, max_tenant_labels: int) -> None:
         self.registry = registry
         self.tenant = TenantLabels(max_tenant_labels)
+        self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self.requests = Counter(
             "radixgate_requests_total",
             "Completed API requests.",
@@ -175,3 +189,19 @@ class GatewayMetrics:
         self.worker_healthy = Gauge(
             "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
         )
+
+    def request_series(self, tenant_label: str, model: str, status: int) -> RequestSeries:
+        """The children of the per-request metrics for these labels, looked up once and kept (tenant
+        labels are bounded by :class:`TenantLabels`, models by the served list, statuses by the API)."""
+        key = (tenant_label, model, status)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = RequestSeries(
+                self.requests.labels(tenant_label, model, str(status)),
+                self.e2e.labels(tenant_label, model),
+                self.ttft.labels(tenant_label, model),
+                self.prompt_tokens.labels(tenant_label),
+                self.completion_tokens.labels(tenant_label),
+                self.cached_tokens.labels(tenant_label),
+            )
+        return series

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from service.prompt_cache import BoundedCache, TokenCounter
 
 
 class PromptError(ValueError):
@@ -46,16 +49,22 @@ def _raise(message: str) -> None:
 class PromptRenderer:
     """Renders chat messages with the model's template and counts tokens.
 
+    Rendered chats and token counts are remembered (:mod:`service.prompt_cache`): a repeated chat is
+    neither rendered nor tokenized again, and a repeated message prefix is not tokenized again.
+
     Args:
         model_dir: Hugging Face folder with ``tokenizer.json`` and a chat template
             (``chat_template.jinja`` or ``tokenizer_config.json["chat_template"]``).
+        cache_chars: characters of prompts (and of prompt pieces) remembered at most, each; 0: none.
 
     Raises:
         FileNotFoundError: no ``tokenizer.json`` in ``model_dir``.
     """
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, cache_chars: int = 4_000_000) -> None:
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._counter = TokenCounter(self._tokenizer, self._count_uncached, cache_chars)
+        self._rendered: BoundedCache[bytes, RenderedPrompt] = BoundedCache(cache_chars)
         config: dict[str, Any] = {}
         config_path = model_dir / "tokenizer_config.json"
         if config_path.exists():
@@ -82,9 +91,12 @@ class PromptRenderer:
             raise PromptError("the prompt is not valid Unicode (lone surrogate)") from exc
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def _count_uncached(self, text: str) -> int:
+        return len(self.encode(text))
+
     def count(self, text: str) -> int:
         """Tokens in ``text`` (see :meth:`encode`). Raises :class:`PromptError` for invalid Unicode."""
-        return len(self.encode(text))
+        return self._counter.count(text)
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> RenderedPrompt:
         """Render ``[{"role", "content"}, ...]`` with the generation prompt appended.
@@ -95,6 +107,12 @@ class PromptRenderer:
         if self._template is None:
             raise PromptError("the model has no chat template; use /v1/completions")
         try:
+            key: bytes | None = orjson.dumps(messages)
+        except TypeError:  # not JSON (cannot be a cache key): rendered every time
+            key = None
+        if key is not None and (found := self._rendered.get(key)) is not None:
+            return found
+        try:
             text = self._template.render(
                 messages=list(messages),
                 add_generation_prompt=True,
@@ -103,7 +121,10 @@ class PromptRenderer:
             )
         except TemplateError as exc:
             raise PromptError(f"chat template failed: {exc}") from exc
-        return RenderedPrompt(text=text, num_tokens=self.count(text))
+        rendered = RenderedPrompt(text=text, num_tokens=self.count(text))
+        if key is not None:
+            self._rendered.put(key, rendered, len(key) + len(text))
+        return rendered
 
     def render_text(self, prompt: str) -> RenderedPrompt:
         """A raw completion prompt, counted."""
