@@ -108,6 +108,7 @@ class UpstreamCaller:
                     prepared.max_tokens,
                     prepared.arrival,
                     prepared.session_id,
+                    prepared.stream,
                 )
             )
             worker: str | None = outcome.slot.worker
