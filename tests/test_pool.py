@@ -100,13 +100,13 @@ async def test_every_breaker_move_is_reported_wherever_it_happens() -> None:
     """The cool-down can end on the request path (routing asks who is eligible) rather than in a
     probe round; that open -> half-open move is reported all the same, and so is a restart's
     re-admission after it."""
-    async with httpx.AsyncClient() as http:
+    async with SGLangClient() as client:
         transitions: list[str] = []
         clock = [0.0]
         url = "http://127.0.0.1:9"
         pool = WorkerPool(
             [url],
-            SGLangClient(http),
+            client,
             1.0,
             breaker=BreakerConfig(5, 1, 10.0),
             on_transition=lambda _, state: transitions.append(state),
