@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
+from typing import Any
 
 import typer
 import uvicorn
@@ -33,17 +34,20 @@ def load_settings() -> Settings:
 
 @cli.command()
 def serve() -> None:
-    """Run the gateway (settings from RADIXGATE_* environment variables)."""
+    """Run the gateway (settings from RADIXGATE_* environment variables); RADIXGATE_WORKERS processes."""
     settings = load_settings()
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "log_level": "warning",
+        "access_log": False,
+        "loop": "uvloop",
+        "http": "httptools",
+    }
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **options)
+    else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
+        uvicorn.run("service.app:create_app", factory=True, workers=settings.workers, **options)
 
 
 @cli.command()

@@ -372,6 +372,13 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Interface the gateway listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Gateway processes on this host sharing the port (uvicorn workers); each is one "
+        "replica with its own scheduler and /metrics, all sharing Redis. More than 1 needs "
+        "engine.launch false.",
+    )
     admin_token: SecretStr = Field(
         SecretStr(""), description="Bearer token for /admin routes (16+ chars); admin API off while empty."
     )
@@ -403,6 +410,15 @@ class Settings(BaseSettings):
         if secret and len(secret) < 16:
             raise ValueError("admin_token must be at least 16 characters")
         return value
+
+    @model_validator(mode="after")
+    def _one_process_launches_engines(self) -> Settings:
+        if self.workers > 1 and self.engine.launch:
+            raise ValueError(
+                "workers > 1 needs engine.launch false: every gateway process would launch its own "
+                "engines; run them with `python -m service worker` and list them in upstream.workers"
+            )
+        return self
 
     def core_config(self) -> CoreConfig:
         """The admission core's configuration (classes, windows, routing) from these settings."""

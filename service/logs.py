@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import orjson
@@ -20,6 +22,12 @@ def _dumps(obj: Any, **kw: Any) -> str:
         return json.dumps(obj, **kw)
 
 
+def _add_pid(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Name the process of each line: several gateway processes (``workers``) share one output."""
+    event["pid"] = os.getpid()
+    return event
+
+
 def configure_logging(level: str, stream: TextIO | None = None) -> None:
     """Route structlog and stdlib logging to JSON lines at ``level`` (e.g. ``"INFO"``) on ``stream``
     (default stdout).
@@ -33,6 +41,7 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _add_pid,
     ]
     handler = logging.StreamHandler(out)
     handler.setFormatter(
