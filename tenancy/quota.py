@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from tenancy.errors import TenantNotFoundError, store_operation
 from tenancy.layout import BucketName, KeyLayout, lua
 from tenancy.models import USAGE_FIELDS, Quotas
+from tenancy.script_batch import ScriptBatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ class QuotaLimiter:
         self._layout = KeyLayout(prefix)
         self._script = redis.register_script(lua("token_bucket.lua", guarded=True, buckets=True))
         self._settle = redis.register_script(lua("settle.lua", guarded=True, buckets=True))
+        self._batch = ScriptBatcher(redis)  # concurrent requests' scripts share a pipeline
 
     def bucket_key(self, tenant_id: str, bucket: BucketName) -> str:
         """Redis key of one of a tenant's buckets."""
@@ -106,7 +108,7 @@ class QuotaLimiter:
         ]
         for _, _, rate, cap, amount in buckets:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
-        result: list[str | int] = await self._script(keys=keys, args=args)
+        result: list[str | int] = await self._batch.run(self._script, keys, args)
         return result
 
     @store_operation
@@ -229,5 +231,5 @@ class QuotaLimiter:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
         for field, value in counts:
             args.extend([field, value])
-        result = await self._settle(keys=keys, args=args)
+        result = await self._batch.run(self._settle, keys, args)
         return int(result[0]) != -2
