@@ -29,6 +29,7 @@ from typing import Any
 
 from service.api import limits
 from service.api.errors import APIError
+from service.api.protocol_features import MAX_TOOLS
 
 
 class Support(StrEnum):
@@ -180,7 +181,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         'null, ["text"]',
     ),
     "moderation": _off_only(valid=_typed(dict)),
-    "parallel_tool_calls": _accepted(_typed(bool), "no tools are served"),
+    "parallel_tool_calls": _served("default true; false: at most one call"),
     "prediction": _off_only(valid=_typed(dict)),
     "prompt_cache_key": _accepted(
         _short_text(limits.MAX_USER_CHARS), "prefix caching and cache-aware routing need no key"
@@ -206,10 +207,17 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         "radixgate's `priority` classes do this",
     ),
     "store": _off_only(_one_of(False), _typed(bool), "null, false", "nothing is stored"),
-    "tool_choice": _off_only(
-        _one_of("none", "auto"), _typed(str, dict), 'null, "none", "auto"', "no tools are served"
+    "tool_choice": _served(
+        "none, auto, required, or a named function; required and named are forced by the engine's "
+        "grammar (structural tag)",
+        served=lambda v: not isinstance(v, dict) or v.get("type") == "function",
     ),
-    "tools": _off_only(_null_or_empty, _typed(list), "null, []"),
+    "tools": _served(
+        f"function tools (up to {MAX_TOOLS}); parameters checked as JSON schemas; the call format is "
+        "`api.tool_call_format`",
+        served=lambda v: all(isinstance(t, dict) and t.get("type") == "function" for t in v),
+        valid=_typed(list),
+    ),
     "verbosity": _off_only(
         _one_of("medium"), _typed(str, check=lambda v: v in ("low", "medium", "high")), 'null, "medium"'
     ),
@@ -236,7 +244,7 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "content": _served("text, or text parts"),
     "name": _accepted(_short_text(limits.MAX_NAME_CHARS), "not rendered"),
     "tool_call_id": _served("tool messages are rendered through the chat template"),
-    "tool_calls": _off_only(_null_or_empty, _typed(list), "null, []"),
+    "tool_calls": _served("assistant calls, rendered through the chat template"),
     "function_call": _off_only(valid=_typed(dict)),
     "audio": _off_only(valid=_typed(dict)),
     "refusal": _off_only(valid=_typed(str)),
