@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,25 @@ def _special(value: Any) -> str:
 
 def _raise(message: str) -> None:
     raise PromptError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Hugging Face's ``tojson`` for chat templates (transformers ``chat_template_utils``): plain
+    ``json.dumps``, keys in their order and no HTML escaping, unlike Jinja's built-in filter."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    """Hugging Face's ``strftime_now`` global (Llama 3.x templates print today's date with it)."""
+    return datetime.now().strftime(format)
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -88,6 +108,8 @@ class PromptRenderer:
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(source) if source else None
         variables = meta.find_undeclared_variables(env.parse(source)) if source else set()
         self.renders_tools = "tools" in variables

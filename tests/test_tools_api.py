@@ -249,3 +249,50 @@ def test_bad_tool_requests_get_400_naming_the_field_and_cost_nothing(
     assert err["param"] == param, (case, err)
     assert worker.received == []
     assert usage_of(http, tenant_id)["requests"] == 0
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}"
+    "<|im_end|>\n{% endif %}{% for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}<call>{{ call.function.name }} "
+    "{{ call.function.arguments | tojson }}</call>{% endfor %}{% else %}{{ message.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tools_gateway(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, fake: tuple[FakeWorker, str]
+) -> Iterator[str]:
+    """A gateway whose model's template lays out ``tools`` and ``tool_calls`` itself (as Qwen's does)."""
+    from tests.support.model_stub import write_stub_model
+
+    folder = write_stub_model(tmp_path_factory.mktemp("tools-model"))
+    (folder / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    settings = gateway_settings(redis_url, folder, [fake[1]], max_body_bytes=65536)
+    with ThreadedServer(create_app(settings)) as server:
+        yield server.url
+
+
+def test_a_template_with_tools_gets_them_the_hugging_face_way(tools_gateway: str, worker: FakeWorker) -> None:
+    with httpx.Client(base_url=tools_gateway, timeout=30) as http:
+        _, key = new_tenant(http)
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
+        history = [
+            *ASK,
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "21"},
+        ]
+        resp = http.post("/v1/chat/completions", json=body(messages=history), headers=auth(key))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    text = worker.received[-1]["text"]
+    assert text.startswith("<|im_start|>system\n# Tools" + json.dumps(WEATHER))  # Hugging Face's tojson
+    assert "You are a function calling AI model" not in text  # the template's own layout, nothing added
+    # arguments reach the template as an object (Hugging Face's convention), results as tool messages
+    assert '<|im_start|>assistant\n<call>get_weather {"city": "Paris"}</call><|im_end|>' in text
+    assert "<|im_start|>tool\n21<|im_end|>" in text
