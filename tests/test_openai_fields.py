@@ -96,8 +96,14 @@ SAMPLES: dict[str, dict[str, list[Any]]] = {
     "prompt_cache_retention": {"accepted": ["in_memory", "24h"]},
     "reasoning_effort": {"off": ["none"], "on": ["high"]},
     "response_format": {
-        "off": [{"type": "text"}],
-        "on": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}],
+        "served": [
+            {"type": "text"},
+            {"type": "json_object"},
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
+            },
+        ],
     },
     "safety_identifier": {"accepted": ["hashed-user"]},
     "service_tier": {"off": ["auto", "default"], "on": ["flex", "priority"]},

@@ -194,10 +194,10 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         'null, "none"',
         "the served models do not reason",
     ),
-    "response_format": _off_only(
-        lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-        _typed(dict, check=_text_format),
-        'null, {"type": "text"}',
+    "response_format": _served(
+        "text, json_object, json_schema (strict or not, the engine's grammar holds the answer to the "
+        "schema); schemas checked before the engine",
+        valid=_typed(dict, check=_text_format),
     ),
     "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS)),
     "service_tier": _off_only(
