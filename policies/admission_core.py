@@ -42,7 +42,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
 
 from policies.admission_types import (
     AdmissionRequest,
@@ -55,44 +54,14 @@ from policies.admission_types import (
     WorkerSnapshot,
 )
 from policies.classes import ClassPolicy, top_class
-from policies.estimates import DecayingRate, WorkerEstimates
+from policies.estimates import WorkerEstimates
 from policies.fair_queue import BandConfig, PriorityBands, QueuedItem
 from policies.route_types import RouteDecision, WorkerView
 from policies.routing import Router, make_router
 from policies.windows import LoadReport, WorkerWindow
+from policies.worker_queue import Entry, WorkerQueue, prefilled, uncached_tokens
 
-_MIN_RESIDUAL = 0.05  # capacity fraction a band is assumed to keep even when higher bands take it all
 _RETRY_MIN_S = 1.0
-
-
-@dataclass(slots=True, eq=False)
-class _Worker:
-    url: str
-    window: WorkerWindow
-    bands: PriorityBands[_Entry]
-    est: WorkerEstimates
-    arrivals: dict[int, DecayingRate] = field(default_factory=dict)
-    eligible: bool = True
-    in_flight: int = 0
-    in_flight_tokens: int = 0
-    band_in_flight: dict[str, int] = field(default_factory=dict)
-    prefill_backlog: int = 0  # uncached tokens of dispatched requests without a first token yet
-    silent: list[tuple[float, int, _Entry]] = field(default_factory=list)  # assumed first tokens
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    req: AdmissionRequest
-    cls: ClassPolicy
-    worker: _Worker | None = None
-    route: RouteDecision | None = None
-    item: QueuedItem[_Entry] | None = None
-    deadline: float = 0.0
-    uncached: int = 0
-    predicted: float = 0.0
-    dispatched_at: float | None = None
-    backlog_at_dispatch: int = 0
-    first_token_seen: bool = False
 
 
 class AdmissionCore:
@@ -118,8 +87,8 @@ class AdmissionCore:
         fraction = cfg.window.ttft_target_fraction
         self._ttft_target = cfg.window.ttft_target_s or (fraction * goal if fraction else None)
         self.router: Router = make_router(cfg.routing, cache_aware=cfg.cache_aware)
-        self._workers: dict[str, _Worker] = {}
-        self._entries: dict[str, _Entry] = {}
+        self._workers: dict[str, WorkerQueue] = {}
+        self._entries: dict[str, Entry] = {}
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._depth = dict.fromkeys(self._classes, 0)
@@ -133,7 +102,7 @@ class AdmissionCore:
         """
         if url not in self._workers:
             cfg = self.config
-            w = _Worker(
+            w = WorkerQueue(
                 url,
                 WorkerWindow(cfg.window, self._ttft_target),
                 PriorityBands(self._band_configs),
@@ -214,7 +183,7 @@ class AdmissionCore:
         cls = self._classes[req.band]
         if self._depth[req.band] >= cls.max_queue_len:
             return [Shed(req.rid, req.band, "band_full", self._retry_after(cls))]
-        entry = _Entry(req, cls)
+        entry = Entry(req, cls)
         out: list[Decision] = []
         if self._queued >= self.config.max_queue_total and not self._evict_below(cls.rank, now, out):
             return [*out, Shed(req.rid, req.band, "queue_full", self._retry_after(cls))]
@@ -231,7 +200,7 @@ class AdmissionCore:
         e = self._entries.get(rid)
         if e is None or e.dispatched_at is None or e.first_token_seen or e.worker is None:
             return []
-        self._prefilled(e)
+        prefilled(e)
         uncached = e.uncached if cached_tokens is None else max(0, e.req.prompt_tokens - cached_tokens)
         e.worker.est.on_first_token(now, now - e.dispatched_at, e.backlog_at_dispatch + uncached)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
@@ -257,7 +226,7 @@ class AdmissionCore:
             return []
         w = e.worker
         assert w is not None
-        self._release(w, e)
+        w.release(e)
         if ok:
             w.est.on_done(now, now - e.dispatched_at)
             if cached_tokens is not None:
@@ -281,7 +250,7 @@ class AdmissionCore:
         e = self._entries.get(rid)
         if e is None or e.worker is None or e.dispatched_at is None:
             return None, []
-        self._release(e.worker, e)
+        e.worker.release(e)
         out = self._pump(e.worker, now)
         pool = [w for w in self._workers.values() if w.eligible and w.url not in exclude]
         if not pool:
@@ -289,7 +258,7 @@ class AdmissionCore:
             return None, out
         w = min(pool, key=lambda x: (x.in_flight + len(x.bands), x.in_flight_tokens))
         e.worker, e.route = w, RouteDecision(w.url, "retry")
-        self._start(w, e, now)
+        w.start(e, now)
         return w.url, out
 
     def load(self, url: str, report: LoadReport, now: float) -> list[Decision]:
@@ -306,7 +275,7 @@ class AdmissionCore:
         out: list[Decision] = []
         for w in self._workers.values():
             if w.silent and w.silent[0][0] <= now and len(w.bands):
-                self._backlog(w, now)
+                w.backlog(now)
                 out += self._pump(w, now)
         heap = self._deadlines
         while heap and heap[0][0] <= now:
@@ -337,7 +306,7 @@ class AdmissionCore:
         return soonest
 
     # -- placement ----------------------------------------------------------------------------------
-    def _place(self, e: _Entry, now: float, exclude: Collection[str]) -> Shed | None:
+    def _place(self, e: Entry, now: float, exclude: Collection[str]) -> Shed | None:
         """Bind ``e`` to a worker and queue it there, or return why it is shed."""
         req, cls, cfg = e.req, e.cls, self.config
         eligible = [w for w in self._workers.values() if w.eligible and w.url not in exclude]
@@ -349,8 +318,8 @@ class AdmissionCore:
             return Shed(req.rid, req.band, "no_worker", _RETRY_MIN_S)
         by_url = {w.url: w for w in eligible}
         choice, route = by_url[decision.url], decision
-        uncached = self._uncached(req, decision.matched_chars)
-        predicted = self._predict(choice, req, uncached, now)
+        uncached = uncached_tokens(req, decision.matched_chars)
+        predicted = choice.predict(req, uncached, now, self._classes, self._top, cfg.fair_queuing)
         budget = cls.ttft_goal_s - (now - req.arrival)
         long = cfg.estimates.long_prefill_tokens
         if cfg.slo_admission and predicted > budget and cfg.spill:
@@ -358,14 +327,14 @@ class AdmissionCore:
             # the goal, and never at the price of a long extra prefill (it would delay all that
             # worker's work for its duration and evict other prefixes from its cache)
             matches = self.router.prefix_matches(req.prompt)
-            best: tuple[float, _Worker, int] | None = None
+            best: tuple[float, WorkerQueue, int] | None = None
             for w in eligible:
                 if w is choice:
                     continue
-                unc = self._uncached(req, matches.get(w.url, 0))
+                unc = uncached_tokens(req, matches.get(w.url, 0))
                 if unc - uncached >= long:
                     continue
-                t = self._predict(w, req, unc, now)
+                t = w.predict(req, unc, now, self._classes, self._top, cfg.fair_queuing)
                 if t <= budget and (best is None or t < best[0]):
                     best = (t, w, unc)
             if best is not None:
@@ -390,50 +359,10 @@ class AdmissionCore:
         self._depth[req.band] += 1
         self._queued += 1
         heapq.heappush(self._deadlines, (e.deadline, next(self._seq), req.rid))
-        arrivals = choice.arrivals.get(cls.rank)
-        if arrivals is None:
-            arrivals = choice.arrivals[cls.rank] = DecayingRate(cfg.estimates.rate_tau_s)
-            arrivals.start(now)
-        arrivals.add(now)
+        choice.count_arrival(cls.rank, now, cfg.estimates.rate_tau_s)
         return None
 
-    def _headroom(self, w: _Worker, band: str) -> int:
-        """Requests beyond the window ``band`` may send to ``w``: the top band's headroom, at most what the
-        lower bands have in flight there (requests it can overtake inside the engine)."""
-        if band != self._top:
-            return 0
-        lower = w.in_flight - w.band_in_flight.get(band, 0)
-        return min(w.window.headroom, max(0, lower))
-
-    def _band_room(self, w: _Worker, band: str) -> int:
-        """Requests of ``band`` that may still start on ``w`` under the class's ``window_share``."""
-        share = self._classes[band].window_share
-        if share >= 1.0:
-            return w.window.size + self._headroom(w, band)
-        return int(share * w.window.size) - w.band_in_flight.get(band, 0)
-
-    def _uncached(self, req: AdmissionRequest, matched_chars: int) -> int:
-        if not req.prompt or matched_chars <= 0:
-            return req.prompt_tokens
-        return max(0, round(req.prompt_tokens * (1.0 - min(1.0, matched_chars / len(req.prompt)))))
-
-    def _predict(self, w: _Worker, req: AdmissionRequest, uncached: int, now: float) -> float:
-        """Predicted TTFT of ``req`` queued on ``w`` now, s (queue wait + engine TTFT)."""
-        free = w.window.size + self._headroom(w, req.band) - w.in_flight
-        free = min(free, self._band_room(w, req.band))
-        flow = req.tenant if self.config.fair_queuing else "*"
-        ahead = w.bands.count_ahead(req.band, flow, req.weight, float(req.cost))
-        need = ahead + 1 - max(free, 0)
-        wait = 0.0
-        if need > 0:
-            capacity = w.est.capacity(now, w.window.size)
-            if capacity is not None:
-                rank = self._classes[req.band].rank
-                higher = sum(r.rate(now) or 0.0 for k, r in w.arrivals.items() if k > rank)
-                wait = need / max(capacity - higher, capacity * _MIN_RESIDUAL)
-        return wait + w.est.engine_ttft(self._backlog(w, now) + uncached, now)
-
-    def _deadline(self, e: _Entry, w: _Worker, now: float) -> float:
+    def _deadline(self, e: Entry, w: WorkerQueue, now: float) -> float:
         """Latest dispatch time of ``e`` on ``w``, s."""
         cls, arrival = e.cls, e.req.arrival
         if cls.serve_late and cls.max_wait_s is not None:
@@ -445,11 +374,11 @@ class AdmissionCore:
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
         return min(cap, arrival + cls.ttft_goal_s - w.est.engine_ttft(e.uncached, now))
 
-    def _late_at_dispatch(self, w: _Worker, e: _Entry, now: float) -> bool:
+    def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
         if not self.config.slo_admission or e.cls.serve_late:
             return False
-        engine = w.est.engine_ttft(self._backlog(w, now) + e.uncached, now)
+        engine = w.est.engine_ttft(w.backlog(now) + e.uncached, now)
         first_token = now + engine * (1.0 + self.config.dispatch_margin)
         return first_token > e.req.arrival + e.cls.ttft_goal_s
 
@@ -457,55 +386,22 @@ class AdmissionCore:
         return max(_RETRY_MIN_S, min(cls.ttft_goal_s, 5.0))
 
     # -- queue mechanics ----------------------------------------------------------------------------
-    def _unqueue(self, e: _Entry) -> None:
+    def _unqueue(self, e: Entry) -> None:
         if e.item is not None and e.worker is not None and e.worker.bands.remove(e.item):
             self._depth[e.req.band] -= 1
             self._queued -= 1
 
-    def _release(self, w: _Worker, e: _Entry) -> None:
-        self._prefilled(e)
-        w.in_flight -= 1
-        w.in_flight_tokens -= e.req.cost
-        w.band_in_flight[e.req.band] -= 1
-
-    def _start(self, w: _Worker, e: _Entry, now: float) -> None:
-        """Count ``e`` as dispatched to ``w`` at ``now``."""
-        e.dispatched_at, e.first_token_seen = now, False
-        e.backlog_at_dispatch = self._backlog(w, now)
-        if not e.req.reports_first_token:
-            expected = now + w.est.engine_ttft(e.backlog_at_dispatch + e.uncached, now)
-            heapq.heappush(w.silent, (expected, next(self._seq), e))
-        w.prefill_backlog += e.uncached
-        w.in_flight += 1
-        w.in_flight_tokens += e.req.cost
-        w.band_in_flight[e.req.band] = w.band_in_flight.get(e.req.band, 0) + 1
-
-    def _backlog(self, w: _Worker, now: float) -> int:
-        """``w``'s prefill backlog at ``now``, tokens: non-streamed requests count until their predicted
-        first token (the gateway cannot see it)."""
-        silent = w.silent
-        while silent and silent[0][0] <= now:
-            self._prefilled(heapq.heappop(silent)[2])
-        return w.prefill_backlog
-
-    @staticmethod
-    def _prefilled(e: _Entry) -> None:
-        """``e`` no longer waits for its prefill on its worker (first token, end, or moved)."""
-        if not e.first_token_seen and e.worker is not None:
-            e.worker.prefill_backlog -= e.uncached
-        e.first_token_seen = True
-
-    def _pump(self, w: _Worker, now: float) -> list[Decision]:
+    def _pump(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Dispatch ``w``'s queue head while its window has room."""
         out: list[Decision] = []
         bands, window = w.bands, w.window
         while w.eligible and (head := bands.peek()) is not None:
             e = head.payload
             if not window.has_room(
-                w.in_flight, w.in_flight_tokens, e.req.cost, self._headroom(w, e.req.band)
+                w.in_flight, w.in_flight_tokens, e.req.cost, w.headroom(e.req.band, self._top)
             ):
                 break
-            if self._band_room(w, e.req.band) <= 0 or self._guarded(w, e, now):
+            if w.band_room(e.req.band, e.cls, self._top) <= 0 or self._guarded(w, e, now):
                 break
             bands.pop()
             self._depth[e.req.band] -= 1
@@ -515,19 +411,19 @@ class AdmissionCore:
                 self._entries.pop(e.req.rid, None)
                 out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival))
                 continue
-            self._start(w, e, now)
+            w.start(e, now)
             assert e.route is not None
             out.append(Dispatch(e.req.rid, w.url, e.route, now - e.req.arrival, e.predicted))
         return out
 
-    def _guarded(self, w: _Worker, e: _Entry, now: float) -> bool:
+    def _guarded(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``."""
         if e.req.band == self._top or not self.config.slo_admission:
             return False
-        backlog = self._backlog(w, now)
+        backlog = w.backlog(now)
         return backlog > 0 and w.est.engine_ttft(backlog + e.uncached, now) > self._guard_s
 
-    def _rebind(self, w: _Worker, now: float) -> list[Decision]:
+    def _rebind(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Place ``w``'s queued requests on other workers (or shed them)."""
         out: list[Decision] = []
         entries = [item.payload for item in w.bands.all_items()]
@@ -553,7 +449,7 @@ class AdmissionCore:
         if not bands:
             return False
         band = bands[0][1]
-        newest: QueuedItem[_Entry] | None = None
+        newest: QueuedItem[Entry] | None = None
         for w in self._workers.values():
             item = w.bands.queue(band).newest()
             if item is not None and (newest is None or item.enqueued_at > newest.enqueued_at):

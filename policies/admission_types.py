@@ -127,6 +127,8 @@ class CoreConfig:
             branch off: the core weighs misses against waits itself).
         estimates: smoothing of the measured rates (:mod:`policies.estimates`).
         max_queue_total: most requests queued across all bands and workers.
+        load_report_interval_s: how often the adapter feeds each worker's load report (:meth:`load`), s;
+            the windows' controllers count in reports (the gateway polls ``/metrics`` this often).
         lower_band_prefill_guard: a request below the top band is dispatched only while the worker's
             predicted engine TTFT, its own prefill included, stays within this fraction of the top band's
             goal (when anything is prefilling there at all): lower work then never fills the engine's
@@ -148,6 +150,7 @@ class CoreConfig:
     cache_aware: CacheAwareConfig = field(default_factory=lambda: CacheAwareConfig(balance=False))
     estimates: EstimateConfig = field(default_factory=EstimateConfig)
     max_queue_total: int = 10000
+    load_report_interval_s: float = 1.0
     lower_band_prefill_guard: float = 0.5
     dispatch_margin: float = 0.25
     slo_admission: bool = True

@@ -271,7 +271,9 @@ class SchedulerSettings(BaseModel):
     engine_queue_fraction: float = Field(
         _WINDOW.engine_queue_fraction, ge=0, description="Engine queue tolerated, fraction of the window."
     )
-    load_poll_interval_s: float = Field(1.0, gt=0, description="Period of worker /metrics load polls, s.")
+    load_poll_interval_s: float = Field(
+        _CORE.load_report_interval_s, gt=0, description="Period of worker /metrics load polls, s."
+    )
 
     def window_config(self) -> WindowConfig:
         """The window controller's settings."""
@@ -396,6 +398,7 @@ class Settings(BaseSettings):
             routing=self.routing.policy,
             cache_aware=self.routing.cache_aware_config(),
             max_queue_total=self.scheduler.max_queue_total,
+            load_report_interval_s=self.scheduler.load_poll_interval_s,
         )
 
     @property

@@ -54,6 +54,7 @@ class SchedulingRequest:
         max_tokens: completion limit, tokens.
         arrival: ``time.perf_counter()`` when the request arrived, s.
         session_id: sticky routing key, if any.
+        streamed: the answer is streamed, so its first token is reported (:meth:`Scheduler.first_token`).
     """
 
     rid: str
@@ -65,6 +66,7 @@ class SchedulingRequest:
     max_tokens: int
     arrival: float
     session_id: str | None = None
+    streamed: bool = True
 
 
 @dataclass(slots=True)
@@ -165,6 +167,7 @@ class Scheduler:
                     req.arrival,
                     req.weight,
                     req.session_id,
+                    req.streamed,
                 ),
                 now,
             )

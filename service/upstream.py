@@ -106,6 +106,7 @@ class UpstreamCaller:
                 prepared.n * prepared.max_tokens,
                 prepared.arrival,
                 prepared.session_id,
+                prepared.stream or prepared.n > 1,  # n > 1 choices stream from the worker either way
             )
         )
 

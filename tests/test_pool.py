@@ -96,3 +96,34 @@ async def test_refused_connection_opens_at_once_and_drained_worker_leaves_when_i
         assert pool.choose() is None  # draining takes no new requests
         pool.release("http://w2", 10)
         assert pool.get("http://w2") is None  # idle: removed
+
+
+async def test_every_breaker_move_is_reported_wherever_it_happens() -> None:
+    """The cool-down can end on the request path (routing asks who is eligible) rather than in a
+    probe round; that open -> half-open move is reported all the same, and so is a restart's
+    re-admission after it."""
+    async with httpx.AsyncClient() as http:
+        transitions: list[str] = []
+        clock = [0.0]
+        url = "http://127.0.0.1:9"
+        pool = WorkerPool(
+            [url],
+            SGLangClient(http),
+            1.0,
+            breaker=BreakerConfig(5, 1, 10.0),
+            on_transition=lambda _, state: transitions.append(state),
+            clock=lambda: clock[0],
+        )
+        pool.record(url, "request_ok")
+        pool.trip(url)  # its supervisor saw the process die
+        assert transitions == ["open"] and not pool.any_healthy()
+        clock[0] = 10.5  # cool-down over; routing looks before any probe does
+        assert [v.healthy for v in pool.views()] == [True]
+        assert transitions == ["open", "half_open"]
+        pool.trip(url)
+        clock[0] = 40.0
+        assert pool.any_healthy()
+        pool.readmit(url)  # already half-open: nothing new to report
+        assert transitions == ["open", "half_open", "open", "half_open"]
+        pool.record(url, "request_ok")
+        assert transitions[-1] == "closed"

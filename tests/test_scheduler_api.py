@@ -132,6 +132,7 @@ def test_full_band_is_shed_and_queued_past_budget_expires(http: httpx.Client, wo
         f'radixgate_scheduler_outcomes_total{{band="batch",outcome="shed",tenant="{tenant_id}"}} 1.0'
         in metrics
     )
+    assert 'radixgate_shed_total{band="batch",reason="band_full"} 1.0' in metrics
     assert (
         f'radixgate_scheduler_outcomes_total{{band="batch",outcome="expired",tenant="{tenant_id}"}} 2.0'
         in metrics

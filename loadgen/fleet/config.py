@@ -85,8 +85,6 @@ class FleetConfig:
         core: the admission core's configuration (classes, windows, routing, ablations): the gateway's
             defaults unless changed (:meth:`with_core`).
         tenants: tenants by id.
-        load_poll_interval_s: period of the worker load reports that drive the windows, s (the gateway's
-            ``scheduler.load_poll_interval_s`` default).
         gateway_latency_s: fixed time from arrival to the gateway's scheduler (HTTP parse, Redis quota
             call, tokenization), s; 0 models an ideal gateway.
         network_latency_s: time from dispatch to the worker's receipt, and from a token's generation to
@@ -98,7 +96,6 @@ class FleetConfig:
     workers: int = 1
     core: CoreConfig = field(default_factory=CoreConfig)
     tenants: dict[str, TenantSpec] = field(default_factory=dict)
-    load_poll_interval_s: float = 1.0
     gateway_latency_s: float = 0.0
     network_latency_s: float = 0.0
     seed: int = 0

@@ -22,16 +22,19 @@ IMG = REPO / "docs" / "img"
 
 HEADER = """# Fleet experiments (virtual time)
 
-Produced by `python -m loadgen.fleet.experiments NAME` (`loadgen/fleet/`): a discrete-event simulation that
-drives the gateway's own `policies/` code (token buckets, shedding, priority bands with WFQ, AIMD windows,
-routing) the way `service/scheduler.py` does, over simulated SGLang workers (`loadgen.sim.engine`, calibrated
+Produced by `python -m loadgen.fleet.experiments NAME [--json]` (`loadgen/fleet/`): a discrete-event
+simulation whose every scheduling decision (routing, queueing, shedding, expiry, windows) is made by the
+gateway's own admission core (`policies/admission_core.py`, the object `service/scheduler.py` drives),
+configured with the gateway's defaults, over simulated SGLang workers (`loadgen.sim.engine`, calibrated
 profiles in `loadgen/sim/profiles.py`), fed by the same scenario planner as the HTTP load generator
 (`loadgen.scenario.generate_requests`) and reported by the same code (`loadgen.report`). Each section below
-is rewritten by its command; numbers are deterministic for the seed shown.
+is rewritten by its command; numbers are deterministic for the seed shown. `python -m
+loadgen.fleet.experiments all --json` prints each experiment's headline as one JSON object per line.
 
 Percentiles: linear interpolation (NumPy's default). TTFT: arrival at the gateway to the first token at the
 client. Goodput: share of sent requests that succeeded within their class's SLO. Shed rate: share answered
-503 (shed at arrival, evicted, or expired in the queue).
+503 (shed at arrival, evicted, or expired in the queue). Rates (served, good) are counted over the arrival
+window after the warm-up.
 """
 
 

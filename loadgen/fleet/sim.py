@@ -13,7 +13,7 @@ that are I/O in the gateway: HTTP and Redis are direct calls, the workers are
    slot, feeds the engine's cached tokens back to the router, dispatches what now fits), the quota is
    reconciled with the real usage;
 4. ``core.tick`` at ``core.next_deadline()``: queued requests past their deadline expire (503);
-5. every ``load_poll_interval_s``: ``core.load`` with each engine's ``num_running_reqs``,
+5. every ``core.load_report_interval_s``: ``core.load`` with each engine's ``num_running_reqs``,
    ``num_queue_reqs``, ``token_usage`` and ``max_running_requests`` (what the gateway reads from
    ``/metrics`` and ``/server_info``).
 
@@ -136,7 +136,7 @@ class FleetSim:
         arrivals = self.requests
         nxt = 0
         lag = cfg.gateway_latency_s
-        self._push(cfg.load_poll_interval_s, _POLL, 0)
+        self._push(cfg.core.load_report_interval_s, _POLL, 0)
         heap = self._heap
         while True:
             arrival_t = arrivals[nxt].arrival_s + lag if nxt < len(arrivals) else None
@@ -165,7 +165,7 @@ class FleetSim:
                 self._apply(self.core.tick(t), t)
             elif not self._idle(nxt):
                 self._poll(t)
-                self._push(t + cfg.load_poll_interval_s, _POLL, 0)
+                self._push(t + cfg.core.load_report_interval_s, _POLL, 0)
             self._schedule_expiry()
         preempted = sum(w.engine.stats().preemptions_total for w in self.workers)
         for w in self.workers:

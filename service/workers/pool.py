@@ -53,17 +53,14 @@ class WorkerState:
     last_request_ok: float | None = None  # monotonic s of the last successful request
 
     def eligible(self, now: float) -> bool:
-        """Accepts new requests at ``now`` (s)."""
+        """Accepts new requests at ``now`` (s); may move the breaker open -> half-open (the pool
+        reports that transition: ask it through :meth:`WorkerPool.views` or ``any_healthy``)."""
         return self.seen_up and not self.draining and self.breaker.allow(now)
 
     @property
     def healthy(self) -> bool:
         """Breaker closed (or probing) and seen up; for display and readiness."""
         return self.seen_up and self.breaker.state != "open"
-
-    def view(self, now: float) -> WorkerView:
-        """An immutable snapshot for the routing policy."""
-        return WorkerView(self.url, self.eligible(now), self.in_flight, self.in_flight_tokens)
 
 
 class WorkerPool:
@@ -143,12 +140,22 @@ class WorkerPool:
     def any_healthy(self) -> bool:
         """At least one worker is eligible now."""
         now = self._clock()
-        return any(w.eligible(now) for w in self._workers.values())
+        return any([self._eligible(w, now) for w in self._workers.values()])
 
     def views(self) -> list[WorkerView]:
         """Immutable snapshots of every worker, for routing."""
         now = self._clock()
-        return [w.view(now) for w in self._workers.values()]
+        return [
+            WorkerView(w.url, self._eligible(w, now), w.in_flight, w.in_flight_tokens)
+            for w in self._workers.values()
+        ]
+
+    def _eligible(self, state: WorkerState, now: float) -> bool:
+        """``state.eligible(now)``, reporting the open -> half-open move its cool-down may make."""
+        before = state.breaker.state
+        ok = state.eligible(now)
+        self._transition(state, before)
+        return ok
 
     # -- health ----------------------------------------------------------------------------------------
     def _transition(self, state: WorkerState, before: BreakerState) -> None:

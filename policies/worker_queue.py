@@ -1,0 +1,179 @@
+"""One worker as the admission core sees it: its queue, window, in-flight work, measured rates (pure).
+
+:class:`WorkerQueue` holds the state :mod:`policies.admission_core` keeps per worker and the arithmetic on
+it: the prefill backlog the engine still has to work through, the room a band has, and the predicted time
+to first token of a request queued there. Times are seconds on the caller's clock; sizes are tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from policies.admission_types import AdmissionRequest
+from policies.classes import ClassPolicy
+from policies.estimates import DecayingRate, WorkerEstimates
+from policies.fair_queue import PriorityBands, QueuedItem
+from policies.route_types import RouteDecision
+from policies.windows import WorkerWindow
+
+MIN_RESIDUAL = 0.05
+"""Capacity fraction a band is assumed to keep when higher bands' arrivals would take it all (project
+choice: a prediction of an infinite wait would shed what a burst's end lets through a moment later)."""
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """A request the core holds, from arrival to its end.
+
+    Attributes:
+        req: the request.
+        cls: its class.
+        worker: the worker it is bound to (queued there or running there).
+        route: the routing decision that bound it.
+        item: its place in the worker's queue while queued.
+        deadline: latest dispatch time, s.
+        uncached: prompt tokens predicted uncached on its worker.
+        predicted: its predicted TTFT at admission, s.
+        dispatched_at: when it was dispatched, s (None while queued).
+        backlog_at_dispatch: the worker's prefill backlog when it was dispatched, tokens.
+        first_token_seen: its prefill is over (first token reported, assumed, or it ended).
+    """
+
+    req: AdmissionRequest
+    cls: ClassPolicy
+    worker: WorkerQueue | None = None
+    route: RouteDecision | None = None
+    item: QueuedItem[Entry] | None = None
+    deadline: float = 0.0
+    uncached: int = 0
+    predicted: float = 0.0
+    dispatched_at: float | None = None
+    backlog_at_dispatch: int = 0
+    first_token_seen: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class WorkerQueue:
+    """A worker's queue and accounting.
+
+    Attributes:
+        url: the worker.
+        window: its concurrency window.
+        bands: requests waiting for it (priority bands, WFQ inside).
+        est: what it was measured to do.
+        arrivals: admitted arrivals per class rank, requests/s.
+        eligible: healthy and not draining.
+        in_flight, in_flight_tokens: dispatched, unfinished requests and their reserved tokens.
+        band_in_flight: in-flight requests per class.
+        prefill_backlog: uncached tokens of dispatched requests whose first token has not come yet.
+        silent: (assumed first-token time, seq, entry) of non-streamed requests (no first-token signal).
+    """
+
+    url: str
+    window: WorkerWindow
+    bands: PriorityBands[Entry]
+    est: WorkerEstimates
+    arrivals: dict[int, DecayingRate] = field(default_factory=dict)
+    eligible: bool = True
+    in_flight: int = 0
+    in_flight_tokens: int = 0
+    band_in_flight: dict[str, int] = field(default_factory=dict)
+    prefill_backlog: int = 0
+    silent: list[tuple[float, int, Entry]] = field(default_factory=list)
+    _seq: Iterator[int] = field(default_factory=itertools.count, repr=False)  # heap tie-breaker
+
+    def backlog(self, now: float) -> int:
+        """Prefill backlog at ``now``, tokens: non-streamed requests count until their predicted first token
+        (the gateway cannot see it)."""
+        silent = self.silent
+        while silent and silent[0][0] <= now:
+            prefilled(heapq.heappop(silent)[2])
+        return self.prefill_backlog
+
+    def headroom(self, band: str, top: str) -> int:
+        """Requests beyond the window ``band`` may send: the top band's headroom, at most what the lower bands
+        have in flight here (requests it can overtake inside the engine); 0 for other bands."""
+        if band != top:
+            return 0
+        lower = self.in_flight - self.band_in_flight.get(band, 0)
+        return min(self.window.headroom, max(0, lower))
+
+    def band_room(self, band: str, cls: ClassPolicy, top: str) -> int:
+        """Requests of ``band`` that may still start here under the class's ``window_share``."""
+        if cls.window_share >= 1.0:
+            return self.window.size + self.headroom(band, top)
+        return int(cls.window_share * self.window.size) - self.band_in_flight.get(band, 0)
+
+    def predict(
+        self,
+        req: AdmissionRequest,
+        uncached: int,
+        now: float,
+        classes: Mapping[str, ClassPolicy],
+        top: str,
+        fair_queuing: bool,
+    ) -> float:
+        """Predicted TTFT of ``req`` queued here now, s: queue wait plus engine TTFT.
+
+        The wait is the requests served before it (higher bands, earlier WFQ tags in its band) beyond the free
+        window, over the measured capacity left by the higher bands' arrivals (Little's law); the engine part
+        is the measured TTFT after the prefill backlog plus its own ``uncached`` tokens. Zero wait while the
+        capacity is unknown.
+        """
+        cls = classes[req.band]
+        free = self.window.size + self.headroom(req.band, top) - self.in_flight
+        free = min(free, self.band_room(req.band, cls, top))
+        flow = req.tenant if fair_queuing else "*"
+        ahead = self.bands.count_ahead(req.band, flow, req.weight, float(req.cost))
+        need = ahead + 1 - max(free, 0)
+        wait = 0.0
+        if need > 0:
+            capacity = self.est.capacity(now, self.window.size)
+            if capacity is not None:
+                higher = sum(r.rate(now) or 0.0 for k, r in self.arrivals.items() if k > cls.rank)
+                wait = need / max(capacity - higher, capacity * MIN_RESIDUAL)
+        return wait + self.est.engine_ttft(self.backlog(now) + uncached, now)
+
+    def count_arrival(self, rank: int, now: float, tau_s: float) -> None:
+        """Count an admitted arrival of class ``rank`` at ``now``."""
+        rate = self.arrivals.get(rank)
+        if rate is None:
+            rate = self.arrivals[rank] = DecayingRate(tau_s)
+            rate.start(now)
+        rate.add(now)
+
+    def start(self, e: Entry, now: float) -> None:
+        """Count ``e`` as dispatched here at ``now``."""
+        e.dispatched_at, e.first_token_seen = now, False
+        e.backlog_at_dispatch = self.backlog(now)
+        if not e.req.reports_first_token:
+            expected = now + self.est.engine_ttft(e.backlog_at_dispatch + e.uncached, now)
+            heapq.heappush(self.silent, (expected, next(self._seq), e))
+        self.prefill_backlog += e.uncached
+        self.in_flight += 1
+        self.in_flight_tokens += e.req.cost
+        self.band_in_flight[e.req.band] = self.band_in_flight.get(e.req.band, 0) + 1
+
+    def release(self, e: Entry) -> None:
+        """Undo :meth:`start` (the request ended, or moved to another worker)."""
+        prefilled(e)
+        self.in_flight -= 1
+        self.in_flight_tokens -= e.req.cost
+        self.band_in_flight[e.req.band] -= 1
+
+
+def prefilled(e: Entry) -> None:
+    """``e`` no longer waits for its prefill on its worker (first token, end, or moved)."""
+    if not e.first_token_seen and e.worker is not None:
+        e.worker.prefill_backlog -= e.uncached
+    e.first_token_seen = True
+
+
+def uncached_tokens(req: AdmissionRequest, matched_chars: int) -> int:
+    """Prompt tokens not covered by a predicted prefix match of ``matched_chars`` characters."""
+    if not req.prompt or matched_chars <= 0:
+        return req.prompt_tokens
+    return max(0, round(req.prompt_tokens * (1.0 - min(1.0, matched_chars / len(req.prompt)))))

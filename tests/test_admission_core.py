@@ -1,0 +1,300 @@
+"""The admission core (policies.admission_core): pure, time injected, driven by explicit events."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from policies.admission_core import AdmissionCore
+from policies.admission_types import AdmissionRequest, CoreConfig, Dispatch, Expire, Shed
+from policies.classes import ClassPolicy
+from policies.estimates import EstimateConfig
+from policies.windows import LoadReport, WindowConfig
+
+CLASSES = {
+    "interactive": ClassPolicy(rank=2, sglang_priority=10, ttft_goal_s=0.5),
+    "standard": ClassPolicy(rank=1, sglang_priority=5, ttft_goal_s=2.0),
+    "batch": ClassPolicy(rank=0, sglang_priority=0, ttft_goal_s=30.0, serve_late=True, max_wait_s=300.0),
+}
+W1, W2 = "http://w1", "http://w2"
+
+
+def core(window: int = 2, workers: tuple[str, ...] = (W1,), **changes: object) -> AdmissionCore:
+    base = CoreConfig(
+        classes=CLASSES,
+        window=WindowConfig(
+            mode="fixed",
+            initial=window,
+            minimum=window,
+            maximum=window,
+            top_band_headroom=0,
+            top_band_headroom_fraction=0.0,
+        ),
+        routing="least_load",
+    )
+    c = AdmissionCore(dataclasses.replace(base, **changes))  # type: ignore[arg-type]
+    for url in workers:
+        c.add_worker(url)
+    return c
+
+
+def req(
+    rid: str,
+    band: str = "standard",
+    tenant: str = "t",
+    at: float = 0.0,
+    prompt: str = "hello world",
+    tokens: int = 10,
+    out: int = 10,
+    weight: float = 1.0,
+) -> AdmissionRequest:
+    return AdmissionRequest(rid, tenant, band, prompt, tokens, out, at, weight)
+
+
+def ids(decisions: list, kind: type) -> list[str]:
+    return [d.rid for d in decisions if isinstance(d, kind)]
+
+
+def warm(
+    c: AdmissionCore,
+    url: str,
+    now: float,
+    per_s: float = 10.0,
+    ttft: float = 0.05,
+    seconds: int = 8,
+    e2e: float | None = None,
+) -> float:
+    """Teach the core that ``url`` completes ``per_s`` requests/s, each ``e2e`` s long (default: ``ttft``),
+    with an engine TTFT of ``ttft``; other workers are ineligible meanwhile. Returns the time after."""
+    others = [u for u in c.worker_urls if u != url]
+    for other in others:
+        c.set_eligible(other, False, now)
+    t = now
+    for n in range(int(per_s * seconds)):
+        rid = f"warm-{url}-{n}"
+        c.arrive(req(rid, "interactive", tenant="warm", at=t), t)
+        c.first_token(rid, t + ttft)
+        c.finish(rid, t + (e2e or ttft), ok=True, prompt_tokens=10, cached_tokens=0)
+        t += 1.0 / per_s
+    for other in others:
+        c.set_eligible(other, True, t)
+    return t
+
+
+def test_dispatches_while_the_window_has_room_then_queues() -> None:
+    c = core(window=2)
+    out = c.arrive(req("a"), 0.0) + c.arrive(req("b"), 0.0) + c.arrive(req("c"), 0.0)
+    assert ids(out, Dispatch) == ["a", "b"]
+    assert len(c) == 1 and c.depth("standard") == 1
+    assert ids(c.finish("a", 1.0), Dispatch) == ["c"]
+    assert c.in_flight(W1) == 2
+
+
+def test_strict_priority_between_bands_and_wfq_inside_a_band() -> None:
+    c = core(window=1)
+    c.arrive(req("hold"), 0.0)
+    c.arrive(req("b1", "batch"), 0.0)
+    c.arrive(req("s-noisy-1", tenant="noisy"), 0.0)
+    c.arrive(req("s-noisy-2", tenant="noisy"), 0.0)
+    c.arrive(req("s-quiet", tenant="quiet"), 0.0)
+    c.arrive(req("i1", "interactive"), 0.0)
+    order = []
+    rid = "hold"
+    for t in range(1, 6):
+        (d,) = c.finish(rid, float(t) * 0.01)
+        order.append(d.rid)
+        rid = d.rid
+    # interactive first; inside standard the quiet tenant overtakes the noisy one's second request
+    assert order == ["i1", "s-noisy-1", "s-quiet", "s-noisy-2", "b1"]
+
+
+def test_a_request_predicted_to_miss_its_goal_is_shed_at_arrival_unless_late_is_useful() -> None:
+    c = core(window=1, estimates=EstimateConfig(min_history_s=1.0))
+    t = warm(c, W1, 0.0, per_s=10.0)  # ~10 requests/s, engine TTFT 50 ms
+    c.arrive(req("hold", at=t), t)
+    queued = [c.arrive(req(f"q{i}", at=t), t) for i in range(3)]  # 2 s goal: waits ~0.1-0.4 s, fine
+    assert all(not d for d in queued)
+    out = c.arrive(req("late", "interactive", at=t), t)  # 500 ms goal, 3 ahead... interactive goes first
+    assert not out
+    many = [c.arrive(req(f"i{i}", "interactive", at=t), t) for i in range(10)]
+    shed = [d for ds in many for d in ds if isinstance(d, Shed)]
+    assert shed and all(d.reason == "predicted_ttft" and d.retry_after_s >= 1.0 for d in shed)
+    assert all(d.predicted_ttft_s is not None and d.predicted_ttft_s > 0.5 for d in shed)
+    late_ok = [c.arrive(req(f"b{i}", "batch", at=t), t) for i in range(20)]
+    assert not any(late_ok)  # batch serves late answers: queued, never shed
+
+
+def test_queued_requests_expire_at_their_deadline_and_are_never_dispatched_late() -> None:
+    c = core(window=1)
+    c.arrive(req("hold"), 0.0)
+    c.arrive(req("i", "interactive"), 0.0)
+    c.arrive(req("s"), 0.0)
+    deadline = c.next_deadline()
+    assert deadline == pytest.approx(0.5)  # interactive: arrival + goal (engine TTFT still unknown)
+    assert ids(c.tick(0.49), Expire) == []
+    out = c.tick(0.5)
+    assert ids(out, Expire) == ["i"]
+    assert c.next_deadline() == pytest.approx(2.0)
+    out = c.finish("hold", 2.5)  # the standard request's 2 s passed meanwhile: dropped, not dispatched
+    assert ids(out, Expire) == ["s"] and ids(out, Dispatch) == []
+
+
+def test_cache_aware_binds_a_request_to_its_warm_worker_even_when_that_worker_is_full() -> None:
+    c = core(window=1, workers=(W1, W2), routing="cache_aware")
+    system = "system prompt " * 200
+    first = c.arrive(req("a", prompt=system + "question one"), 0.0)
+    assert [d.worker for d in first if isinstance(d, Dispatch)] == [W1]
+    c.arrive(req("b", prompt="other " * 300), 0.0)  # a different prefix goes to the other worker
+    out = c.arrive(req("c", prompt=system + "question two"), 0.0)
+    assert out == []  # W1 is full: c waits for it instead of spilling onto W2 with a full prefill
+    (d,) = c.finish("a", 1.0)
+    assert d.rid == "c" and d.worker == W1 and d.route.reason == "cache_hit"
+
+
+def test_a_long_miss_is_shed_on_a_worker_that_has_a_queue() -> None:
+    c = core(window=1, routing="cache_aware", estimates=EstimateConfig(long_prefill_tokens=100))
+    c.arrive(req("a", tokens=50), 0.0)
+    c.arrive(req("b", tokens=50), 0.0)  # queued: W1 is past capacity
+    out = c.arrive(req("miss", prompt="fresh " * 500, tokens=2000), 0.0)
+    assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("miss", "costly_miss")]
+
+
+def test_a_short_request_spills_to_a_worker_that_can_meet_its_goal() -> None:
+    c = core(window=1, workers=(W1, W2), routing="cache_aware", estimates=EstimateConfig(min_history_s=1.0))
+    t = warm(c, W1, 0.0, per_s=2.5, e2e=0.4)  # one slot, 0.4 s per request: 2.5 requests/s
+    t = warm(c, W2, t, per_s=2.5, e2e=0.4)
+    prompt = "shared prefix " * 20
+    assert [d.worker for d in c.arrive(req("a", "interactive", at=t, prompt=prompt + "a"), t)] == [W1]
+    assert c.arrive(req("i0", "interactive", at=t, prompt=prompt + "0"), t) == []  # ~0.45 s: waits for W1
+    out = c.arrive(req("i1", "interactive", at=t, prompt=prompt + "1"), t)  # ~0.85 s on W1: too late
+    assert [(d.worker, d.route.reason) for d in out if isinstance(d, Dispatch)] == [(W2, "spill")]
+
+
+def test_a_lost_worker_s_queue_moves_to_another_worker_or_is_shed() -> None:
+    c = core(window=1, workers=(W1, W2), routing="round_robin")
+    c.arrive(req("a"), 0.0)  # W1
+    c.arrive(req("b"), 0.0)  # W2
+    c.arrive(req("c"), 0.0)  # queued on W1 (round robin)
+    out = c.set_eligible(W1, False, 0.1)
+    assert out == [] and c.depth("standard") == 1  # c now waits for W2
+    assert ids(c.finish("b", 0.2), Dispatch) == ["c"]
+    c.arrive(req("d"), 0.3)
+    out = c.set_eligible(W2, False, 0.4)
+    assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("d", "no_worker")]
+    assert [d.reason for d in c.arrive(req("e"), 0.5) if isinstance(d, Shed)] == ["no_worker"]
+
+
+def test_a_full_queue_evicts_the_newest_of_a_lower_band() -> None:
+    c = core(window=1, max_queue_total=2)
+    c.arrive(req("hold"), 0.0)
+    c.arrive(req("b1", "batch"), 0.0)
+    c.arrive(req("b2", "batch"), 0.1)
+    out = c.arrive(req("i", "interactive"), 0.2)
+    assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("b2", "evicted")]
+    out = c.arrive(req("b3", "batch"), 0.3)
+    assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("b3", "queue_full")]
+
+
+def test_band_full_sheds() -> None:
+    classes = {**CLASSES, "standard": dataclasses.replace(CLASSES["standard"], max_queue_len=1)}
+    c = core(window=1, classes=classes)
+    c.arrive(req("hold"), 0.0)
+    c.arrive(req("q"), 0.0)
+    assert [d.reason for d in c.arrive(req("x"), 0.0) if isinstance(d, Shed)] == ["band_full"]
+
+
+def test_cancel_leaves_the_queue_and_frees_a_slot() -> None:
+    c = core(window=1)
+    c.arrive(req("a"), 0.0)
+    c.arrive(req("b"), 0.0)
+    c.arrive(req("c"), 0.0)
+    assert c.cancel("b", 0.1) == [] and c.depth("standard") == 1
+    assert ids(c.cancel("a", 0.2), Dispatch) == ["c"]
+
+
+def test_reroute_moves_a_dispatched_request_and_frees_its_slot() -> None:
+    c = core(window=1, workers=(W1, W2))
+    c.arrive(req("a"), 0.0)  # W1
+    c.arrive(req("b"), 0.0)  # W2
+    c.arrive(req("q"), 0.0)  # queued
+    worker, out = c.reroute("a", {W1}, 0.1)
+    assert worker == W2 and c.in_flight(W2) == 2  # a retry takes another worker at once
+    assert ids(out, Dispatch) == ["q"] and c.in_flight(W1) == 1  # the freed slot served the queue
+    assert c.reroute("a", {W1, W2}, 0.2) == (None, [])
+
+
+def test_top_band_headroom_only_over_lower_work() -> None:
+    window = WindowConfig(mode="fixed", initial=1, minimum=1, maximum=1, top_band_headroom=1)
+    c = AdmissionCore(CoreConfig(classes=CLASSES, window=window, routing="least_load"))
+    c.add_worker(W1)
+    assert ids(c.arrive(req("i1", "interactive"), 0.0), Dispatch) == ["i1"]
+    assert ids(c.arrive(req("i2", "interactive"), 0.0), Dispatch) == []  # nothing lower to overtake
+    c.cancel("i2", 0.0)
+    c.finish("i1", 0.1)
+    assert ids(c.arrive(req("b", "batch"), 0.2), Dispatch) == ["b"]
+    assert ids(c.arrive(req("i3", "interactive"), 0.3), Dispatch) == ["i3"]  # past the window, over batch
+
+
+def test_window_share_keeps_room_for_higher_classes() -> None:
+    classes = {**CLASSES, "batch": dataclasses.replace(CLASSES["batch"], window_share=0.5)}
+    c = core(window=4, classes=classes)
+    out = [d for k in range(4) for d in c.arrive(req(f"b{k}", "batch"), 0.0)]
+    assert ids(out, Dispatch) == ["b0", "b1"]
+    assert ids(c.arrive(req("s"), 0.0), Dispatch) == ["s"]
+
+
+def test_silent_requests_count_in_the_prefill_backlog_until_their_predicted_first_token() -> None:
+    c = core(window=8, estimates=EstimateConfig(min_history_s=1.0, long_prefill_tokens=100))
+    t = warm(c, W1, 0.0, per_s=10.0, ttft=0.05)  # engine TTFT of short prefills: 50 ms
+    c.arrive(dataclasses.replace(req("s", at=t, tokens=1000), reports_first_token=False), t)
+    c.arrive(req("v", at=t, tokens=1000), t)
+    w = c._workers[W1]  # internal bookkeeping, read to check it
+    assert w.prefill_backlog == 2000
+    # the streamed one stays until its first token is reported; the silent one leaves at its prediction
+    c.arrive(req("probe", "batch", at=t + 1.0, tokens=10), t + 1.0)
+    assert w.prefill_backlog == 1000 + 10
+    c.first_token("v", t + 1.1)
+    c.first_token("probe", t + 1.1)
+    assert w.prefill_backlog == 0
+    for rid in ("s", "v", "probe"):
+        c.finish(rid, t + 2.0)
+    assert w.prefill_backlog == 0 and c.in_flight(W1) == 0
+
+
+def test_a_lower_band_waits_while_the_engine_s_prefill_queue_would_delay_the_top_band() -> None:
+    c = core(window=8, estimates=EstimateConfig(min_history_s=1.0, long_prefill_tokens=1000))
+    t = warm(c, W1, 0.0, per_s=10.0, ttft=0.05)
+    # teach a prefill rate: 2,000 tokens take 0.5 s on top of the base (0.25 ms per token)
+    c.arrive(req("long", "interactive", at=t, tokens=2000), t)
+    c.first_token("long", t + 0.55)
+    c.finish("long", t + 0.6)
+    t += 0.6
+    assert ids(c.arrive(req("s1", at=t, tokens=800), t), Dispatch) == ["s1"]  # nothing prefilling: goes
+    # with 800 tokens prefilling, 800 more would hold a next interactive request past 250 ms (½ its goal)
+    assert ids(c.arrive(req("s2", at=t, tokens=800), t), Dispatch) == []
+    assert ids(c.arrive(req("i", "interactive", at=t, tokens=100), t), Dispatch) == ["i"]  # top: no guard
+    assert ids(c.first_token("s1", t + 0.2), Dispatch) == []  # i still prefilling: 100 + 800 too many
+    assert ids(c.first_token("i", t + 0.3), Dispatch) == ["s2"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "reports", "expected"),
+    [
+        # engine: starts at the engine's size once reported, shrinks on a standing queue, grows back
+        ("engine", [LoadReport(0, 0, 0.1, 64)], 64),
+        ("engine", [LoadReport(64, 40, 0.5, 64)] * 2, 64),  # a queue for 2 reports is tolerated
+        ("engine", [LoadReport(64, 40, 0.5, 64)] * 3, 57),  # the 3rd shrinks: min(64 x 0.9, 64 + 16)
+        ("engine", [LoadReport(64, 0, 0.95, 64)], 57),  # KV nearly full: x0.9 of what runs
+        ("fixed", [LoadReport(64, 40, 0.99, 64)] * 5, 8),
+        ("aimd", [LoadReport(8, 0, 0.1, None)], 16),  # slow start doubles when saturated
+        ("aimd", [LoadReport(8, 5, 0.1, None)], 5),  # x0.7 on a queue beyond 25% of the window
+    ],
+)
+def test_window_controllers(mode: str, reports: list[LoadReport], expected: int) -> None:
+    from policies.windows import WorkerWindow
+
+    window = WorkerWindow(WindowConfig(mode=mode, initial=8, maximum=1024))  # type: ignore[arg-type]
+    for report in reports:
+        window.on_report(report, in_flight=window.size, engine_ttft_s=None)
+    assert window.size == expected

@@ -1,0 +1,63 @@
+"""Measured rates and latencies (policies.estimates): pure, time injected."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from policies.estimates import DecayingEwma, DecayingRate, EstimateConfig, Ewma, WorkerEstimates
+
+
+@pytest.mark.parametrize(("rate", "tau"), [(1.0, 5.0), (50.0, 5.0), (200.0, 1.0)])
+def test_decaying_rate_reads_a_steady_rate_from_the_start(rate: float, tau: float) -> None:
+    r = DecayingRate(tau)
+    t = 0.0
+    for _ in range(int(rate * 3 * tau)):
+        r.add(t)
+        t += 1.0 / rate
+        if t > 0.5 * tau:
+            assert r.rate(t) == pytest.approx(rate, rel=0.15)
+
+
+def test_decaying_rate_falls_when_events_stop_and_waits_for_history() -> None:
+    r = DecayingRate(2.0, min_span_s=1.0)
+    r.add(0.0)
+    assert r.rate(0.5) is None  # less than min_span of history
+    for k in range(1, 40):
+        r.add(k * 0.1)
+    busy = r.rate(4.0)
+    # one time constant later: decayed by e^-1, with the warm-up correction 1 - e^(-elapsed / tau)
+    later = busy * math.exp(-1.0) * (1 - math.exp(-2.0)) / (1 - math.exp(-3.0)) if busy else None
+    assert r.rate(4.0 + 2.0) == pytest.approx(later, rel=1e-6)
+
+
+def test_ewma_and_its_relaxation_towards_zero_without_samples() -> None:
+    e = Ewma(0.5)
+    assert [e.update(x) for x in (4.0, 0.0, 2.0)] == [4.0, 2.0, 2.0]
+    d = DecayingEwma(0.5, tau_s=1.0)
+    assert d.value(0.0) is None
+    d.update(1.0, 10.0)
+    assert d.value(10.0) == 1.0 and d.value(11.0) == pytest.approx(math.exp(-1.0))
+    d.update(1.0, 11.0)  # continues from the relaxed value
+    assert d.value(11.0) == pytest.approx((math.exp(-1.0) + 1.0) / 2)
+
+
+def test_engine_ttft_model_separates_base_and_prefill() -> None:
+    est = WorkerEstimates(EstimateConfig(ttft_alpha=1.0, long_prefill_tokens=1000))
+    assert est.engine_ttft(5000, 0.0) == 0.0  # unknown: optimistic
+    est.on_first_token(0.0, 0.04, 10)  # short: base 40 ms
+    est.on_first_token(0.0, 0.54, 2000)  # long: (0.54 - 0.04) / 2000 = 0.25 ms per token
+    assert est.engine_ttft(0, 0.0) == pytest.approx(0.04)
+    assert est.engine_ttft(4000, 0.0) == pytest.approx(0.04 + 1.0)
+    est.on_first_token(0.0, 0.04 + 0.25e-3 * 100 + 0.01, 100)  # short again: base excludes its prefill
+    assert est.ttft_base.value(0.0) == pytest.approx(0.05)
+
+
+def test_capacity_is_the_larger_of_measured_completions_and_littles_law() -> None:
+    est = WorkerEstimates(EstimateConfig(rate_tau_s=2.0, min_history_s=1.0))
+    assert est.capacity(0.0, 8) is None
+    for k in range(40):
+        est.on_done(k * 0.1, 2.0)  # 10/s measured, each 2 s long
+    assert est.capacity(4.0, 8) == pytest.approx(10.0, rel=0.15)  # Little: 8 / 2 = 4 < measured
+    assert est.capacity(4.0, 64) == pytest.approx(32.0, rel=0.05)  # a bigger window: 64 / 2
