@@ -73,7 +73,7 @@ SAMPLES: dict[str, dict[str, list[Any]]] = {
     "stream": {"served": [False, True]},
     "stream_options": {"served": [{"include_usage": True, "include_obfuscation": False}]},
     "user": {"served": ["user-1"]},
-    "n": {"served": [1], "unserved": [3]},
+    "n": {"served": [1, 3, 8], "unserved": [9]},  # up to api.max_n (8)
     "top_k": {"served": [5]},
     "min_p": {"served": [0.1]},
     "repetition_penalty": {"served": [1.1]},
@@ -83,9 +83,9 @@ SAMPLES: dict[str, dict[str, list[Any]]] = {
     "audio": {"on": [{"voice": "alloy", "format": "wav"}]},
     "function_call": {"off": ["none", "auto"], "on": [{"name": "f"}]},
     "functions": {"off": [[]], "on": [[{"name": "f", "parameters": {}}]]},
-    "logprobs": {"off": [False], "on": [True]},
-    "completions:logprobs": {"on": [0, 2]},  # an int on /v1/completions
-    "top_logprobs": {"off": [0], "on": [3]},
+    "logprobs": {"served": [False, True]},
+    "completions:logprobs": {"served": [0, 2]},  # an int on /v1/completions
+    "top_logprobs": {"served": [0]},  # more needs logprobs: true (test_logprobs_api)
     "metadata": {"accepted": [{"project": "x"}]},
     "modalities": {"off": [["text"]], "on": [["text", "audio"]]},
     "moderation": {"on": [{"model": "omni-moderation-latest"}]},

@@ -155,7 +155,11 @@ _SAMPLING: dict[str, FieldRule] = {
     "stream": SERVED,
     "stream_options": _served("include_usage; include_obfuscation accepted, no effect"),
     "user": _served(f"up to {limits.MAX_USER_CHARS} characters; keys consistent-hash routing"),
-    "n": _served("only 1 (n > 1 gets 400)", served=_one_of(1), valid=_int_in(1, 2**63)),
+    "n": _served(
+        "1 to api.max_n (default 8); each choice is its own worker request after the first one's prefill "
+        "(prompt computed once); reserves prompt + n x max_tokens, usage counts every choice",
+        valid=_int_in(1, 2**63),
+    ),
     "logit_bias": _off_only(_null_or_empty, _typed(dict), "null, {}"),
     # radixgate and SGLang extensions (not in OpenAI's schema)
     "top_k": _served(f"{EXTENSION}; 1 to 2**30, -1 or 0 = off"),
@@ -172,8 +176,11 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "audio": _off_only(valid=_typed(dict)),
     "function_call": _off_only(_one_of("none", "auto"), _typed(str, dict), 'null, "none", "auto"'),
     "functions": _off_only(_null_or_empty, _typed(list), "null, []"),
-    "logprobs": _off_only(_one_of(False), _typed(bool), "null, false"),
-    "top_logprobs": _off_only(_one_of(0), _int_in(0, 20), "null, 0"),
+    "logprobs": _served(
+        "token, logprob, bytes, top_logprobs per answer token (special and stop tokens left out); tokens "
+        "join to the content"
+    ),
+    "top_logprobs": _served("0-20 alternatives per token; needs logprobs: true"),
     "metadata": _accepted(_typed(dict, check=_metadata), "not stored"),
     "modalities": _off_only(
         lambda v: v is None or (isinstance(v, list) and all(m == "text" for m in v)),
@@ -229,7 +236,7 @@ COMPLETION_FIELDS: dict[str, FieldRule] = {
     "prompt": _served("one string (or a list of one)"),
     "best_of": _off_only(_one_of(1), _int_in(1, 2**63), "null, 1"),
     "echo": _off_only(_one_of(False), _typed(bool), "null, false"),
-    "logprobs": _off_only(valid=_int_in(0, 5)),
+    "logprobs": _served("0-5 alternatives per token: tokens, token_logprobs, top_logprobs, text_offset"),
     "suffix": _off_only(_one_of(""), _typed(str), 'null, ""'),
 }
 
