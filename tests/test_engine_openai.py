@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
 import openai
 import pytest
 import redis
+from pydantic import BaseModel
 
 from service.app import create_app
 from service.config import Settings
@@ -204,3 +205,124 @@ def test_each_family_format_forced_by_the_grammar_reads_back_as_a_call(
     assert (step.text + rest.text).strip() == "", text
     (call,) = step.calls + rest.calls
     jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+
+
+# -- structured outputs, logprobs, n, Responses API ------------------------------------------------------
+class Forecast(BaseModel):
+    """The ``parse()`` target: enum, integer and boolean fields keep the small model's answer short."""
+
+    city: Literal["Paris", "London", "Berlin"]
+    celsius: int
+    sunny: bool
+
+
+def test_parse_with_a_pydantic_model_returns_the_object(
+    gateway: str, redis_url: str, tenant: tuple[str, str]
+) -> None:
+    api = client(gateway, tenant[1])
+    messages = [{"role": "user", "content": "The weather in Paris: 21 degrees and sunny. Give it as JSON."}]
+    done = api.chat.completions.parse(
+        model=MODEL,
+        messages=messages,
+        response_format=Forecast,
+        max_tokens=60,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    answer = done.choices[0]
+    assert answer.finish_reason == "stop"
+    assert isinstance(answer.message.parsed, Forecast)
+    assert answer.message.parsed == Forecast.model_validate_json(answer.message.content or "")
+    assert done.usage is not None
+    assert_settled(redis_url, gateway, tenant[0], [done.usage.total_tokens])
+
+
+def test_top_logprobs_give_alternatives_per_token_and_the_tokens_join_to_the_text(
+    gateway: str, redis_url: str, tenant: tuple[str, str]
+) -> None:
+    api = client(gateway, tenant[1])
+    request = dict(model=MODEL, messages=ASK, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    whole = api.chat.completions.create(**request)  # type: ignore[call-overload]
+    (answer,) = whole.choices
+    tokens = answer.logprobs.content
+    assert len(tokens) >= 5 and "".join(t.token for t in tokens) == answer.message.content
+    for token in tokens:
+        assert len(token.top_logprobs) == 3 and token.logprob <= 0
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob, abs=1e-4)  # greedy: the best
+        assert bytes(token.bytes or []).decode("utf-8", errors="replace") or token.token == ""
+    streamed: list[Any] = []
+    content = ""
+    for chunk in api.chat.completions.create(stream=True, **request):  # type: ignore[call-overload]
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            streamed += choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
+    assert content == answer.message.content
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in tokens]
+    text = api.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2
+    )
+    legacy = text.choices[0].logprobs
+    assert legacy is not None and "".join(legacy.tokens or []) == text.choices[0].text
+    assert all(len(top) >= 2 for top in legacy.top_logprobs or [])
+    assert whole.usage is not None and text.usage is not None
+    assert_settled(redis_url, gateway, tenant[0], [whole.usage.total_tokens * 2, text.usage.total_tokens])
+
+
+def test_n_choices_are_all_answered_and_charged(
+    gateway: str, redis_url: str, tenant: tuple[str, str]
+) -> None:
+    api = client(gateway, tenant[1])
+    done = api.chat.completions.create(
+        model=MODEL, messages=ASK, n=3, max_tokens=8, temperature=1.0, seed=3,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" and c.message.content for c in done.choices)
+    assert done.usage is not None and done.usage.completion_tokens == 3 * 8
+    single = api.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
+    assert single.usage is not None and done.usage.prompt_tokens == single.usage.prompt_tokens  # once
+    assert_settled(redis_url, gateway, tenant[0], [done.usage.total_tokens, single.usage.total_tokens])
+
+
+def test_responses_create_streamed_and_not(gateway: str, redis_url: str, tenant: tuple[str, str]) -> None:
+    api = client(gateway, tenant[1])
+    request = dict(model=MODEL, instructions="Answer briefly.", input="Name a colour.", max_output_tokens=12)
+    whole = api.responses.create(**request, temperature=0)  # type: ignore[call-overload]
+    assert whole.status in ("completed", "incomplete") and whole.output_text
+    assert (
+        whole.usage is not None
+        and whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
+    )
+    kinds, deltas, final = [], [], None
+    for event in api.responses.create(**request, temperature=0, stream=True):  # type: ignore[call-overload]
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] in ("response.completed", "response.incomplete") and final is not None
+    assert "".join(deltas) == final.output_text == whole.output_text  # greedy: the same answer
+    assert final.usage is not None and final.usage.total_tokens == whole.usage.total_tokens
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": WEATHER_PARAMETERS,
+    }
+    called = api.responses.create(
+        model=MODEL,
+        input="What's the weather in Paris?",
+        tools=[tool],
+        tool_choice="required",
+        max_output_tokens=60,
+        temperature=0,
+    )  # type: ignore[arg-type, list-item]
+    (call,) = [item for item in called.output if item.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+    assert called.usage is not None
+    assert_settled(redis_url, gateway, tenant[0], [whole.usage.total_tokens * 2, called.usage.total_tokens])
