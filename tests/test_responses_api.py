@@ -244,3 +244,23 @@ def test_every_field_of_openais_responses_schema_is_classified_and_the_readme_ta
     assert text[text.index(start) + len(start) : text.index(end)] == responses_table(), (
         "regenerate with: python -m service params-table --readme README.md"
     )
+
+
+def test_a_stream_broken_mid_way_ends_with_error_and_response_failed(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    tenant_id, key = new_tenant(http)
+    worker.mode = "break_after_2"
+    try:
+        events = events_of(http, key, {"model": MODEL, "input": "hi", "max_output_tokens": 6})
+    finally:
+        worker.mode = "ok"
+    names = [n for n, _ in events]
+    assert names[-2:] == ["error", "response.failed"]
+    assert "response.completed" not in names
+    error, failed = events[-2][1], events[-1][1]["response"]
+    assert error["code"] == "upstream_error" and error["message"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "upstream_error"
+    deltas = [p["delta"] for n, p in events if n == "response.output_text.delta"]
+    assert "".join(deltas) == "alpha beta"
+    assert usage_of(http, tenant_id)["completion_tokens"] == 2  # only what was delivered is charged
