@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from openai.types.responses import response_create_params
 
@@ -264,3 +265,33 @@ def test_a_stream_broken_mid_way_ends_with_error_and_response_failed(
     deltas = [p["delta"] for n, p in events if n == "response.output_text.delta"]
     assert "".join(deltas) == "alpha beta"
     assert usage_of(http, tenant_id)["completion_tokens"] == 2  # only what was delivered is charged
+
+
+def test_the_official_clients_stream_helper_accumulates_the_events(
+    gateway: str, http: httpx.Client, worker: FakeWorker
+) -> None:
+    """``client.responses.stream()`` rebuilds the response from the events (it indexes items and parts by
+    ``output_index``/``content_index``, so a wrong sequence fails here)."""
+    _, key = new_tenant(http)
+    worker.tokens, worker.finish = list(CALL_PIECES), "stop"
+    api = openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, max_retries=0)
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "input": "Weather?",
+        "tools": [WEATHER],
+        "max_output_tokens": 20,
+    }
+    with api.responses.stream(**request) as stream:
+        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    whole = api.responses.create(**request)
+    assert final.output_text == "".join(texts) == whole.output_text == "Let me check."
+    assert (
+        [item.type for item in final.output]
+        == [item.type for item in whole.output]
+        == ["message", "function_call"]
+    )
+    call = final.output[1]
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
+    assert final.usage is not None and whole.usage is not None
+    assert final.usage.total_tokens == whole.usage.total_tokens
