@@ -183,6 +183,27 @@ def test_a_call_is_a_function_call_item_and_its_result_goes_back_without_state(
     assert usage_of(http, tenant_id)["requests"] == 3
 
 
+def test_a_long_string_input_is_one_message_and_too_many_items_get_400(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    _, key = new_tenant(http)
+    words = "w" * 3000  # more characters than the item limit (one token of the stub tokenizer)
+    resp = http.post(
+        "/v1/responses", json={"model": MODEL, "input": words, "max_output_tokens": 1}, headers=auth(key)
+    )
+    assert resp.status_code == 200, resp.text
+    assert words in worker.received[-1]["text"]
+    items = [{"role": "user", "content": "x"}] * 2049
+    resp = http.post("/v1/responses", json={"model": MODEL, "input": items}, headers=auth(key))
+    assert assert_openai_error(resp, 400, "invalid_value")["param"] == "input"
+    resp = http.post("/v1/responses", json={"model": MODEL, "input": "hi " * 600}, headers=auth(key))
+    assert assert_openai_error(resp, 400, "context_length_exceeded")["param"] == "input"
+    resp = http.post(
+        "/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 600}, headers=auth(key)
+    )
+    assert assert_openai_error(resp, 400, "context_length_exceeded")["param"] == "max_output_tokens"
+
+
 def test_text_format_json_schema_and_a_named_tool_choice_reach_the_engines_grammar(
     http: httpx.Client, worker: FakeWorker
 ) -> None:
@@ -206,6 +227,10 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("conversation", {"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
     ("background", {"background": True}, "background", "unsupported_parameter"),
     ("hosted tool", {"tools": [{"type": "web_search"}]}, "tools", "unsupported_value"),
+    ("bad tool schema", {"tools": [{**WEATHER, "parameters": {"type": 5}}]}, "tools.0.parameters",
+     "invalid_function_parameters"),
+    ("named tool not declared", {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
+     "tool_choice", "invalid_value"),
     ("reasoning", {"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
     ("include", {"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
     (

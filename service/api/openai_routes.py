@@ -15,7 +15,8 @@ from service.api.deps import JsonBody, StateDep, TenantDep, request_id
 from service.api.errors import validation_error
 from service.api.openai_fields import screen_chat, screen_completion
 from service.api.protocol import ChatCompletionRequest, CompletionRequest, now_s
-from service.api.responses_protocol import parse_responses, to_chat
+from service.api.responses_protocol import parse_responses, responses_param, to_chat
+from service.errors import GatewayError
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
 from service.preparation import PreparedRequest
@@ -100,7 +101,11 @@ async def responses(request: Request, tenant: TenantDep, body: JsonBody, state: 
         echo["max_output_tokens"] = prepared.max_tokens
         return ResponsesShaper(prepared.rid, prepared.model, now_s(), echo)
 
-    return await _serve(request, state, tenant, to_chat(req), shaper)
+    try:
+        return await _serve(request, state, tenant, to_chat(req), shaper)
+    except GatewayError as err:  # raised on the chat form: name the Responses parameter
+        err.param = responses_param(err.param)
+        raise
 
 
 @router.get("/models")

@@ -216,7 +216,7 @@ class ResponsesRequest(BaseModel):
 
     model_config = REQUEST_CONFIG
     model: str = Field(..., min_length=1, max_length=256)
-    input: str | list[InputItem] = Field(..., max_length=limits.MAX_MESSAGES)
+    input: str | list[InputItem] = Field(..., description="At most limits.MAX_MESSAGES items (screened).")
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=limits.TEMPERATURE_MAX)
@@ -298,6 +298,14 @@ def parse_responses(body: Mapping[str, Any]) -> ResponsesRequest:
             "later).",
             code="unsupported_value",
             param="store",
+        )
+    items = kept.get("input")
+    if isinstance(items, list) and len(items) > limits.MAX_MESSAGES:
+        raise APIError(
+            400,
+            f"input has {len(items)} items; at most {limits.MAX_MESSAGES} are served.",
+            code="invalid_value",
+            param="input",
         )
     try:
         return ResponsesRequest.model_validate(kept)
@@ -397,6 +405,30 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         raise validation_error(exc) from exc
 
 
+CHAT_TO_RESPONSES_PARAMS = (
+    ("messages", "input"),
+    ("max_tokens", "max_output_tokens"),
+    ("response_format.json_schema.", "text.format."),
+    ("response_format", "text.format"),
+    ("tool_choice.function.", "tool_choice."),
+)
+"""Prefixes of chat parameter names and their Responses API names (for errors raised on the chat form)."""
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses API name of a chat request parameter named in an error (``messages.2`` -> ``input``,
+    ``max_tokens`` -> ``max_output_tokens``, ``tools.0.function.parameters`` -> ``tools.0.parameters``)."""
+    if param is None:
+        return None
+    if param.startswith("messages"):
+        return "input"  # message indexes differ from input item indexes (instructions, merged calls)
+    param = param.replace(".function.", ".", 1) if param.startswith("tools.") else param
+    for chat, responses in CHAT_TO_RESPONSES_PARAMS:
+        if param.startswith(chat):
+            return responses + param[len(chat) :]
+    return param
+
+
 def responses_table() -> str:
     """The README's table of ``/v1/responses`` parameters (markdown), from :data:`RESPONSES_FIELDS`."""
     lines = ["| parameter | /v1/responses | notes |", "|---|---|---|"]
@@ -411,6 +443,7 @@ __all__ = [
     "RESPONSES_FIELDS",
     "ResponsesRequest",
     "parse_responses",
+    "responses_param",
     "responses_table",
     "screen_responses",
     "to_chat",
