@@ -359,7 +359,7 @@ class AdmissionCore:
         self._depth[req.band] += 1
         self._queued += 1
         heapq.heappush(self._deadlines, (e.deadline, next(self._seq), req.rid))
-        choice.count_arrival(cls.rank, now, cfg.estimates.rate_tau_s)
+        choice.count_arrival(cls.rank, now, cfg.estimates.rate_tau_s, uncached)
         return None
 
     def _deadline(self, e: Entry, w: WorkerQueue, now: float) -> float:
@@ -372,13 +372,13 @@ class AdmissionCore:
             return min(cap, arrival + cls.ttft_goal_s) if cls.max_wait_s is None else cap
         # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
-        return min(cap, arrival + cls.ttft_goal_s - w.est.engine_ttft(e.uncached, now))
+        return min(cap, arrival + cls.ttft_goal_s - w.engine_ttft(e.uncached, cls.rank, now))
 
     def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
         if not self.config.slo_admission or e.cls.serve_late:
             return False
-        engine = w.est.engine_ttft(w.backlog(now) + e.uncached, now)
+        engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now)
         first_token = now + engine * (1.0 + self.config.dispatch_margin)
         return first_token > e.req.arrival + e.cls.ttft_goal_s
 

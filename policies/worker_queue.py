@@ -23,6 +23,10 @@ MIN_RESIDUAL = 0.05
 """Capacity fraction a band is assumed to keep when higher bands' arrivals would take it all (project
 choice: a prediction of an infinite wait would shed what a burst's end lets through a moment later)."""
 
+MAX_PREFILL_SHARE = 0.8
+"""Most of the engine's prefill time that higher bands' arrivals are assumed to take from a lower band's
+wait for its first token (project choice, the same guard against infinite predictions)."""
+
 
 @dataclass(slots=True, eq=False)
 class Entry:
@@ -65,6 +69,7 @@ class WorkerQueue:
         bands: requests waiting for it (priority bands, WFQ inside).
         est: what it was measured to do.
         arrivals: admitted arrivals per class rank, requests/s.
+        arrival_tokens: uncached prompt tokens of those arrivals per class rank, tokens/s.
         eligible: healthy and not draining.
         in_flight, in_flight_tokens: dispatched, unfinished requests and their reserved tokens.
         band_in_flight: in-flight requests per class.
@@ -77,6 +82,7 @@ class WorkerQueue:
     bands: PriorityBands[Entry]
     est: WorkerEstimates
     arrivals: dict[int, DecayingRate] = field(default_factory=dict)
+    arrival_tokens: dict[int, DecayingRate] = field(default_factory=dict)
     eligible: bool = True
     in_flight: int = 0
     in_flight_tokens: int = 0
@@ -135,15 +141,34 @@ class WorkerQueue:
             if capacity is not None:
                 higher = sum(r.rate(now) or 0.0 for k, r in self.arrivals.items() if k > cls.rank)
                 wait = need / max(capacity - higher, capacity * MIN_RESIDUAL)
-        return wait + self.est.engine_ttft(self.backlog(now) + uncached, now)
+        return wait + self.engine_ttft(self.backlog(now) + uncached, cls.rank, now)
 
-    def count_arrival(self, rank: int, now: float, tau_s: float) -> None:
-        """Count an admitted arrival of class ``rank`` at ``now``."""
-        rate = self.arrivals.get(rank)
-        if rate is None:
-            rate = self.arrivals[rank] = DecayingRate(tau_s)
-            rate.start(now)
-        rate.add(now)
+    def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
+        """Predicted dispatch-to-first-token time of a class-``rank`` request after ``prefill_tokens`` of
+        prefill, s, counting the higher classes' prefills that arrive meanwhile and go first.
+
+        SGLang's priority scheduling admits a waiting request of a higher priority before it, so while it
+        waits the engine also prefills the higher classes' arrivals: with ``u`` the share of prefill time
+        they take (their uncached tokens/s x the measured s/token), the wait ``T = E + u T`` gives
+        ``T = E / (1 - u)`` (the M/G/1 preemptive-priority form, Kleinrock, Queueing Systems II, 1976, 3.7),
+        ``u`` capped at :data:`MAX_PREFILL_SHARE`. ``E`` is :meth:`WorkerEstimates.engine_ttft`.
+        """
+        base = self.est.engine_ttft(prefill_tokens, now)
+        per_token = self.est.ttft_per_token.value(now)
+        if not per_token:
+            return base
+        tokens = sum(r.rate(now) or 0.0 for k, r in self.arrival_tokens.items() if k > rank)
+        share = min(MAX_PREFILL_SHARE, tokens * per_token)
+        return base / (1.0 - share)
+
+    def count_arrival(self, rank: int, now: float, tau_s: float, tokens: int = 0) -> None:
+        """Count an admitted arrival of class ``rank`` at ``now`` with ``tokens`` uncached prompt tokens."""
+        for rates, amount in ((self.arrivals, 1.0), (self.arrival_tokens, float(tokens))):
+            rate = rates.get(rank)
+            if rate is None:
+                rate = rates[rank] = DecayingRate(tau_s)
+                rate.start(now)
+            rate.add(now, amount)
 
     def start(self, e: Entry, now: float) -> None:
         """Count ``e`` as dispatched here at ``now``."""

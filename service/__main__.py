@@ -12,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from service.api.openai_fields import parameters_table
+from service.api.responses_protocol import responses_table
 from service.app import create_app
 from service.config import Settings
 from service.config_doc import settings_table
@@ -97,6 +98,8 @@ def params_table(
     """Print the OpenAI request parameters (served / accepted / off only / refused) as a markdown table,
     or write it into the README."""
     _print_or_write(parameters_table(), "params-table", readme)
+    if readme is not None:
+        _print_or_write(responses_table(), "responses-table", readme)
 
 
 if __name__ == "__main__":

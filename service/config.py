@@ -184,6 +184,12 @@ class ApiSettings(BaseModel):
         description="Characters of rendered chats, and of prompt pieces with their token counts, each "
         "replica remembers at most (0 = none).",
     )
+    max_n: int = Field(8, ge=1, le=128, description="Most choices (n) one request may ask for.")
+    tool_call_format: Literal["hermes", "llama3_json", "mistral"] = Field(
+        "hermes",
+        description="How the served model family writes tool calls: hermes (Hermes, Qwen, SmolLM2 "
+        "<tool_call>), llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS]).",
+    )
 
 
 _CLASS = ClassPolicy(rank=0, sglang_priority=0, ttft_goal_s=1.0)  # field defaults of policies.classes

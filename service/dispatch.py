@@ -20,33 +20,25 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import anyio
-import orjson
 import structlog
 
-from service.api.errors import http_status, sse_error_event
-from service.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    UsageInfo,
-    chat_chunk,
-    chat_response,
-    now_s,
-    text_chunk,
-    text_response,
-    usage_chunk,
-)
+from service.api.errors import http_status
+from service.api.protocol import ChatCompletionRequest, CompletionRequest, UsageInfo, now_s
 from service.config import Settings
 from service.errors import GatewayError, RateLimited, RequestTooLarge, Unauthenticated
 from service.metrics import GatewayMetrics
+from service.openai.choices import ChoiceState
+from service.openai.fanout import choice_requests, merge_choices, stream_choices
+from service.openai.shapes import ChatShaper, Shaper, TextShaper
 from service.preparation import PreparedRequest, RequestPreparer
 from service.prompting import PromptRenderer
 from service.scheduler import Scheduler
 from service.upstream import Outcome, UpstreamCaller
-from service.workers.client import SGLangClient
+from service.workers.client import SGLangClient, UpstreamChunk
 from service.workers.pool import WorkerPool
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import Tenant
@@ -56,8 +48,28 @@ from tenancy.usage import UsageRecorder
 log = structlog.get_logger("radixgate.request")
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+class _Run:
+    """One request's choices while it runs: their worker requests, outcomes and answers so far.
+
+    ``outcome`` is the request's own (status, error, TTFT; for n = 1 the one choice's); for n > 1 it is
+    filled from the choices' when the request ends (:func:`service.openai.fanout.merge_choices`).
+    """
+
+    def __init__(self, prepared: PreparedRequest, renderer: PromptRenderer) -> None:
+        self.parts = choice_requests(prepared)
+        self.choices = [Outcome() for _ in self.parts]
+        for part, choice in zip(self.parts, self.choices, strict=True):
+            if prepared.n > 1:
+                choice.upstream_rid = part.rid
+        self.outcome = self.choices[0] if prepared.n == 1 else Outcome()
+        tokens = renderer if prepared.output.logprobs is not None else None
+        self.states = [ChoiceState(i, prepared.rid, prepared.output, tokens) for i in range(prepared.n)]
+
+    def usage(self) -> UsageInfo:
+        """The usage so far: the prompt once, the completions of all choices."""
+        merge_choices(self.outcome, self.choices)
+        o = self.outcome
+        return UsageInfo.of(o.prompt_tokens, o.completion_tokens, o.cached_tokens)
 
 
 class Dispatcher:
@@ -89,6 +101,7 @@ class Dispatcher:
             settings, renderer, lambda: client.token_limits([w.url for w in pool.workers])
         )
         self._upstream = UpstreamCaller(settings, pool, scheduler, client, metrics, renderer)
+        self._renderer = renderer
         self._scheduler = scheduler
         self._quota = quota
         self._usage = usage
@@ -132,10 +145,11 @@ class Dispatcher:
                 if decision.limiting == "tokens"
                 else tenant.quotas.effective_request_burst
             )
+            times = "" if prepared.n == 1 else f"n {prepared.n} x "
             raise RequestTooLarge(
-                f"This request needs {tokens} tokens (prompt {prepared.prompt.num_tokens} + max_tokens "
-                f"{prepared.max_tokens}) but the tenant's {decision.limiting} burst is {burst:g}; it can "
-                "never be admitted. Lower max_tokens or shorten the prompt.",
+                f"This request needs {tokens} tokens (prompt {prepared.prompt.num_tokens} + {times}"
+                f"max_tokens {prepared.max_tokens}) but the tenant's {decision.limiting} burst is "
+                f"{burst:g}; it can never be admitted. Lower max_tokens or shorten the prompt.",
                 code="request_exceeds_burst",
                 param="max_tokens",
             )
@@ -147,77 +161,104 @@ class Dispatcher:
         )
 
     # 3. upstream -----------------------------------------------------------------------------------
-    async def complete(self, prepared: PreparedRequest, reservation: Reservation) -> dict[str, Any]:
-        """Serve a non-streamed request; returns the OpenAI response object.
+    def shaper(self, prepared: PreparedRequest) -> Shaper:
+        """The response format of a chat or text completion."""
+        kind = ChatShaper if prepared.chat else TextShaper
+        return kind(prepared.rid, prepared.model, now_s(), prepared.include_usage)
+
+    def _pieces(
+        self, prepared: PreparedRequest, run: _Run
+    ) -> AsyncGenerator[tuple[int, UpstreamChunk], None]:
+        """``(choice index, chunk)`` of a streamed answer (or of n answers)."""
+        if prepared.n > 1:
+            return stream_choices(self._upstream, prepared, run.parts, run.choices)
+
+        async def one() -> AsyncGenerator[tuple[int, UpstreamChunk], None]:
+            async for chunk in self._upstream.stream(prepared, run.outcome):
+                yield 0, chunk
+
+        return one()
+
+    async def complete(
+        self, prepared: PreparedRequest, reservation: Reservation, shaper: Shaper | None = None
+    ) -> dict[str, Any]:
+        """Serve a non-streamed request; returns the response object (``shaper``'s, by default the chat or
+        text completion).
 
         Raises:
             GatewayError: shed or timed out in the queue, attempts spent, or the worker rejected the input.
         """
-        outcome = Outcome()
+        run = _Run(prepared, self._renderer)
         self._metrics.in_flight.inc()
         try:
-            chunk = await self._upstream.generate(prepared, outcome)
-            outcome.ttft_s = time.perf_counter() - prepared.arrival
-            usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-            make = chat_response if prepared.chat else text_response
-            return make(prepared.rid, prepared.model, chunk.text, chunk.finish_reason, usage)
+            if prepared.n == 1:
+                run.states[0].step(await self._upstream.generate(prepared, run.outcome))
+            else:  # n > 1: the choices stream in (the first one's prompt is cached before the rest start)
+                pieces = self._pieces(prepared, run)
+                try:
+                    async for index, chunk in pieces:
+                        run.states[index].step(chunk)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await pieces.aclose()
+            run.outcome.ttft_s = time.perf_counter() - prepared.arrival
+            return (shaper or self.shaper(prepared)).response(run.states, run.usage())
         except GatewayError as err:
-            outcome.status, outcome.error_code = http_status(err), outcome.error_code or err.code
+            run.outcome.status = http_status(err)
+            run.outcome.error_code = run.outcome.error_code or err.code
             raise
         except asyncio.CancelledError:
-            outcome.status = 499
+            run.outcome.status = 499
             raise
         finally:
-            await self._finish(prepared, reservation, outcome)
+            await self._finish(prepared, reservation, run)
 
     async def stream(
-        self, prepared: PreparedRequest, reservation: Reservation
+        self, prepared: PreparedRequest, reservation: Reservation, shaper: Shaper | None = None
     ) -> AsyncGenerator[bytes, None]:
-        """Serve a streamed request as OpenAI SSE chunks, ending with ``data: [DONE]``.
+        """Serve a streamed request as server-sent events (``shaper``'s, by default OpenAI's chunks ending
+        with ``data: [DONE]``).
 
         Errors before the first token are retried on another worker and, once the attempts are spent,
         raised as a :class:`GatewayError` before anything is yielded (the route answers with that status). A
         stream that breaks later is resumed on another worker; if that fails too the stream ends with an
-        OpenAI error event. Cancellation aborts the upstream request and refunds the unused tokens.
+        error event. Cancellation aborts the upstream requests and refunds the unused tokens.
         """
-        outcome = Outcome()
-        created = now_s()
+        shaper = shaper or self.shaper(prepared)
+        run = _Run(prepared, self._renderer)
+        outcome = run.outcome
         self._metrics.in_flight.inc()
+        pieces = self._pieces(prepared, run)
         try:
-            async for chunk in self._upstream.stream(prepared, outcome):
+            async for index, chunk in pieces:
                 if outcome.ttft_s is None:
                     outcome.ttft_s = time.perf_counter() - prepared.arrival
-                    if prepared.chat:
-                        role = {"role": "assistant", "content": ""}
-                        yield _sse(chat_chunk(prepared.rid, prepared.model, created, role, None))
-                if chunk.text or chunk.finish_reason:
-                    if prepared.chat:
-                        delta = {"content": chunk.text} if chunk.text else {}
-                        event = chat_chunk(prepared.rid, prepared.model, created, delta, chunk.finish_reason)
-                    else:
-                        event = text_chunk(
-                            prepared.rid, prepared.model, created, chunk.text, chunk.finish_reason
-                        )
-                    yield _sse(event)
-            if prepared.include_usage:
-                usage = UsageInfo.of(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-                yield _sse(usage_chunk(prepared.rid, prepared.model, created, prepared.chat, usage))
-            yield b"data: [DONE]\n\n"
+                state = run.states[index]
+                first = not state.started
+                for event in shaper.events(state, state.step(chunk), first):
+                    yield event
+            for event in shaper.end(run.usage()):
+                yield event
         except GatewayError as err:
-            outcome.status, outcome.error_code = http_status(err), outcome.error_code or err.code
-            if not outcome.streamed_any:
+            outcome.status = http_status(err)
+            outcome.error_code = outcome.error_code or err.code
+            if not any(s.started for s in run.states):
                 raise  # nothing sent yet: the route answers with a real HTTP status
-            yield sse_error_event(err)
-            yield b"data: [DONE]\n\n"
+            for event in shaper.error(err):
+                yield event
         except (asyncio.CancelledError, GeneratorExit):
             outcome.status = 499
             raise
         finally:
-            await self._finish(prepared, reservation, outcome)
+            with anyio.CancelScope(shield=True):
+                await pieces.aclose()
+            await self._finish(prepared, reservation, run)
 
-    async def _finish(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
-        """Release the queue slot, abort an unfinished upstream request, settle. Shielded from cancel."""
+    async def _finish(self, prepared: PreparedRequest, reservation: Reservation, run: _Run) -> None:
+        """Release the queue slot, abort unfinished upstream requests, settle. Shielded from cancel."""
         self._metrics.in_flight.dec()
+        merge_choices(run.outcome, run.choices)
+        outcome = run.outcome
         slot = outcome.slot
         if slot is not None:
             served_here = (outcome.finished or outcome.streamed_any) and outcome.worker == slot.worker
@@ -226,9 +267,15 @@ class Dispatcher:
                 slot, ok=served_here, prompt_tokens=outcome.prompt_tokens, cached_tokens=cached
             )
         with anyio.CancelScope(shield=True):
-            if not outcome.finished and outcome.worker is not None and outcome.status != 200:
-                await self._client.abort(outcome.worker, outcome.upstream_rid or prepared.rid)
+            if outcome.status != 200:
+                await self._abort(prepared, run.choices)
             await self._settle(prepared, reservation, outcome)
+
+    async def _abort(self, prepared: PreparedRequest, choices: Sequence[Outcome]) -> None:
+        """Ask the workers to drop the choices that did not finish."""
+        for choice in choices:
+            if not choice.finished and choice.worker is not None:
+                await self._client.abort(choice.worker, choice.upstream_rid or prepared.rid)
 
     # 4. settle -------------------------------------------------------------------------------------
     async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:

@@ -6,14 +6,19 @@ touched and before anything reaches a worker.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies.cost import reserved_tokens
 from service.api.protocol import ChatCompletionRequest, CompletionRequest
 from service.config import Settings
 from service.errors import InvalidRequest, NotFound, PermissionDenied
+from service.openai.choices import OutputSpec
+from service.openai.structured import response_schema
+from service.openai.tool_formats import FORMATS
+from service.openai.tools import plan_tools, template_messages
 from service.prompting import PromptError, PromptRenderer, RenderedPrompt
 from service.workers.client import TokenLimits
 from tenancy.models import Tenant
@@ -36,6 +41,8 @@ class PreparedRequest:
         include_usage: end the stream with a usage chunk.
         arrival: ``time.perf_counter()`` at arrival, s.
         session_id: ``<tenant>:<user>`` when the request names a ``user`` (consistent-hash routing key).
+        n: answers (choices) asked for; each may use ``max_tokens``.
+        output: how answers are read (tool calls, logprobs).
     """
 
     rid: str
@@ -50,11 +57,13 @@ class PreparedRequest:
     include_usage: bool
     arrival: float
     session_id: str | None = None
+    n: int = 1
+    output: OutputSpec = field(default_factory=OutputSpec)
 
     @property
     def reserved_tokens(self) -> int:
-        """Tokens reserved in the TPM bucket: prompt + max_tokens."""
-        return reserved_tokens(self.prompt.num_tokens, self.max_tokens)
+        """Tokens reserved in the TPM bucket: prompt + n x max_tokens (the prompt is computed once)."""
+        return reserved_tokens(self.prompt.num_tokens, self.n * self.max_tokens)
 
 
 class RequestPreparer:
@@ -101,21 +110,35 @@ class RequestPreparer:
                 f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
             )
         priority_class = self._priority_class(tenant, req.priority)
+        if req.n > self._settings.api.max_n:
+            raise InvalidRequest(
+                f"n is {req.n}; this gateway serves at most {self._settings.api.max_n} choices per request.",
+                code="unsupported_value",
+                param="n",
+            )
+        output = OutputSpec()
+        constraint: dict[str, Any] = {}
         try:
             if isinstance(req, ChatCompletionRequest):
-                prompt = self._renderer.render_chat(
-                    [
-                        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in req.messages
-                    ]
+                plan = plan_tools(req, FORMATS[self._settings.api.tool_call_format])
+                messages, tools = template_messages(
+                    req.messages, plan, self._renderer.renders_tools, self._renderer.renders_tool_calls
                 )
+                prompt = self._renderer.render_chat(messages, tools)
+                output = OutputSpec(tools=plan, logprobs=self._chat_logprobs(req))
+                constraint = self._constraint(plan.constraint(), response_schema(req.response_format))
             else:
                 prompt = self._renderer.render_text(req.prompt_text())
+                output = OutputSpec(logprobs=req.logprobs)
         except PromptError as exc:
             raise InvalidRequest(str(exc), code="invalid_prompt", param="messages") from exc
         prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param)
         body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
+        body["sampling_params"].update(constraint)
+        if output.logprobs is not None:
+            body["return_logprob"] = True
+            body["top_logprobs_num"] = output.logprobs
         return PreparedRequest(
             rid=rid,
             tenant=tenant,
@@ -129,7 +152,44 @@ class RequestPreparer:
             include_usage=req.include_usage,
             arrival=arrival,
             session_id=f"{tenant.id}:{req.user}" if req.user else None,
+            n=req.n,
+            output=output,
         )
+
+    @staticmethod
+    def _chat_logprobs(req: ChatCompletionRequest) -> int | None:
+        """Alternatives per token when ``logprobs`` is on (``top_logprobs``, default 0), else None.
+
+        Raises:
+            InvalidRequest: ``top_logprobs`` without ``logprobs`` (OpenAI refuses it too).
+        """
+        if not req.logprobs:
+            if req.top_logprobs:
+                raise InvalidRequest(
+                    "top_logprobs needs logprobs set to true.", code="invalid_value", param="top_logprobs"
+                )
+            return None
+        return req.top_logprobs or 0
+
+    @staticmethod
+    def _constraint(tool_tag: dict[str, Any] | None, schema: str | None) -> dict[str, Any]:
+        """The grammar for ``sampling_params``: a tool structural tag or a response JSON schema (SGLang takes
+        one grammar per request).
+
+        Raises:
+            InvalidRequest: both a forced or strict tool call and a JSON ``response_format``.
+        """
+        if tool_tag is not None and schema is not None:
+            raise InvalidRequest(
+                "response_format cannot be combined with a required, named or strict tool call; use one.",
+                code="unsupported_value",
+                param="response_format",
+            )
+        if tool_tag is not None:
+            return {"structural_tag": json.dumps(tool_tag, ensure_ascii=False)}
+        if schema is not None:
+            return {"json_schema": schema}
+        return {}
 
     def _priority_class(self, tenant: Tenant, asked: str | None) -> str:
         classes = self._settings.priority_classes

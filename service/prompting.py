@@ -10,13 +10,16 @@ text SGLang would render for its own chat route.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import orjson
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -44,6 +47,45 @@ def _special(value: Any) -> str:
 
 def _raise(message: str) -> None:
     raise PromptError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Hugging Face's ``tojson`` for chat templates (transformers ``chat_template_utils``): plain
+    ``json.dumps``, keys in their order and no HTML escaping, unlike Jinja's built-in filter."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(format: str) -> str:
+    """Hugging Face's ``strftime_now`` global (Llama 3.x templates print today's date with it)."""
+    return datetime.now().strftime(format)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's ``bytes_to_unicode`` (the byte-level BPE alphabet; OpenAI's GPT-2 encoder,
+    used by Hugging Face ``tokenizers``' ``ByteLevel``): printable character -> byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    mapping = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in mapping.items()}
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 class PromptRenderer:
@@ -75,9 +117,24 @@ class PromptRenderer:
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(source) if source else None
+        variables = meta.find_undeclared_variables(env.parse(source)) if source else set()
+        self.renders_tools = "tools" in variables
+        self._dated = "strftime_now" in variables
+        """The template prints the date or time: its renders are not cached (they change with the clock)."""
+        """The chat template lays out ``tools`` itself (Hugging Face ``apply_chat_template(tools=...)``)."""
+        self.renders_tool_calls = bool(source) and "tool_calls" in str(source)
+        """The chat template writes assistant ``tool_calls`` itself."""
         self._bos = _special(config.get("bos_token"))
         self._eos = _special(config.get("eos_token"))
+        spec = json.loads((model_dir / "tokenizer.json").read_text())
+        self._byte_level = _uses_byte_level(spec.get("decoder"))
+        self._special_ids = frozenset(
+            int(t["id"]) for t in spec.get("added_tokens", []) if isinstance(t, dict) and t.get("special")
+        )
+        self._bytes_of = lru_cache(maxsize=65536)(self._token_bytes)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as the engine tokenizes a raw prompt (no special tokens added).
@@ -98,37 +155,85 @@ class PromptRenderer:
         """Tokens in ``text`` (see :meth:`encode`). Raises :class:`PromptError` for invalid Unicode."""
         return self._counter.count(text)
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> RenderedPrompt:
-        """Render ``[{"role", "content"}, ...]`` with the generation prompt appended.
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> RenderedPrompt:
+        """Render ``[{"role", "content", ...}, ...]`` with the generation prompt appended; ``tools`` (OpenAI
+        function tools) are passed to the template as Hugging Face's ``apply_chat_template(tools=...)``
+        does.
 
         Raises:
             PromptError: the model has no chat template, or the template rejects the messages.
         """
         if self._template is None:
             raise PromptError("the model has no chat template; use /v1/completions")
-        try:
-            key: bytes | None = orjson.dumps(messages)
-        except TypeError:  # not JSON (cannot be a cache key): rendered every time
-            key = None
+        key: bytes | None = None
+        if not self._dated:
+            try:  # the tools are laid out in the prompt too: both make the key
+                key = orjson.dumps([messages, tools or None])
+            except TypeError:  # not JSON (cannot be a cache key): rendered every time
+                key = None
         if key is not None and (found := self._rendered.get(key)) is not None:
             return found
         try:
             text = self._template.render(
                 messages=list(messages),
+                tools=list(tools) if tools else None,
                 add_generation_prompt=True,
                 bos_token=self._bos,
                 eos_token=self._eos,
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError, KeyError) as exc:
             raise PromptError(f"chat template failed: {exc}") from exc
         rendered = RenderedPrompt(text=text, num_tokens=self.count(text))
         if key is not None:
             self._rendered.put(key, rendered, len(key) + len(text))
         return rendered
 
+    # -- output tokens -------------------------------------------------------------------------------
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` as the engine detokenizes an answer (special tokens skipped)."""
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether ``token_id`` is a special token (end of turn, ...), which answers do not show."""
+        return token_id in self._special_ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprob ``bytes``): byte-level BPE pieces mapped back
+        to bytes, ``<0xNN>`` byte tokens, SentencePiece ``▁`` as a space; special tokens give ``b""``."""
+        return bytes(self._bytes_of(token_id))
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        if token_id in self._special_ids:
+            return b""
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            decoder = _BYTE_DECODER
+            if all(ch in decoder for ch in piece):
+                return bytes(decoder[ch] for ch in piece)
+        match = _BYTE_TOKEN.fullmatch(piece)
+        if match:
+            return bytes([int(match.group(1), 16)])
+        return piece.replace("▁", " ").encode("utf-8")
+
     def render_text(self, prompt: str) -> RenderedPrompt:
         """A raw completion prompt, counted."""
         return RenderedPrompt(text=prompt, num_tokens=self.count(prompt))
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def _uses_byte_level(decoder: Any) -> bool:
+    """Whether a ``tokenizer.json`` decoder (possibly a ``Sequence``) includes ``ByteLevel``."""
+    if not isinstance(decoder, dict):
+        return False
+    if decoder.get("type") == "ByteLevel":
+        return True
+    return any(_uses_byte_level(d) for d in decoder.get("decoders") or [])
 
 
 __all__ = ["PromptError", "PromptRenderer", "RenderedPrompt"]

@@ -91,27 +91,35 @@ class UpstreamCaller:
         self._renderer = renderer
 
     # -- attempts ------------------------------------------------------------------------------------
+    async def acquire(self, prepared: PreparedRequest) -> Slot:
+        """Wait in the scheduler's queue for the request's slot; it is held for prompt +
+        n x max_tokens (what the quota reservation holds; n > 1 choices share it)."""
+        tenant = prepared.tenant
+        return await self._scheduler.acquire(
+            SchedulingRequest(
+                prepared.rid,
+                tenant.id,
+                tenant.weight,
+                prepared.priority_class,
+                prepared.prompt.text,
+                prepared.prompt.num_tokens,
+                prepared.n * prepared.max_tokens,
+                prepared.arrival,
+                prepared.session_id,
+                prepared.stream or prepared.n > 1,  # n > 1 choices stream from the worker either way
+            )
+        )
+
     async def _next_worker(
         self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: GatewayError | None
     ) -> str:
-        """The worker of the next attempt: the scheduler's slot first, then another worker for a retry."""
+        """The worker of the next attempt: the scheduler's slot first, then another worker for a retry.
+        An outcome that comes with a slot (a choice of an n > 1 request) starts on the slot's worker."""
         if outcome.slot is None:
-            tenant = prepared.tenant
-            outcome.slot = await self._scheduler.acquire(
-                SchedulingRequest(
-                    prepared.rid,
-                    tenant.id,
-                    tenant.weight,
-                    prepared.priority_class,
-                    prepared.prompt.text,
-                    prepared.prompt.num_tokens,
-                    prepared.max_tokens,
-                    prepared.arrival,
-                    prepared.session_id,
-                    prepared.stream,
-                )
-            )
+            outcome.slot = await self.acquire(prepared)
             worker: str | None = outcome.slot.worker
+        elif outcome.attempts == 0 and not outcome.slot.released:
+            worker = outcome.slot.worker
         else:
             backoff = self._up.retry_backoff_s * 2 ** max(0, outcome.attempts - 1)
             await asyncio.sleep(random.uniform(0, backoff))

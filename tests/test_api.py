@@ -166,7 +166,7 @@ BAD_INPUTS: list[tuple[str, Any, int, str]] = [
     ("max_tokens negative", chat(max_tokens=-5), 400, "invalid_value"),
     ("max_tokens above cap", chat(max_tokens=51), 400, "max_tokens_above_cap"),
     ("temperature too high", chat(temperature=7), 400, "invalid_value"),
-    ("n above 1", chat(n=2), 400, "unsupported_value"),
+    ("n above api.max_n", chat(n=9), 400, "unsupported_value"),
     ("unknown field", chat(frobnicate=True), 400, "unknown_parameter"),
     ("unknown model", {**chat(), "model": "gpt-9"}, 404, "model_not_found"),
     ("unknown priority", chat(priority="urgent"), 400, "invalid_priority"),

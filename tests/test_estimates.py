@@ -7,6 +7,9 @@ import math
 import pytest
 
 from policies.estimates import DecayingEwma, DecayingRate, EstimateConfig, Ewma, WorkerEstimates
+from policies.fair_queue import PriorityBands
+from policies.windows import WindowConfig, WorkerWindow
+from policies.worker_queue import WorkerQueue
 
 
 @pytest.mark.parametrize(("rate", "tau"), [(1.0, 5.0), (50.0, 5.0), (200.0, 1.0)])
@@ -61,3 +64,25 @@ def test_capacity_is_the_larger_of_measured_completions_and_littles_law() -> Non
         est.on_done(k * 0.1, 2.0)  # 10/s measured, each 2 s long
     assert est.capacity(4.0, 8) == pytest.approx(10.0, rel=0.15)  # Little: 8 / 2 = 4 < measured
     assert est.capacity(4.0, 64) == pytest.approx(32.0, rel=0.05)  # a bigger window: 64 / 2
+
+
+@pytest.mark.parametrize(
+    ("rank", "higher_tokens_per_s", "expected_s"),
+    [
+        (0, 0.0, 0.54),  # nothing arrives above it: the engine model as it is
+        (0, 1000.0, 0.54 / (1 - 0.25)),  # 1000 tokens/s x 0.25 ms/token: a quarter of the prefill time
+        (0, 2000.0, 0.54 / (1 - 0.5)),
+        (0, 10_000.0, 0.54 / (1 - 0.8)),  # capped
+        (1, 1000.0, 0.54),  # the same class's arrivals queue behind it, not ahead
+    ],
+)
+def test_engine_ttft_of_a_lower_class_counts_the_higher_classes_prefills_that_go_first(
+    rank: int, higher_tokens_per_s: float, expected_s: float
+) -> None:
+    est = WorkerEstimates(EstimateConfig(ttft_alpha=1.0, long_prefill_tokens=1000, rate_tau_s=5.0))
+    est.on_first_token(0.0, 0.04, 10)
+    est.on_first_token(0.0, 0.54, 2000)
+    queue = WorkerQueue("w", WorkerWindow(WindowConfig(mode="fixed", initial=8)), PriorityBands([]), est)
+    for i in range(1, 2001):  # the 200 s before: a steady 10 requests/s of the higher class (rank 1)
+        queue.count_arrival(1, i / 10 - 200, 5.0, round(higher_tokens_per_s / 10))
+    assert queue.engine_ttft(2000, rank, 0.0) == pytest.approx(expected_s, rel=0.03)

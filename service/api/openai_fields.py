@@ -29,6 +29,7 @@ from typing import Any
 
 from service.api import limits
 from service.api.errors import APIError
+from service.api.protocol_features import MAX_TOOLS
 
 
 class Support(StrEnum):
@@ -154,7 +155,11 @@ _SAMPLING: dict[str, FieldRule] = {
     "stream": SERVED,
     "stream_options": _served("include_usage; include_obfuscation accepted, no effect"),
     "user": _served(f"up to {limits.MAX_USER_CHARS} characters; keys consistent-hash routing"),
-    "n": _served("only 1 (n > 1 gets 400)", served=_one_of(1), valid=_int_in(1, 2**63)),
+    "n": _served(
+        "1 to api.max_n (default 8); each choice is its own worker request after the first one's prefill "
+        "(prompt computed once); reserves prompt + n x max_tokens, usage counts every choice",
+        valid=_int_in(1, 2**63),
+    ),
     "logit_bias": _off_only(_null_or_empty, _typed(dict), "null, {}"),
     # radixgate and SGLang extensions (not in OpenAI's schema)
     "top_k": _served(f"{EXTENSION}; 1 to 2**30, -1 or 0 = off"),
@@ -171,8 +176,11 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "audio": _off_only(valid=_typed(dict)),
     "function_call": _off_only(_one_of("none", "auto"), _typed(str, dict), 'null, "none", "auto"'),
     "functions": _off_only(_null_or_empty, _typed(list), "null, []"),
-    "logprobs": _off_only(_one_of(False), _typed(bool), "null, false"),
-    "top_logprobs": _off_only(_one_of(0), _int_in(0, 20), "null, 0"),
+    "logprobs": _served(
+        "token, logprob, bytes, top_logprobs per answer token (special and stop tokens left out); tokens "
+        "join to the content"
+    ),
+    "top_logprobs": _served("0-20 alternatives per token; needs logprobs: true"),
     "metadata": _accepted(_typed(dict, check=_metadata), "not stored"),
     "modalities": _off_only(
         lambda v: v is None or (isinstance(v, list) and all(m == "text" for m in v)),
@@ -180,7 +188,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         'null, ["text"]',
     ),
     "moderation": _off_only(valid=_typed(dict)),
-    "parallel_tool_calls": _accepted(_typed(bool), "no tools are served"),
+    "parallel_tool_calls": _served("default true; false: at most one call"),
     "prediction": _off_only(valid=_typed(dict)),
     "prompt_cache_key": _accepted(
         _short_text(limits.MAX_USER_CHARS), "prefix caching and cache-aware routing need no key"
@@ -193,10 +201,10 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         'null, "none"',
         "the served models do not reason",
     ),
-    "response_format": _off_only(
-        lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-        _typed(dict, check=_text_format),
-        'null, {"type": "text"}',
+    "response_format": _served(
+        "text, json_object, json_schema (strict or not, the engine's grammar holds the answer to the "
+        "schema); schemas checked before the engine",
+        valid=_typed(dict, check=_text_format),
     ),
     "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS)),
     "service_tier": _off_only(
@@ -206,10 +214,17 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         "radixgate's `priority` classes do this",
     ),
     "store": _off_only(_one_of(False), _typed(bool), "null, false", "nothing is stored"),
-    "tool_choice": _off_only(
-        _one_of("none", "auto"), _typed(str, dict), 'null, "none", "auto"', "no tools are served"
+    "tool_choice": _served(
+        "none, auto, required, or a named function; required and named are forced by the engine's "
+        "grammar (structural tag)",
+        served=lambda v: not isinstance(v, dict) or v.get("type") == "function",
     ),
-    "tools": _off_only(_null_or_empty, _typed(list), "null, []"),
+    "tools": _served(
+        f"function tools (up to {MAX_TOOLS}); parameters checked as JSON schemas; the call format is "
+        "`api.tool_call_format`",
+        served=lambda v: all(isinstance(t, dict) and t.get("type") == "function" for t in v),
+        valid=_typed(list),
+    ),
     "verbosity": _off_only(
         _one_of("medium"), _typed(str, check=lambda v: v in ("low", "medium", "high")), 'null, "medium"'
     ),
@@ -221,7 +236,7 @@ COMPLETION_FIELDS: dict[str, FieldRule] = {
     "prompt": _served("one string (or a list of one)"),
     "best_of": _off_only(_one_of(1), _int_in(1, 2**63), "null, 1"),
     "echo": _off_only(_one_of(False), _typed(bool), "null, false"),
-    "logprobs": _off_only(valid=_int_in(0, 5)),
+    "logprobs": _served("0-5 alternatives per token: tokens, token_logprobs, top_logprobs, text_offset"),
     "suffix": _off_only(_one_of(""), _typed(str), 'null, ""'),
 }
 
@@ -236,7 +251,7 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     "content": _served("text, or text parts"),
     "name": _accepted(_short_text(limits.MAX_NAME_CHARS), "not rendered"),
     "tool_call_id": _served("tool messages are rendered through the chat template"),
-    "tool_calls": _off_only(_null_or_empty, _typed(list), "null, []"),
+    "tool_calls": _served("assistant calls, rendered through the chat template"),
     "function_call": _off_only(valid=_typed(dict)),
     "audio": _off_only(valid=_typed(dict)),
     "refusal": _off_only(valid=_typed(str)),

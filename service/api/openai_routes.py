@@ -18,7 +18,12 @@ from service.api.cancellation import ClientDisconnected, until_disconnect
 from service.api.deps import StateDep, TenantDep, authenticate, gateway_state, read_json, request_id
 from service.api.errors import FastJSONResponse, validation_error
 from service.api.openai_fields import screen_chat, screen_completion
-from service.api.protocol import ChatCompletionRequest, CompletionRequest
+from service.api.protocol import ChatCompletionRequest, CompletionRequest, now_s
+from service.api.responses_protocol import parse_responses, responses_param, to_chat
+from service.errors import GatewayError
+from service.openai.responses import ResponsesShaper
+from service.openai.shapes import Shaper
+from service.preparation import PreparedRequest
 from service.state import GatewayState
 from tenancy.models import Tenant
 
@@ -36,19 +41,26 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
 
 
 async def _serve(
-    request: Request, state: GatewayState, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest
+    request: Request,
+    state: GatewayState,
+    tenant: Tenant,
+    req: ChatCompletionRequest | CompletionRequest,
+    shaper: Callable[[PreparedRequest], Shaper] | None = None,
 ) -> Response:
+    """Prepare, admit and serve a request; ``shaper`` makes the response format (default: chat or text
+    completion)."""
     arrival = time.perf_counter()
     dispatcher = state.dispatcher
     prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
     reservation = await dispatcher.admit(prepared)
+    shape = shaper(prepared) if shaper is not None else None
     if not prepared.stream:
         try:
-            result = await until_disconnect(request, dispatcher.complete(prepared, reservation))
+            result = await until_disconnect(request, dispatcher.complete(prepared, reservation, shape))
         except ClientDisconnected:
             return Response(status_code=499)
         return FastJSONResponse(result)
-    events = dispatcher.stream(prepared, reservation)
+    events = dispatcher.stream(prepared, reservation, shape)
     try:
         # The first event arrives with the first token: errors before it get a real HTTP status.
         first = await until_disconnect(request, events.__anext__())
@@ -88,9 +100,30 @@ async def completions(request: Request) -> Response:
     return await _serve(request, state, tenant, parse(CompletionRequest, screen_completion(body)))
 
 
+@router.post("/responses")
+async def responses(request: Request) -> Response:
+    """``POST /v1/responses`` (stateless Responses API, stream and non-stream; see
+    :mod:`service.api.responses_protocol`)."""
+    state = gateway_state(request)
+    tenant = await authenticate(request, state)
+    req = parse_responses(await read_json(request, state.settings.api.max_body_bytes))
+    echo = req.echo()
+
+    def shaper(prepared: PreparedRequest) -> Shaper:
+        echo["max_output_tokens"] = prepared.max_tokens
+        return ResponsesShaper(prepared.rid, prepared.model, now_s(), echo)
+
+    try:
+        return await _serve(request, state, tenant, to_chat(req), shaper)
+    except GatewayError as err:  # raised on the chat form: name the Responses parameter
+        err.param = responses_param(err.param)
+        raise
+
+
 COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
     "/v1/chat/completions": chat_completions,
     "/v1/completions": completions,
+    "/v1/responses": responses,
 }
 """``POST`` path -> handler of the routes served without dependency solving."""
 

@@ -13,14 +13,19 @@ Types are strict (``"5"`` is not a number, ``true`` is not 1) and every number a
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
 
 from service.api import limits
-
-REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-"""Request models: unknown fields refused, no type coercion, no NaN or infinity."""
+from service.api.protocol_features import (
+    MAX_TOOLS,
+    REQUEST_CONFIG,
+    AssistantToolCall,
+    FunctionTool,
+    ResponseFormat,
+    ToolChoice,
+)
 
 
 class StreamOptions(BaseModel):
@@ -45,11 +50,14 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     tool_call_id: str | None = Field(None, max_length=limits.MAX_NAME_CHARS)
+    tool_calls: list[AssistantToolCall] | None = Field(None, max_length=MAX_TOOLS)
 
     @model_validator(mode="after")
     def _content_required(self) -> ChatMessage:
         if self.content is None and self.role in ("system", "developer", "user"):
             raise ValueError(f"a {self.role} message needs 'content'")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry 'tool_calls'")
         return self
 
     def text(self) -> str:
@@ -85,7 +93,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=limits.TOP_K_ALL, description="-1 and 0 mean off.")
     min_p: float | None = Field(None, ge=0, le=1)
-    n: int = Field(1, ge=1, description="n > 1 is refused by service.api.openai_fields.")
+    n: int = Field(1, ge=1, description="At most api.max_n (checked in service.preparation).")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -131,6 +139,12 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(..., min_length=1, max_length=limits.MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _one_limit(self) -> ChatCompletionRequest:
@@ -148,6 +162,7 @@ class CompletionRequest(SamplingFields):
     """Body of ``POST /v1/completions`` (one text prompt)."""
 
     prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5, description="Alternatives per token (legacy shape).")
 
     @field_validator("prompt")
     @classmethod
@@ -189,74 +204,3 @@ class UsageInfo(BaseModel):
 def now_s() -> int:
     """Unix time, whole seconds (OpenAI's ``created``)."""
     return int(time.time())
-
-
-def chat_response(
-    rid: str, model: str, text: str, finish_reason: str | None, usage: UsageInfo
-) -> dict[str, Any]:
-    """A non-streamed ``chat.completion`` object."""
-    return {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion",
-        "created": now_s(),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage.model_dump(),
-    }
-
-
-def text_response(
-    rid: str, model: str, text: str, finish_reason: str | None, usage: UsageInfo
-) -> dict[str, Any]:
-    """A non-streamed ``text_completion`` object."""
-    return {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": now_s(),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage.model_dump(),
-    }
-
-
-def chat_chunk(
-    rid: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None
-) -> dict[str, Any]:
-    """One ``chat.completion.chunk``."""
-    return {
-        "id": f"chatcmpl-{rid}",
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
-
-
-def text_chunk(rid: str, model: str, created: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    """One streamed ``text_completion`` chunk."""
-    return {
-        "id": f"cmpl-{rid}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
-
-
-def usage_chunk(rid: str, model: str, created: int, chat: bool, usage: UsageInfo) -> dict[str, Any]:
-    """The final ``stream_options.include_usage`` chunk: no choices, the usage."""
-    return {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage.model_dump(),
-    }

@@ -57,6 +57,11 @@ class UpstreamError(Exception):
         self.local = local
 
 
+WorkerLogprob = tuple[float, int, tuple[tuple[float, int], ...]]
+"""One generated token's log probability as a worker reports it: (logprob, token id, the top alternatives
+as (logprob, token id), most likely first)."""
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamChunk:
     """One step of a worker's answer (or the whole answer, when not streamed).
@@ -66,6 +71,8 @@ class UpstreamChunk:
         prompt_tokens, completion_tokens, cached_tokens: the worker's counts so far (tokens).
         finish_reason: ``"stop"``, ``"length"``, or None while generating.
         output_ids: the token ids new in this chunk (all of them for a non-streamed answer), if sent.
+        logprobs: the log probabilities of the tokens new in this chunk, when asked for
+            (``return_logprob``); None otherwise.
     """
 
     text: str
@@ -74,6 +81,48 @@ class UpstreamChunk:
     cached_tokens: int
     finish_reason: str | None
     output_ids: tuple[int, ...] | None = None
+    logprobs: tuple[WorkerLogprob, ...] | None = None
+
+
+def worker_logprobs(meta: dict[str, Any]) -> tuple[WorkerLogprob, ...] | None:
+    """``meta_info.output_token_logprobs`` (``[logprob, id, text]`` per token) joined with
+    ``output_top_logprobs`` (a list of ``[logprob, id, text]`` per token, or None) as
+    :data:`WorkerLogprob`; None when the worker sent none. A missing logprob (None) reads as -inf."""
+    chosen = meta.get("output_token_logprobs")
+    if not isinstance(chosen, list):
+        return None
+    tops = meta.get("output_top_logprobs")
+    tops = tops if isinstance(tops, list) else []
+    out = []
+    for i, entry in enumerate(chosen):
+        alternatives = tops[i] if i < len(tops) and isinstance(tops[i], list) else []
+        top = tuple((_logprob(a[0]), int(a[1])) for a in alternatives if isinstance(a, list) and len(a) >= 2)
+        out.append((_logprob(entry[0]), int(entry[1]), top))
+    return tuple(out)
+
+
+def _logprob(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else float("-inf")
+
+
+def abort_status(meta: dict[str, Any]) -> int | None:
+    """The HTTP status SGLang gives an aborted request (``finish_reason.status_code``; 400 for a grammar
+    it cannot compile), None when it gives none."""
+    reason = meta.get("finish_reason")
+    status = reason.get("status_code") if isinstance(reason, dict) else None
+    return status if isinstance(status, int) else None
+
+
+def _abort_error(worker: str, meta: dict[str, Any]) -> UpstreamError:
+    """An aborted answer as an error: the worker's 4xx (the input's fault, not retried) or a 503."""
+    status = abort_status(meta)
+    if status is not None and 400 <= status < 500:
+        reason = meta.get("finish_reason")
+        message = reason.get("message") if isinstance(reason, dict) else None
+        return UpstreamError(
+            worker, str(message or "worker rejected the request"), status=status, retryable=False
+        )
+    return UpstreamError(worker, "worker aborted the request", status=503)
 
 
 def finish_reason_of(meta: dict[str, Any]) -> str | None:
@@ -103,6 +152,8 @@ class StreamDeltas:
         self._incremental = incremental
         self._text_chars = 0  # length of the cumulative text so far
         self._ids = 0  # token ids so far
+        self._logprobs = 0  # token logprobs so far
+        self._last_incremental = False  # the mode the last step read
 
     def _is_incremental(self, ids: list[int] | None, completion_tokens: int) -> bool:
         if self._incremental is not None:
@@ -117,7 +168,8 @@ class StreamDeltas:
         ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
         meta = payload.get("meta_info") or {}
         text = payload.get("text")
-        if self._is_incremental(ids, int(meta.get("completion_tokens") or 0)):
+        self._last_incremental = self._is_incremental(ids, int(meta.get("completion_tokens") or 0))
+        if self._last_incremental:
             self._ids += len(ids or ())
             return (text if isinstance(text, str) else ""), (tuple(ids) if ids is not None else None)
         delta = ""
@@ -130,8 +182,22 @@ class StreamDeltas:
             self._ids = max(self._ids, len(ids))
         return delta, new_ids
 
+    def new_logprobs(self, payload: dict[str, Any]) -> tuple[WorkerLogprob, ...] | None:
+        """The token logprobs new in the chunk :meth:`step` just read (same mode as its ids)."""
+        entries = worker_logprobs(payload.get("meta_info") or {})
+        if entries is None or self._last_incremental:
+            return entries
+        new = entries[self._logprobs :]
+        self._logprobs = max(self._logprobs, len(entries))
+        return new
 
-def _chunk(payload: dict[str, Any], text: str, output_ids: tuple[int, ...] | None) -> UpstreamChunk:
+
+def _chunk(
+    payload: dict[str, Any],
+    text: str,
+    output_ids: tuple[int, ...] | None,
+    logprobs: tuple[WorkerLogprob, ...] | None = None,
+) -> UpstreamChunk:
     meta = payload.get("meta_info") or {}
     return UpstreamChunk(
         text=text,
@@ -140,6 +206,7 @@ def _chunk(payload: dict[str, Any], text: str, output_ids: tuple[int, ...] | Non
         cached_tokens=int(meta.get("cached_tokens") or 0),
         finish_reason=finish_reason_of(meta),
         output_ids=output_ids,
+        logprobs=logprobs,
     )
 
 
@@ -333,9 +400,11 @@ class SGLangClient:
             )
         payload = orjson.loads(raw)
         ids = payload.get("output_ids")
-        chunk = _chunk(payload, str(payload.get("text", "")), tuple(ids) if isinstance(ids, list) else None)
+        meta = payload.get("meta_info") or {}
+        text = str(payload.get("text", ""))
+        chunk = _chunk(payload, text, tuple(ids) if isinstance(ids, list) else None, worker_logprobs(meta))
         if chunk.finish_reason == "abort":
-            raise UpstreamError(worker, "worker aborted the request", status=503)
+            raise _abort_error(worker, meta)
         return chunk
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
@@ -367,9 +436,10 @@ class SGLangClient:
                     payload = orjson.loads(data)
                     if "error" in payload:
                         raise UpstreamError(worker, _error_message(payload), status=500)
-                    chunk = _chunk(payload, *deltas.step(payload))
+                    text, ids = deltas.step(payload)
+                    chunk = _chunk(payload, text, ids, deltas.new_logprobs(payload))
                     if chunk.finish_reason == "abort":
-                        raise UpstreamError(worker, "worker aborted the request", status=503)
+                        raise _abort_error(worker, payload.get("meta_info") or {})
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
         except TransportFailure as exc:

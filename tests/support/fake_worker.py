@@ -37,6 +37,8 @@ class FakeWorker:
         info_requests: how many times ``/server_info`` was asked.
         tokens: the texts of the tokens it answers with (token id = position), at most this many.
         up: False makes ``/health`` answer 503 (a worker restarting).
+        finish: the finish reason of a complete answer: ``"length"`` (default) or ``"stop"`` (an end of
+            turn, as a model that answered in fewer tokens than allowed).
     """
 
     def __init__(self) -> None:
@@ -50,6 +52,7 @@ class FakeWorker:
         self.info_requests = 0
         self.tokens = list(TOKENS)
         self.up = True
+        self.finish = "length"
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -77,15 +80,17 @@ class FakeWorker:
         self.aborted.append((await request.json())["rid"])
         return Response(status_code=200)
 
-    @staticmethod
-    def _meta(body: dict[str, Any], n: int, done: bool) -> dict[str, Any]:
+    def _meta(self, body: dict[str, Any], n: int, done: bool) -> dict[str, Any]:
         limit = body["sampling_params"]["max_new_tokens"]
+        reason = (
+            {"type": "length", "length": limit} if self.finish == "length" or n >= limit else {"type": "stop"}
+        )
         return {
             "id": body.get("rid"),
             "prompt_tokens": len(body["input_ids"]) if "input_ids" in body else len(body["text"].split()),
             "completion_tokens": n,
             "cached_tokens": 0,
-            "finish_reason": {"type": "length", "length": limit} if done else None,
+            "finish_reason": reason if done else None,
         }
 
     async def generate(self, request: Request) -> Response:
