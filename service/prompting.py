@@ -122,7 +122,7 @@ class PromptRenderer:
         self._template = env.from_string(source) if source else None
         variables = meta.find_undeclared_variables(env.parse(source)) if source else set()
         self.renders_tools = "tools" in variables
-        self._dated = "strftime_now" in variables
+        self._dated = bool(source) and "strftime_now" in str(source)
         """The template prints the date or time: its renders are not cached (they change with the clock)."""
         """The chat template lays out ``tools`` itself (Hugging Face ``apply_chat_template(tools=...)``)."""
         self.renders_tool_calls = bool(source) and "tool_calls" in str(source)

@@ -132,3 +132,23 @@ def test_invalid_unicode_is_refused_cached_or_not(bytelevel: Path) -> None:
     for _ in range(2):
         with pytest.raises(PromptError):
             renderer.render_chat([{"role": "user", "content": "fine"}, {"role": "user", "content": "\ud800"}])
+
+
+def test_renders_are_remembered_per_messages_and_tools_and_never_for_dated_templates(tmp_path: Path) -> None:
+    folder = bpe_folder(tmp_path / "tools")
+    (folder / "chat_template.jinja").write_text(
+        "{% if tools %}tools: {{ tools | tojson }}\n{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    renderer = PromptRenderer(folder)
+    messages = [{"role": "user", "content": "weather?"}]
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+    plain = renderer.render_chat(messages).text
+    with_tool = renderer.render_chat(messages, [tool]).text
+    assert plain == "user: weather?\n" and with_tool.startswith('tools: [{"type": "function"')
+    assert renderer.render_chat(messages).text == plain  # the cached render, not the other one
+    dated = bpe_folder(tmp_path / "dated")
+    template = "{{ strftime_now('%H:%M:%S.%f') }} {{ messages[0]['content'] }}"
+    (dated / "chat_template.jinja").write_text(template)
+    renderer = PromptRenderer(dated)
+    assert renderer.render_chat(messages).text != renderer.render_chat(messages).text
