@@ -131,7 +131,13 @@ def new_key(http: httpx.Client) -> str:
 
 def cached_fraction(redis_url: str, workers: Workers, policy: str) -> float:
     for url in workers.urls:
-        assert httpx.post(f"{url}/flush_cache", timeout=30).status_code == 200
+        # SGLang refuses to flush (400) while it still finishes earlier requests: retry briefly
+        for _ in range(60):
+            if httpx.post(f"{url}/flush_cache", timeout=30).status_code == 200:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"{url} never became idle enough to flush its cache")
     requests = [(topic, q) for topic in TOPICS for q in range(5)]
     random.Random(3).shuffle(requests)
     cached = prompt = 0
