@@ -13,38 +13,11 @@ import pytest
 import redis
 
 from service.app import create_app
-from service.config import Settings
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.support.fake_worker import WORDS, FakeWorker
 from tests.support.servers import ThreadedServer, free_port
 
-MODEL = "test-model"
 _ids = itertools.count()
-
-
-def gateway_settings(redis_url: str, model_dir: Path, workers: list[str], **api: Any) -> Settings:
-    return Settings.model_validate(
-        {
-            "admin_token": ADMIN_TOKEN,
-            "redis": {"url": redis_url, "key_prefix": f"api{next(_ids)}:"},
-            "engine": {"served_model_name": MODEL},
-            "extra_models": ["test-model-b"],
-            "upstream": {
-                "workers": workers,
-                "health_interval_s": 0.2,
-                "max_attempts": 2,
-                "breaker_cooldown_s": 0.3,
-            },
-            "api": {"tokenizer_path": str(model_dir), "max_body_bytes": 4096, "context_length": 512, **api},
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeWorker, str]]:
-    worker = FakeWorker()
-    with ThreadedServer(worker.app) as server:
-        yield worker, server.url
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,8 @@ from service.api.openai_fields import (
     Support,
     parameters_table,
 )
-from service.app import create_app
 from tests.support.fake_worker import FakeWorker
-from tests.support.servers import ThreadedServer
-from tests.test_api import MODEL, assert_openai_error, auth, gateway_settings, new_tenant, usage_of
+from tests.test_api import MODEL, assert_openai_error, auth, new_tenant, usage_of
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -163,20 +161,6 @@ def test_the_readme_table_is_generated_from_the_rules() -> None:
     assert text[text.index(start) + len(start) : text.index(end)] == parameters_table(), (
         "regenerate with: python -m service params-table --readme README.md"
     )
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeWorker, str]]:
-    worker = FakeWorker()
-    with ThreadedServer(worker.app) as server:
-        yield worker, server.url
-
-
-@pytest.fixture(scope="module")
-def gateway(redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]) -> Iterator[str]:
-    settings = gateway_settings(redis_url, stub_model_dir, [fake[1]], max_body_bytes=65536)
-    with ThreadedServer(create_app(settings)) as server:
-        yield server.url
 
 
 @pytest.fixture

@@ -20,10 +20,8 @@ import pytest
 from openai.types.responses import response_create_params
 
 from service.api.responses_protocol import RESPONSES_FIELDS, responses_table
-from service.app import create_app
 from tests.support.fake_worker import FakeWorker
-from tests.support.servers import ThreadedServer
-from tests.test_api import MODEL, assert_openai_error, auth, gateway_settings, new_tenant, usage_of
+from tests.test_api import MODEL, assert_openai_error, auth, new_tenant, usage_of
 from tests.test_tools_api import CALL_PIECES
 
 WEATHER = {
@@ -32,20 +30,6 @@ WEATHER = {
     "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeWorker, str]]:
-    worker = FakeWorker()
-    with ThreadedServer(worker.app) as server:
-        yield worker, server.url
-
-
-@pytest.fixture(scope="module")
-def gateway(redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]) -> Iterator[str]:
-    settings = gateway_settings(redis_url, stub_model_dir, [fake[1]], max_body_bytes=65536)
-    with ThreadedServer(create_app(settings)) as server:
-        yield server.url
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,20 +40,6 @@ CALL_PIECES = [
     "</tool_call>",
 ]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[tuple[FakeWorker, str]]:
-    worker = FakeWorker()
-    with ThreadedServer(worker.app) as server:
-        yield worker, server.url
-
-
-@pytest.fixture(scope="module")
-def gateway(redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]) -> Iterator[str]:
-    settings = gateway_settings(redis_url, stub_model_dir, [fake[1]], max_body_bytes=65536)
-    with ThreadedServer(create_app(settings)) as server:
-        yield server.url
 
 
 @pytest.fixture
