@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 
+from service.api.protocol_features import check_schema
 from service.app import create_app
 from service.config import Settings
 from tests.support.fake_worker import FakeWorker
@@ -99,8 +100,17 @@ def test_response_format_becomes_the_engines_json_schema_grammar(
         ({"type": "json_schema", "json_schema": {"name": "a b", "schema": SCHEMA}},
          "response_format.json_schema.name"),
         ({"type": "yaml"}, "response_format.type"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}},
+         "response_format.json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nope"}}},
+         "response_format.json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "https://e.com/s.json"}}},
+         "response_format.json_schema.schema"),
     ],
-    ids=["bad schema", "no json_schema", "bad name", "unknown type"],
+    ids=[
+        "bad schema", "no json_schema", "bad name", "unknown type", "ref cycle", "ref dangling", "ref remote"
+    ],
 )  # fmt: skip
 def test_a_bad_response_format_gets_400_naming_it_and_costs_nothing(
     http: httpx.Client, worker: FakeWorker, fmt: dict[str, Any], param: str
@@ -182,3 +192,26 @@ def test_n_above_the_setting_gets_400(http: httpx.Client, worker: FakeWorker, se
     resp = http.post("/v1/chat/completions", json=chat(n=settings.api.max_n + 1), headers=auth(key))
     assert assert_openai_error(resp, 400, "unsupported_value")["param"] == "n"
     assert worker.received == [] and usage_of(http, tenant_id)["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, "cycle"),
+        ({"$ref": "#/$defs/a",
+          "$defs": {"a": {"$ref": "#/$defs/b", "title": "t"}, "b": {"$ref": "#/$defs/a"}}}, "cycle"),
+        ({"$ref": "#"}, "cycle"),
+        ({"$ref": "#/$defs/nope"}, "does not resolve"),
+        ({"$ref": "other.json"}, "only local"),
+        ({"$defs": {"n": {"type": "object",
+                          "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
+          "$ref": "#/$defs/n"}, None),  # recursion through a schema (a tree) compiles
+        ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "string"}}}, None),
+        (SCHEMA, None),
+    ],
+)  # fmt: skip
+def test_schema_references_the_grammar_compiler_cannot_take_are_refused(
+    schema: dict[str, Any], problem: str | None
+) -> None:
+    found = check_schema(schema)
+    assert (found is None) if problem is None else (found is not None and problem in found), found

@@ -33,6 +33,63 @@ def check_schema(schema: Any) -> str | None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         return f"not a valid JSON schema: {exc.message}"
+    return _ref_problem(schema)
+
+
+_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment"})
+
+
+def _resolve(root: dict[str, Any], ref: str) -> Any:
+    """The node ``ref`` (a local JSON pointer, RFC 6901: ``#/a/b``) points at in ``root``.
+
+    Raises:
+        KeyError: nothing is there.
+    """
+    node: Any = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise KeyError(ref)
+    return node
+
+
+def _ref_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema``'s ``$ref``s cannot be compiled into a grammar, or None.
+
+    The engine's grammar compiler (xgrammar) takes local references only, fails on one that does not
+    resolve, and recurses without end on a cycle of references with no schema in between (SGLang then
+    answers 500, which must not reach a worker: a tenant could make it look unhealthy).
+    """
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        stack.extend(node.values())
+        ref = node.get("$ref")
+        if ref is None:
+            continue
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return f"only local $ref (#/...) is supported, not {str(ref)[:100]!r}"
+        seen: set[int] = {id(node)}
+        target: Any = node
+        while isinstance(target, dict) and isinstance(target.get("$ref"), str):
+            try:
+                target = _resolve(schema, target["$ref"])
+            except KeyError:
+                return f"$ref {str(target['$ref'])[:100]!r} does not resolve"
+            if not isinstance(target, dict) or not set(target) <= _ANNOTATIONS:
+                break  # reaches a schema: recursion through it is fine
+            if id(target) in seen:
+                return f"$ref {ref[:100]!r} is a cycle of references with no schema in it"
+            seen.add(id(target))
     return None
 
 
