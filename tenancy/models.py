@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TENANT_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+MAX_RATE = 1e12
+"""Largest quota rate or burst an admin may set, per minute or tokens (a finite bound: an overflowing
+number such as 1e400 must not turn into "unlimited")."""
+
+_ADMIN_INPUT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+"""Admin bodies: no unknown fields, no coercion ("no" is not a bool, "12" not a number), finite numbers."""
 
 
 class Quotas(BaseModel):
@@ -21,12 +29,12 @@ class Quotas(BaseModel):
             reserving more tokens than this can never pass.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _ADMIN_INPUT
 
-    requests_per_min: float | None = Field(None, gt=0)
-    tokens_per_min: float | None = Field(None, gt=0)
-    request_burst: float | None = Field(None, gt=0)
-    token_burst: float | None = Field(None, gt=0)
+    requests_per_min: float | None = Field(None, gt=0, le=MAX_RATE)
+    tokens_per_min: float | None = Field(None, gt=0, le=MAX_RATE)
+    request_burst: float | None = Field(None, gt=0, le=MAX_RATE)
+    token_burst: float | None = Field(None, gt=0, le=MAX_RATE)
 
     @property
     def effective_request_burst(self) -> float | None:
@@ -42,31 +50,46 @@ class Quotas(BaseModel):
 class TenantSpec(BaseModel):
     """Fields an admin sets on a tenant (create or full update)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _ADMIN_INPUT
 
     name: str = Field(..., min_length=1, max_length=200)
     priority_class: str = Field("standard", min_length=1, max_length=64)
     max_priority_class: str | None = Field(None, max_length=64)
     weight: float = Field(1.0, gt=0, le=1000, description="Fair-queuing weight inside a priority band.")
     quotas: Quotas = Field(default_factory=Quotas)
-    max_tokens_cap: int | None = Field(None, ge=1, description="Largest max_tokens per request, tokens.")
+    max_tokens_cap: int | None = Field(
+        None, ge=1, le=10**9, description="Largest max_tokens per request, tokens."
+    )
     allowed_models: list[str] | None = Field(None, description="Model ids this tenant may use; None = all.")
     enabled: bool = True
 
 
 class TenantPatch(BaseModel):
-    """Partial update of a tenant; absent fields are kept."""
+    """Partial update of a tenant; absent fields are kept, ``null`` clears only fields that may be unset.
 
-    model_config = ConfigDict(extra="forbid")
+    Raises (on validation):
+        ValueError: ``null`` for a field a tenant must have (name, priority_class, weight, quotas, enabled).
+    """
+
+    model_config = _ADMIN_INPUT
 
     name: str | None = Field(None, min_length=1, max_length=200)
     priority_class: str | None = Field(None, min_length=1, max_length=64)
     max_priority_class: str | None = Field(None, max_length=64)
     weight: float | None = Field(None, gt=0, le=1000)
     quotas: Quotas | None = None
-    max_tokens_cap: int | None = Field(None, ge=1)
+    max_tokens_cap: int | None = Field(None, ge=1, le=10**9)
     allowed_models: list[str] | None = None
     enabled: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _required_not_null(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in ("name", "priority_class", "weight", "quotas", "enabled"):
+                if name in data and data[name] is None:
+                    raise ValueError(f"{name} cannot be null")
+        return data
 
 
 class TenantCreate(TenantSpec):

@@ -253,6 +253,41 @@ def test_admin_rejects_inconsistent_tenants(http: httpx.Client) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"name": None},
+        {"priority_class": None},
+        {"weight": None},
+        {"quotas": None},
+        {"enabled": None},
+        {"enabled": "no"},  # not coerced to False
+        {"weight": "2"},
+        {"quotas": {"requests_per_min": 1e400}},  # inf: not "unlimited"
+        {"quotas": {"requests_per_min": 1e13}},
+        {"max_tokens_cap": 10**30},
+    ],
+)
+def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(
+    http: httpx.Client, patch: dict[str, Any]
+) -> None:
+    tenant_id, _ = new_tenant(http, quotas={"requests_per_min": 5})
+    headers = {**ADMIN, "Content-Type": "application/json"}
+
+    def raw(body: dict[str, Any]) -> str:  # 1e400 as sent on the wire (json.dumps writes Infinity)
+        return json.dumps(body).replace("Infinity", "1e400")
+
+    resp = http.patch(f"/admin/tenants/{tenant_id}", content=raw(patch), headers=headers)
+    assert resp.status_code in (400, 422), resp.text
+    assert_openai_error(resp, resp.status_code)
+    tenant = http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()
+    assert tenant["enabled"] is True and tenant["quotas"]["requests_per_min"] == 5  # unchanged
+    created = http.post(
+        "/admin/tenants", content=raw({"id": f"{tenant_id}-c", "name": "x", **patch}), headers=headers
+    )
+    assert created.status_code in (400, 422), created.text
+
+
 def test_admin_routes_need_the_admin_token(http: httpx.Client) -> None:
     _, key = new_tenant(http)
     assert_openai_error(http.get("/admin/tenants"), 401)

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from service.api.deps import decode_json
-from tests.test_api import MODEL, auth, fake, gateway, http, new_tenant
+from tests.test_api import MODEL, auth, gateway, http, new_tenant
 
-__all__ = ["fake", "gateway", "http"]  # fixtures of test_api, used here
+__all__ = ["gateway", "http"]  # fixtures of test_api, used here (fake: conftest)
 
 
 def _not_json(constant: str) -> Any:
