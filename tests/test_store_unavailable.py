@@ -121,9 +121,9 @@ def test_burst_over_two_replicas_with_small_pools_gives_no_5xx_but_503(
             "upstream_pool_exhausted",
         }
         assert 0 < counts[200] <= 21, counts
-        with httpx.Client(base_url=g2.url, timeout=30) as http:
-            metrics = http.get("/metrics").text
-            assert "radixgate_store_unavailable_total{" in metrics
+        # the pool ran dry on one replica or both, whichever the timing picked: each counts its own
+        metrics = [httpx.get(f"{g.url}/metrics", timeout=30).text for g in (g1, g2)]
+        assert any("radixgate_store_unavailable_total{" in text for text in metrics)
 
 
 def test_exhausted_upstream_pool_is_503_and_does_not_blame_the_worker(
