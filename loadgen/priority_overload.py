@@ -43,9 +43,8 @@ CLASS_ENV = {
             "batch": {"rank": 0, "sglang_priority": 0, "queue_wait_budget_ms": 15000, "ttft_goal_ms": 15000},
         }
     ),
-    "RADIXGATE_SCHEDULER__WINDOW_INITIAL": "4",
-    "RADIXGATE_SCHEDULER__WINDOW_MAX": "8",
 }
+HEADER = ("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
 GOAL_MS = {"interactive": 1500.0, "standard": 4000.0, "batch": 15000.0}
 
 
@@ -166,6 +165,7 @@ async def run(stack_url: str, keys: dict[str, str], args: argparse.Namespace) ->
     rate = args.overload * capacity
     results = await open_loop(stack_url, keys, rate, args.duration_s, args.max_tokens, args.seed)
     return {
+        "window_max": args.window_max or None,
         "capacity_rps": capacity,
         "offered_rps": rate,
         "overload": args.overload,
@@ -180,7 +180,7 @@ def print_figures(figures: dict[str, Any]) -> None:
         f"capacity (closed loop): {figures['capacity_rps']:.2f} req/s; offered {figures['offered_rps']:.2f} "
         f"req/s ({figures['overload']:g}x)"
     )
-    table = Table("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
+    table = Table(*HEADER)
     for r in figures["classes"]:
         table.add_row(
             r["class"],
@@ -205,14 +205,74 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--window-max",
+        type=int,
+        default=8,
+        help="largest window per worker, requests (0: the gateway's default, the engine's own "
+        "max_running_requests, 2048 on the CPU worker)",
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--write-doc",
+        action="store_true",
+        help="also write the figures into docs/experiments.md (a section per --window-max)",
+    )
     args = parser.parse_args()
-    with LocalStack(Path(".run/priority-overload"), env=CLASS_ENV) as stack:
+    env = dict(CLASS_ENV)
+    if args.window_max > 0:
+        env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))
+        env["RADIXGATE_SCHEDULER__WINDOW_MAX"] = str(args.window_max)
+    with LocalStack(Path(".run/priority-overload"), env=env) as stack:
         keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
         figures = asyncio.run(run(stack.url, keys, args))
     print_figures(figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
+    if args.write_doc:
+        write_doc(figures, args)
+
+
+def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    """Write the figures into ``docs/experiments.md`` as the section ``cpu-overload-w<N>`` (or
+    ``cpu-overload-engine`` for the gateway's default window), with the command that made them."""
+    from loadgen.fleet.doc import table, write_section
+
+    which = f"w{args.window_max}" if args.window_max else "engine"
+    flag = f" --window-max {args.window_max}" if args.window_max != 8 else ""
+    window = (
+        f"windows of at most {args.window_max} requests"
+        if args.window_max
+        else "the gateway's default window (the engine's own max_running_requests)"
+    )
+    rows = [
+        [
+            r["class"],
+            r["sent"],
+            r["served"],
+            f"{r['shed_rate']:.1%}",
+            round(r["ttft_p50_ms"]),
+            round(r["ttft_p99_ms"]),
+            round(r["goal_ms"]),
+            f"{r['goodput']:.1%}",
+        ]
+        for r in figures["classes"]
+    ]
+    body = "\n\n".join(
+        [
+            f"## Real CPU worker: three classes at {args.overload:g}x overload, {window}",
+            f"Command: `python -m loadgen.priority_overload{flag} --write-doc` (real Redis, gateway and one "
+            "SGLang CPU worker with SmolLM2-135M-Instruct on this 2-core machine, wall-clock time; the load "
+            "generator shares the cores). Capacity (closed loop of "
+            f"{args.concurrency} clients): {figures['capacity_rps']:.2f} req/s; offered "
+            f"{figures['offered_rps']:.2f} req/s for {args.duration_s:g} s. Classes sized for the CPU "
+            "(TTFT goals 1.5 / 4 / 15 s). Run on "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}; figures vary from run to run with the "
+            "machine's load.",
+            table(HEADER, rows),
+        ]
+    )
+    write_section(f"cpu-overload-{which}", body)
 
 
 if __name__ == "__main__":
