@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+_Family = TypeVar("_Family", bound=MetricWrapperBase)
 
 
 class TenantLabels:
@@ -61,6 +66,7 @@ class GatewayMetrics:
         self.registry = registry
         self.tenant = TenantLabels(max_tenant_labels)
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(
             "radixgate_requests_total",
             "Completed API requests.",
@@ -189,6 +195,16 @@ class GatewayMetrics:
         self.worker_healthy = Gauge(
             "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
         )
+
+    def child(self, family: _Family, *labels: str) -> _Family:
+        """``family.labels(*labels)``, looked up once and kept: prometheus-client's ``labels`` takes a lock
+        and validates on every call, which the request path pays several times per request. For label
+        values from bounded sets only (bands, reasons, policies, tenant labels from :class:`TenantLabels`)."""
+        key = (id(family), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = family.labels(*labels)
+        return found  # type: ignore[return-value]
 
     def request_series(self, tenant_label: str, model: str, status: int) -> RequestSeries:
         """The children of the per-request metrics for these labels, looked up once and kept (tenant

@@ -177,7 +177,7 @@ class Scheduler:
             slot = await waiter
         except asyncio.CancelledError:
             if self._waiters.pop(req.rid, None) is not None:
-                m.scheduler_outcomes.labels(req.band, label, "cancelled").inc()
+                m.child(m.scheduler_outcomes, req.band, label, "cancelled").inc()
                 self._apply(self._core.cancel(req.rid, self._clock()))
             elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.release(waiter.result(), ok=False)  # dispatched in the same instant
@@ -189,8 +189,8 @@ class Scheduler:
         finally:
             self._tenants.pop(req.rid, None)
             self._gauge_depth(req.band)
-        m.queue_wait.labels(req.band).observe(max(0.0, self._clock() - now))
-        m.scheduler_outcomes.labels(req.band, label, "admitted").inc()
+        m.child(m.queue_wait, req.band).observe(max(0.0, self._clock() - now))
+        m.child(m.scheduler_outcomes, req.band, label, "admitted").inc()
         return slot
 
     def first_token(self, slot: Slot, cached_tokens: int | None = None) -> None:
@@ -264,7 +264,7 @@ class Scheduler:
             if isinstance(d, Dispatch):
                 cost = self._costs.get(d.rid, 0)
                 self._pool.acquire(d.worker, cost)
-                m.routing_decisions.labels(self._settings.routing.policy, d.route.reason).inc()
+                m.child(m.routing_decisions, self._settings.routing.policy, d.route.reason).inc()
                 m.routing_predicted_cached_chars.inc(d.route.matched_chars)
                 slot = Slot(d.rid, d.worker, cost, d.route)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot straight back
@@ -275,15 +275,15 @@ class Scheduler:
             self._costs.pop(d.rid, None)
             tenant = self._tenants.get(d.rid, "-")
             if isinstance(d, Shed):
-                m.shed.labels(d.band, d.reason).inc()
-                m.scheduler_outcomes.labels(d.band, tenant, "shed").inc()
+                m.child(m.shed, d.band, d.reason).inc()
+                m.child(m.scheduler_outcomes, d.band, tenant, "shed").inc()
                 error: Exception = (
                     NoWorkerAvailable("No healthy worker is available; retry shortly.", retry_after_s=1.0)
                     if d.reason == "no_worker"
                     else Overloaded(_shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s))
                 )
             else:
-                m.scheduler_outcomes.labels(d.band, tenant, "expired").inc()
+                m.child(m.scheduler_outcomes, d.band, tenant, "expired").inc()
                 goal = self._settings.priority_classes[d.band].ttft_goal_ms
                 error = QueueTimeout(
                     f"Queued {d.waited_s * 1000:.0f} ms; the '{d.band}' class's time-to-first-token goal "
@@ -311,7 +311,7 @@ class Scheduler:
         self._apply(self._core.tick(self._clock()))
 
     def _gauge_depth(self, band: str) -> None:
-        self._metrics.queue_depth.labels(band).set(self._core.depth(band))
+        self._metrics.child(self._metrics.queue_depth, band).set(self._core.depth(band))
 
     # -- workers -------------------------------------------------------------------------------------
     def _sync_workers(self, now: float) -> None:
