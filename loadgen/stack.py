@@ -101,7 +101,7 @@ class LocalStack:
             **os.environ,
             "RADIXGATE_PORT": str(self.port),
             "RADIXGATE_ADMIN_TOKEN": self.admin_token,
-            "RADIXGATE_KEY_PEPPER": secrets.token_hex(16),
+            "RADIXGATE_KEY_PEPPER": os.environ.get("RADIXGATE_KEY_PEPPER") or secrets.token_hex(16),
             "RADIXGATE_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
             **(
                 {"RADIXGATE_ENGINE__LAUNCH": "true", "RADIXGATE_ENGINE__BASE_PORT": str(free_port())}

@@ -57,7 +57,9 @@ def run_requests(stack: LocalStack) -> None:
     )
     model = admin.get("/v1/models", headers={"Authorization": f"Bearer {acme_key}"}).json()["data"][0]["id"]
 
-    acme = openai.OpenAI(base_url=f"{base}/v1", api_key=acme_key, max_retries=0)
+    # a 503 (shed: the worker is busy, e.g. still warming up on a loaded machine) carries Retry-After,
+    # which the client honours on its retries
+    acme = openai.OpenAI(base_url=f"{base}/v1", api_key=acme_key, max_retries=4)
     print(f"\n== 2. chat requests from 'acme' to {model}, sharing one system prompt")
     for i, question in enumerate(QUESTIONS):
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
