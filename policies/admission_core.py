@@ -342,7 +342,11 @@ class AdmissionCore:
                 matched = matches.get(choice.url, 0)
                 rate = matched / len(req.prompt) if req.prompt else 0.0
                 route = RouteDecision(choice.url, "spill", matched, rate)
-        if cfg.slo_admission and not cls.serve_late:
+        # a request whose own prefill, on an idle engine, already misses its goal is not refused for it
+        # while its worker has no queue: no retry would ever meet the goal, and serving it costs no one
+        # (behind a queue it is shed: past capacity its late answer would displace work that is on time)
+        beyond_goal = choice.est.engine_ttft(uncached, now) > budget and len(choice.bands) == 0
+        if cfg.slo_admission and not cls.serve_late and not beyond_goal:
             if predicted > budget:
                 retry = max(_RETRY_MIN_S, predicted - budget)
                 return Shed(req.rid, req.band, "predicted_ttft", retry, predicted)
@@ -352,6 +356,7 @@ class AdmissionCore:
                 return Shed(req.rid, req.band, "costly_miss", self._retry_after(cls), predicted)
         self.router.commit(choice.url, req.prompt, now)
         e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
+        e.beyond_goal = beyond_goal and cfg.slo_admission and not cls.serve_late
         e.deadline = self._deadline(e, choice, now)
         flow = req.tenant if cfg.fair_queuing else "*"
         e.item = QueuedItem(e, flow, req.weight, float(req.cost), req.band, now, e.deadline)
@@ -370,13 +375,15 @@ class AdmissionCore:
         cap = arrival + cls.max_wait_s if cls.max_wait_s is not None else float("inf")
         if not self.config.slo_admission:
             return min(cap, arrival + cls.ttft_goal_s) if cls.max_wait_s is None else cap
+        if e.beyond_goal:
+            return min(cap, arrival + cls.ttft_goal_s)
         # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
         return min(cap, arrival + cls.ttft_goal_s - w.engine_ttft(e.uncached, cls.rank, now))
 
     def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
-        if not self.config.slo_admission or e.cls.serve_late:
+        if not self.config.slo_admission or e.cls.serve_late or e.beyond_goal:
             return False
         engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now)
         first_token = now + engine * (1.0 + self.config.dispatch_margin)

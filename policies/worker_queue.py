@@ -44,6 +44,9 @@ class Entry:
         dispatched_at: when it was dispatched, s (None while queued).
         backlog_at_dispatch: the worker's prefill backlog when it was dispatched, tokens.
         first_token_seen: its prefill is over (first token reported, assumed, or it ended).
+        beyond_goal: its own prefill alone cannot meet its class's goal (a long prompt on a slow engine):
+            admitted only to a worker with an empty queue, it may then wait up to its goal and is
+            dispatched even when late (refusing it would refuse it on every retry).
     """
 
     req: AdmissionRequest
@@ -57,6 +60,7 @@ class Entry:
     dispatched_at: float | None = None
     backlog_at_dispatch: int = 0
     first_token_seen: bool = False
+    beyond_goal: bool = False
 
 
 @dataclass(slots=True, eq=False)

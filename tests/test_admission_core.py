@@ -125,6 +125,22 @@ def test_a_request_predicted_to_miss_its_goal_is_shed_at_arrival_unless_late_is_
     assert not any(late_ok)  # batch serves late answers: queued, never shed
 
 
+def test_a_goal_no_engine_can_meet_is_served_on_an_idle_worker_and_shed_behind_a_queue() -> None:
+    # the engine needs > 0.6 s for any prefill: no interactive request (0.5 s goal) can ever meet its goal
+    c = core(window=1, estimates=EstimateConfig(min_history_s=1.0, ttft_alpha=0.5))
+    t = warm(c, W1, 0.0, per_s=0.5, ttft=1.2, seconds=20)
+    assert c._workers[W1].est.engine_ttft(10, t) > 0.6
+    first = c.arrive(req("alone", "interactive", at=t), t)
+    assert ids(first, Dispatch) == ["alone"]  # idle worker: served late rather than refused on every retry
+    assert c.arrive(req("next", "interactive", at=t), t) == []  # empty queue: waits up to its goal
+    behind = c.arrive(req("behind", "interactive", at=t), t)  # a queue ahead: its late answer would cost
+    assert [(d.rid, d.reason) for d in behind if isinstance(d, Shed)] == [("behind", "predicted_ttft")]
+    (d,) = c.finish("alone", t + 0.3)
+    assert isinstance(d, Dispatch) and d.rid == "next"  # late at dispatch, still served
+    c.arrive(req("waits", "interactive", at=t + 0.3), t + 0.3)
+    assert ids(c.tick(t + 0.3 + 0.5), Expire) == ["waits"]  # but it waits no longer than its goal
+
+
 def test_queued_requests_expire_at_their_deadline_and_are_never_dispatched_late() -> None:
     c = core(window=1)
     c.arrive(req("hold"), 0.0)
