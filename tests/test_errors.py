@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from service.api.errors import http_status, to_api_error
+from service.api.errors import http_status, to_api_error, validation_error
+from service.api.protocol import ChatCompletionRequest
 from service.errors import (
     GatewayError,
     InvalidRequest,
@@ -49,3 +51,37 @@ def test_each_domain_error_has_one_status_and_shape(
     assert (api.status, body["code"], body["message"]) == (status, code, error.message)
     assert body["param"] == error.param
     assert api.headers.get("Retry-After") == retry_after
+
+
+_MSG = {"role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "param", "code"),
+    [
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "invalid_value"),
+        (  # of the union's errors, the one that goes deepest into what was sent
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0.text",
+            "invalid_value",
+        ),
+        ({"stop": [1]}, "stop.0", "invalid_value"),
+        (
+            {"tool_choice": {"type": "function", "function": {}}},
+            "tool_choice.function.name",
+            "missing_required_parameter",
+        ),
+        ({"temperature": "hot"}, "temperature", "invalid_value"),
+        ({"bogus": 1}, "bogus", "unknown_parameter"),
+    ],
+)
+def test_validation_errors_name_the_parameter_sent_not_pydantic_s_union_member(
+    changes: dict[str, object], param: str, code: str
+) -> None:
+    body = {"model": "m", "messages": [_MSG], **changes}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    err = validation_error(info.value, body).body()["error"]
+    assert (err["param"], err["code"]) == (param, code)
+    assert "str" not in err["param"].split(".") and "[" not in err["param"]
+    assert param in err["message"]

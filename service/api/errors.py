@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -109,13 +109,52 @@ def error_response(err: APIError) -> JSONResponse:
     return FastJSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def validation_error(exc: RequestValidationError | Exception) -> APIError:
-    """Turn a pydantic/FastAPI validation failure into OpenAI's 400 ``invalid_request_error``."""
+def _param_path(loc: Sequence[Any], body: Any, missing: bool) -> tuple[list[str], int]:
+    """The request parameter an error's ``loc`` names, as path parts, and how many of them the body has.
+
+    pydantic puts the member of a union that failed into ``loc`` (``str``, ``list[TextPart]``, a tag):
+    those parts are not in the request, so they are left out, walking ``body`` along the path. Without a
+    body (None) every part is kept but the ones that look like type names. A missing field's last part is
+    kept (it is missing from the body by definition)."""
+    parts = [p for p in loc if p != "body"]
+    out: list[str] = []
+    node, found = body, 0
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(part, int):
+            if isinstance(node, list) and 0 <= part < len(node):
+                node, found = node[part], found + 1
+            else:
+                node = None
+            out.append(str(part))
+        elif isinstance(node, dict) and part in node:
+            node, found = node[part], found + 1
+            out.append(part)
+        elif (missing and last) or (body is None and not _looks_like_a_type(part)):
+            out.append(str(part))
+            node = None
+    return out, found
+
+
+def _looks_like_a_type(part: str) -> bool:
+    return part in {"str", "int", "float", "bool", "none"} or any(c in part for c in "[-'")
+
+
+def validation_error(exc: RequestValidationError | Exception, body: Any = None) -> APIError:
+    """Turn a pydantic/FastAPI validation failure into OpenAI's 400 ``invalid_request_error``.
+
+    ``body``: the JSON the request sent, when known; it names the parameter precisely (``param``): of a
+    union's several errors the one that goes deepest into what was sent is reported, and pydantic's union
+    members (``str``, ``list[...]``) are left out of the path."""
     errors = exc.errors() if hasattr(exc, "errors") else []
     if not errors:
         return APIError(400, str(exc), code="invalid_request")
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    if body is None and isinstance(exc, RequestValidationError):
+        body = exc.body
+    ranked = [
+        (_param_path(e.get("loc", ()), body, e.get("type") == "missing"), n, e) for n, e in enumerate(errors)
+    ]
+    (loc, _), _, first = max(ranked, key=lambda r: (r[0][1], -r[1]))
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
         return APIError(

@@ -37,7 +37,7 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise validation_error(exc) from exc
+        raise validation_error(exc, body) from exc
 
 
 async def _serve(

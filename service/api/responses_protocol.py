@@ -310,7 +310,7 @@ def parse_responses(body: Mapping[str, Any]) -> ResponsesRequest:
     try:
         return ResponsesRequest.model_validate(kept)
     except ValidationError as exc:
-        raise validation_error(exc) from exc
+        raise validation_error(exc, kept) from exc
 
 
 def _messages(req: ResponsesRequest) -> list[ChatMessage]:
