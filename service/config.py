@@ -173,6 +173,9 @@ class ApiSettings(BaseModel):
     """Limits and defaults of the OpenAI-compatible API."""
 
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted, bytes.")
+    body_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Longest time to receive a whole request body (slow senders: 408), s."
+    )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none, tokens.")
     context_length: int = Field(8192, ge=16, description="Prompt + completion limit of the model, tokens.")
     tokenizer_path: Path | None = Field(

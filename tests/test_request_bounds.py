@@ -8,9 +8,12 @@ engine.
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -43,7 +46,7 @@ def gateway(redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]) 
             "redis": {"url": redis_url, "key_prefix": "bounds:"},
             "engine": {"served_model_name": MODEL},
             "upstream": {"workers": [fake[1]], "health_interval_s": 0.2},
-            "api": {"tokenizer_path": str(stub_model_dir), "context_length": 512},
+            "api": {"tokenizer_path": str(stub_model_dir), "context_length": 512, "body_timeout_s": 1.0},
         }
     )
     with ThreadedServer(create_app(settings)) as server:
@@ -252,3 +255,32 @@ def test_degenerate_stop_sequences_are_normalised_before_the_engine(
     for route, body in (("/v1/completions", text(stop=stop)), ("/v1/chat/completions", chat(stop=stop))):
         assert http.post(route, json=body, headers=auth(key)).status_code == 200
         assert fake[0].received[-1]["sampling_params"].get("stop") == sent
+
+
+def test_a_body_that_stalls_gets_408_within_the_body_timeout_and_costs_nothing(
+    gateway: str, http: httpx.Client, fake: tuple[FakeWorker, str]
+) -> None:
+    tenant, key = new_tenant(http, quotas={"requests_per_min": 100})
+    body = json.dumps(chat(max_tokens=4)).encode()
+    url = urlsplit(gateway)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.hostname}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body) + 100}\r\n\r\n"
+    )
+    t0 = time.monotonic()
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)  # 100 bytes short of what it declared, then nothing
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    waited = time.monotonic() - t0
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] == b"408", answer
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+    assert 0.9 <= waited < 5
+    assert fake[0].received == []
+    assert usage_of(http, tenant)["requests"] == 0

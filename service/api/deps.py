@@ -8,6 +8,7 @@ the other routes use them through the ``...Dep`` aliases.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -122,22 +123,35 @@ def decode_json(raw: bytes) -> Any:
     return json.loads(raw, parse_constant=_not_json)
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """Read and decode the JSON body, at most ``limit`` bytes.
+async def read_json(request: Request, limit: int, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Read and decode the JSON body, at most ``limit`` bytes within ``timeout_s`` seconds.
 
     Raises:
-        APIError: 413 body too large; 400 not JSON (also ``NaN``/``Infinity``) or not an object.
+        APIError: 413 body too large; 408 the body did not arrive in time (a slow or stalled sender, e.g. a
+            Content-Length larger than what it sends, would otherwise hold a connection and a task);
+            400 not JSON (also ``NaN``/``Infinity``) or not an object.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(
+                        413, f"Request body is larger than {limit} bytes.", code="request_too_large"
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"The request body did not arrive within {timeout_s:g} s ({size} bytes received).",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
     try:
         payload = decode_json(chunks[0] if len(chunks) == 1 else b"".join(chunks))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -153,7 +167,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 async def json_body(request: Request, state: StateDep) -> dict[str, Any]:
     """:func:`read_json` bounded by ``api.max_body_bytes``, as a dependency."""
-    return await read_json(request, state.settings.api.max_body_bytes)
+    api = state.settings.api
+    return await read_json(request, api.max_body_bytes, api.body_timeout_s)
 
 
 JsonBody = Annotated[dict[str, Any], Depends(json_body)]

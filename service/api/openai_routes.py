@@ -87,7 +87,7 @@ async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
-    body = await read_json(request, state.settings.api.max_body_bytes)
+    body = await read_json(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     return await _serve(request, state, tenant, parse(ChatCompletionRequest, screen_chat(body)))
 
 
@@ -96,7 +96,7 @@ async def completions(request: Request) -> Response:
     """``POST /v1/completions`` (one prompt; stream and non-stream)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
-    body = await read_json(request, state.settings.api.max_body_bytes)
+    body = await read_json(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     return await _serve(request, state, tenant, parse(CompletionRequest, screen_completion(body)))
 
 
@@ -106,7 +106,9 @@ async def responses(request: Request) -> Response:
     :mod:`service.api.responses_protocol`)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
-    req = parse_responses(await read_json(request, state.settings.api.max_body_bytes))
+    req = parse_responses(
+        await read_json(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
+    )
     echo = req.echo()
 
     def shaper(prepared: PreparedRequest) -> Shaper:
