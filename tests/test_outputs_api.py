@@ -194,6 +194,19 @@ def test_n_above_the_setting_gets_400(http: httpx.Client, worker: FakeWorker, se
     assert worker.received == [] and usage_of(http, tenant_id)["requests"] == 0
 
 
+def _objects(properties: int) -> dict[str, Any]:
+    """An object schema with ``properties`` string properties."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(properties)}}
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    """Objects nested ``levels`` deep."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"inner": schema}}
+    return schema
+
+
 @pytest.mark.parametrize(
     ("schema", "problem"),
     [
@@ -208,9 +221,15 @@ def test_n_above_the_setting_gets_400(http: httpx.Client, worker: FakeWorker, se
           "$ref": "#/$defs/n"}, None),  # recursion through a schema (a tree) compiles
         ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "string"}}}, None),
         (SCHEMA, None),
+        (_objects(5000), None),  # OpenAI's limits: 5,000 properties, 10 levels, 1,000 enum values
+        (_objects(5001), "5000 object properties"),
+        (_nested(10), None),
+        (_nested(11), "deeper than 10"),
+        ({"type": "string", "enum": [str(i) for i in range(1000)]}, None),
+        ({"type": "object", "properties": {k: {"enum": list(range(501))} for k in "ab"}}, "1000 enum"),
     ],
 )  # fmt: skip
-def test_schema_references_the_grammar_compiler_cannot_take_are_refused(
+def test_schemas_the_grammar_compiler_cannot_take_or_that_exceed_openai_s_limits_are_refused(
     schema: dict[str, Any], problem: str | None
 ) -> None:
     found = check_schema(schema)

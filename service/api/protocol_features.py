@@ -24,6 +24,13 @@ FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_TOOLS = 128
 """Functions per request (OpenAI's limit)."""
 
+MAX_SCHEMA_PROPERTIES = 5000
+MAX_SCHEMA_DEPTH = 10
+MAX_SCHEMA_ENUM_VALUES = 1000
+"""Size of one JSON schema: object properties in all, nesting of objects, enum values in all (OpenAI's
+structured-outputs limits). The engine compiles a grammar from the schema before it decodes a token, and
+that cost grows with its size (3,000 properties held a CPU worker for 87 s)."""
+
 
 def check_schema(schema: Any) -> str | None:
     """Why ``schema`` is not a usable JSON schema (Draft 2020-12 meta-schema), or None when it is."""
@@ -33,7 +40,34 @@ def check_schema(schema: Any) -> str | None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         return f"not a valid JSON schema: {exc.message}"
-    return _ref_problem(schema)
+    return _size_problem(schema) or _ref_problem(schema)
+
+
+def _size_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` is larger than :data:`MAX_SCHEMA_PROPERTIES` / ``_DEPTH`` / ``_ENUM_VALUES`` allow."""
+    properties = enums = 0
+    stack: list[tuple[Any, int]] = [(schema, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, depth) for item in node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        props = node.get("properties")
+        if isinstance(props, dict):
+            properties += len(props)
+            depth += 1
+            if depth > MAX_SCHEMA_DEPTH:
+                return f"objects nest deeper than {MAX_SCHEMA_DEPTH} levels"
+        if isinstance(node.get("enum"), list):
+            enums += len(node["enum"])
+        if properties > MAX_SCHEMA_PROPERTIES:
+            return f"more than {MAX_SCHEMA_PROPERTIES} object properties in all"
+        if enums > MAX_SCHEMA_ENUM_VALUES:
+            return f"more than {MAX_SCHEMA_ENUM_VALUES} enum values in all"
+        stack.extend((value, depth) for key, value in node.items() if key != "enum")
+    return None
 
 
 _ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment"})
