@@ -159,7 +159,18 @@ BAD_INPUTS: list[tuple[str, Any, int, str]] = [
         "invalid_prompt",
     ),
     ("stream not a bool", chat(stream="yes"), 400, "invalid_value"),
-    ("user message without content", {"model": MODEL, "messages": [{"role": "user"}]}, 400, "invalid_value"),
+    (
+        "user message without content",
+        {"model": MODEL, "messages": [{"role": "user"}]},
+        400,
+        "missing_required_parameter",
+    ),
+    (
+        "tool message without tool_call_id",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "4"}]},
+        400,
+        "missing_required_parameter",
+    ),
     ("two different max token limits", chat(max_tokens=5, max_completion_tokens=6), 400, "invalid_value"),
     ("prompt over context", chat("word " * 600), 400, "context_length_exceeded"),
 ]

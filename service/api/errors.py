@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.protocol import MESSAGE_FIELD_INVALID, MESSAGE_FIELD_MISSING
 from service.errors import (
     GatewayError,
     InvalidRequest,
@@ -116,12 +117,23 @@ def validation_error(exc: RequestValidationError | Exception) -> APIError:
         return APIError(400, str(exc), code="invalid_request")
     first = errors[0]
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    kind = first.get("type")
+    if kind in (MESSAGE_FIELD_MISSING, MESSAGE_FIELD_INVALID):  # a message shape rule: name the field
+        loc.append(str((first.get("ctx") or {}).get("field")))
     param = ".".join(loc) or None
-    if first.get("type") == "extra_forbidden":
+    if kind == MESSAGE_FIELD_MISSING:
+        msg = str(first.get("msg", ""))
+        return APIError(
+            400,
+            f"Missing required parameter: '{param}'; {msg}.",
+            code="missing_required_parameter",
+            param=param,
+        )
+    if kind == "extra_forbidden":
         return APIError(
             400, f"Unrecognized request argument supplied: {param}", code="unknown_parameter", param=param
         )
-    if first.get("type") == "missing":
+    if kind == "missing":
         return APIError(
             400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param
         )
