@@ -120,9 +120,10 @@ def test_unknown_worker_count_charges_the_prompt_part_of_the_reservation(
     assert too_large.status_code == 413
     prompt = int(too_large.json()["error"]["message"].split("(prompt ")[1].split(" ")[0])
     http = gateways["no_counts"]
-    for stream in (False, True):  # a stream left before its first token gave no count either
+    # a stream left before its first token gave no count either, nor n choices before their first
+    for extra in ({"stream": False}, {"stream": True}, {"n": 2}):
         tenant_id, key = new_tenant(http)
-        leave_after(http, key, chat(max_tokens=8, stream=stream), 0.1)
+        leave_after(http, key, chat(max_tokens=8, **extra), 0.1)
         usage = settled_usage(http, tenant_id)
         assert (usage["requests"], usage["errors"]) == (1, 0), usage
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, 0), usage
