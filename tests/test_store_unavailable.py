@@ -85,7 +85,7 @@ def test_burst_over_two_replicas_with_small_pools_gives_no_5xx_but_503(
     worker.delay_s = 0.05
     small = {
         # auth from Redis on every request (no cache): enough round trips to run a pool of 3 dry
-        "redis": {"max_connections": 3, "pool_timeout_s": 0.25, "auth_cache_ttl_s": 0},
+        "redis": {"max_connections": 3, "pool_timeout_s": 0.02, "auth_cache_ttl_s": 0},
         "upstream": {"max_connections": 2, "pool_timeout_s": 0.1},
     }
     apps = [create_app(settings_for(redis_url, stub_model_dir, fake[1], "burst:", **small)) for _ in range(2)]
