@@ -27,6 +27,7 @@ from service.logs import configure_logging
 from service.metrics import GatewayMetrics
 from service.prompting import PromptRenderer
 from service.scheduler import Scheduler
+from service.settlement import Settler
 from service.state import GatewayState
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
@@ -191,7 +192,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
         scheduler = Scheduler(settings, pool, client, metrics)
         await scheduler.start()
-        dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler)
+        settler = Settler(quota, settings.redis, metrics)
+        dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler, settler)
         registry = WorkerRegistry(redis, prefix)
         background.append(
             asyncio.create_task(sync_loop(pool, registry, up.health_interval_s), name="worker-registry")
@@ -203,8 +205,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            await scheduler.stop()
-            await pool.stop()
+            try:
+                await scheduler.stop()
+                await pool.stop()
+            finally:  # the requests have ended: land the settles still being retried, while Redis is open
+                await settler.drain()
     finally:
         for task in background:
             task.cancel()

@@ -61,6 +61,44 @@ class RedisSettings(BaseModel):
     auth_cache_entries: int = Field(
         10_000, ge=1, description="API keys a replica remembers at most (oldest dropped first)."
     )
+    settle_retries: int = Field(
+        8,
+        ge=0,
+        description="Background retries of a served request's settle (charge and usage) that failed on the "
+        "response path because Redis was exhausted or slow; after the last it is counted lost.",
+    )
+    settle_backoff_s: float = Field(
+        0.1, gt=0, description="Base of the jittered exponential backoff between settle retries, s."
+    )
+    settle_backoff_max_s: float = Field(
+        5.0, gt=0, description="Longest backoff between two settle retries, s."
+    )
+    settle_queue_max: int = Field(
+        10_000,
+        ge=1,
+        description="Settles a replica retries at once at most; one more is counted lost at once.",
+    )
+    settle_drain_s: float = Field(
+        10.0,
+        ge=0,
+        description="At shutdown, longest wait for the settles still being retried, s (then counted lost).",
+    )
+
+    @property
+    def settle_window_s(self) -> float:
+        """Longest time from a request's first settle try to its last retry, s: every backoff at its cap
+        and every try waiting out the pool and the socket timeouts."""
+        backoffs = sum(
+            min(self.settle_backoff_max_s, self.settle_backoff_s * (1 << min(k, 30)))
+            for k in range(self.settle_retries)
+        )
+        return backoffs + (self.settle_retries + 1) * (self.pool_timeout_s + self.socket_timeout_s)
+
+    @property
+    def settle_marker_ttl_s(self) -> int:
+        """Lifetime of a request's "settled" marker, whole s: twice the retry window and the shutdown
+        drain, plus a minute, so a retry never outlives the marker that makes it a no-op."""
+        return int(2 * (self.settle_window_s + self.settle_drain_s)) + 60
 
 
 class EngineSettings(BaseModel):
@@ -164,6 +202,12 @@ class UpstreamSettings(BaseModel):
         0.05, ge=0, description="Base of the jittered exponential backoff between attempts, s."
     )
     max_attempts: int = Field(2, ge=1, description="Attempts before the first token (other workers).")
+    abort_grace_s: float = Field(
+        1.0,
+        ge=0,
+        description="After a non-streamed request's client left, longest wait for the worker's answer to "
+        "the abort (the tokens it computed, which are charged), s.",
+    )
     send_priority: bool = Field(
         True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."
     )

@@ -8,11 +8,16 @@
    (priority bands, fair queuing, shedding; it routes the request), then call SGLang ``/generate``
    through :class:`service.upstream.UpstreamCaller` (retries, mid-stream resume, circuit breakers).
 4. Settle once, whatever happened: reconcile the reservation with the real usage (refund on failure or
-   cancellation) and record usage in one atomic Redis call (:meth:`QuotaLimiter.settle`), then
+   cancellation) and record usage in one atomic Redis call (:meth:`QuotaLimiter.settle`, through
+   :class:`service.settlement.Settler`, which retries it in the background when Redis is short), then
    metrics and one log line.
 
 Cancellation (client gone) raises ``CancelledError`` inside 3; the settle step runs shielded, aborts the
-upstream request and refunds what was not used.
+upstream request and refunds what was not used. What a worker computed for a request before its client
+left is charged, streamed or not: the prompt and the completion tokens the worker reported (a
+non-streamed answer's counts come with the worker's answer to the abort), or the reservation's prompt
+part when the worker reported nothing. A request whose client left before it reached a worker is
+refunded in full.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from service.openai.shapes import ChatShaper, Shaper, TextShaper
 from service.preparation import PreparedRequest, RequestPreparer
 from service.prompting import PromptRenderer
 from service.scheduler import Scheduler
+from service.settlement import Settlement, Settler
 from service.upstream import Outcome, UpstreamCaller
 from service.workers.client import SGLangClient, UpstreamChunk
 from service.workers.pool import WorkerPool
@@ -83,6 +89,8 @@ class Dispatcher:
         pool: workers.
         client: SGLang HTTP client.
         metrics: the app's metrics.
+        scheduler: the gateway's queue.
+        settler: settles requests (retrying in the background when Redis is short).
     """
 
     def __init__(
@@ -95,6 +103,7 @@ class Dispatcher:
         client: SGLangClient,
         metrics: GatewayMetrics,
         scheduler: Scheduler,
+        settler: Settler,
     ) -> None:
         self._settings = settings
         self._preparer = RequestPreparer(
@@ -107,6 +116,7 @@ class Dispatcher:
         self._usage = usage
         self._client = client
         self._metrics = metrics
+        self._settler = settler
 
     # 1. validation -------------------------------------------------------------------------------
     def prepare(
@@ -134,9 +144,14 @@ class Dispatcher:
             raise Unauthenticated("Incorrect API key provided.") from exc
         if decision.allowed:
             return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch)
-        self._metrics.quota_rejections.labels(self._metrics.tenant(tenant.id), decision.limiting).inc()
-        try:  # bookkeeping only: the 429 stands without it
-            await self._usage.record(tenant.id, tenant.epoch, quota_rejections=1)
+        # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
+        reason = "exceeds_burst" if decision.never else "rate_limited"
+        self._metrics.quota_rejections.labels(
+            self._metrics.tenant(tenant.id), decision.limiting, reason
+        ).inc()
+        counter = "oversized_rejections" if decision.never else "quota_rejections"
+        try:  # bookkeeping only: the 429 or 413 stands without it
+            await self._usage.record(tenant.id, tenant.epoch, **{counter: 1})
         except StoreUnavailable:
             log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
         if decision.never:
@@ -274,39 +289,43 @@ class Dispatcher:
     async def _abort(self, prepared: PreparedRequest, choices: Sequence[Outcome]) -> None:
         """Ask the workers to drop the choices that did not finish."""
         for choice in choices:
-            if not choice.finished and choice.worker is not None:
+            if not choice.finished and not choice.aborted and choice.worker is not None:
                 await self._client.abort(choice.worker, choice.upstream_rid or prepared.rid)
 
     # 4. settle -------------------------------------------------------------------------------------
     async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
-        """Reconcile quota, record usage and metrics, and log one line. Never raises."""
+        """Reconcile quota, record usage and metrics, and log one line. Never raises.
+
+        Charged: a served answer (finished, or streamed in part), and one whose client left (499) while a
+        worker had it: the worker's counts, or the reservation's prompt part when it gave none. Refunded
+        in full: everything else. A 499 is the client's choice, not an error.
+        """
         tenant_id = prepared.tenant.id
-        served = outcome.finished or outcome.streamed_any
-        try:
-            if served:
-                if not outcome.prompt_tokens:
-                    outcome.prompt_tokens = prepared.prompt.num_tokens
-                usage = {
-                    "requests": 1,
-                    "errors": int(outcome.status != 200),
-                    "prompt_tokens": outcome.prompt_tokens,
-                    "completion_tokens": outcome.completion_tokens,
-                    "cached_tokens": outcome.cached_tokens,
-                }
-                used: int | None = outcome.prompt_tokens + outcome.completion_tokens
-            else:
-                usage, used = {"errors": int(outcome.status not in (200, 499))}, None  # refund it all
-            await self._quota.settle(reservation, used, usage)  # one round trip: buckets and usage
-        except Exception:  # Redis unavailable (or worse) after the answer: keep the answer, count it
-            self._metrics.settle_failures.inc()
-            log.exception("settle_failed", request_id=prepared.rid, tenant=tenant_id)
+        abandoned = outcome.status == 499 and outcome.dispatched
+        charged = outcome.finished or outcome.streamed_any or abandoned
+        errors = int(outcome.status not in (200, 499))
+        if charged:
+            if not outcome.prompt_tokens:  # the worker's count is unknown: the reservation's prompt part
+                outcome.prompt_tokens = prepared.prompt.num_tokens
+            usage = {
+                "requests": 1,
+                "errors": errors,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "cached_tokens": outcome.cached_tokens,
+            }
+            used: int | None = outcome.prompt_tokens + outcome.completion_tokens
+        else:
+            usage, used = {"errors": errors}, None  # refund it all
+        # one round trip for buckets and usage; retried in the background if Redis is short
+        await self._settler.settle(Settlement(prepared.rid, reservation, used, usage))
         latency = time.perf_counter() - prepared.arrival
         m = self._metrics.request_series(self._metrics.tenant(tenant_id), prepared.model, outcome.status)
         m.requests.inc()
         m.e2e.observe(latency)
         if outcome.ttft_s is not None:
             m.ttft.observe(outcome.ttft_s)
-        if served:
+        if charged:
             m.prompt_tokens.inc(outcome.prompt_tokens)
             m.completion_tokens.inc(outcome.completion_tokens)
             m.cached_tokens.inc(outcome.cached_tokens)

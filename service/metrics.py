@@ -101,8 +101,9 @@ class GatewayMetrics:
         )
         self.quota_rejections = Counter(
             "radixgate_quota_rejections_total",
-            "Requests refused by a token bucket.",
-            ["tenant", "bucket"],
+            "Requests refused by a token bucket, per reason: rate_limited (429, the bucket is short for "
+            "now) or exceeds_burst (413, the request needs more than the bucket's burst and can never pass).",
+            ["tenant", "bucket", "reason"],
             registry=registry,
         )
         self.upstream_errors = Counter(
@@ -189,7 +190,18 @@ class GatewayMetrics:
         )
         self.settle_failures = Counter(
             "radixgate_settle_failures_total",
-            "Requests whose quota reconcile or usage record failed after the answer (answer kept).",
+            "Requests whose settle (quota reconcile and usage record) was given up: background retries "
+            "spent, a script error, too many pending, or shutdown (answer kept; logged as settle_lost).",
+            registry=registry,
+        )
+        self.settle_deferred = Counter(
+            "radixgate_settle_deferred_total",
+            "Settles that failed on the response path (Redis unavailable) and went to background retries.",
+            registry=registry,
+        )
+        self.settle_pending = Gauge(
+            "radixgate_settle_pending",
+            "Settles being retried in the background now.",
             registry=registry,
         )
         self.worker_healthy = Gauge(

@@ -17,10 +17,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
 
 from service.config import Settings
 from service.errors import GatewayError, NoWorkerAvailable, UpstreamFailed, UpstreamRejected
@@ -50,6 +53,8 @@ class Outcome:
     slot: Slot | None = None
     upstream_rid: str | None = None  # SGLang rid of the attempt running now (resumes get a suffix)
     resume_mode: str | None = None  # "token_ids" (exact) or "text", once a stream was resumed
+    dispatched: bool = False  # an attempt was sent to a worker and has not failed (it may be computing)
+    aborted: bool = False  # the gateway already asked the worker to abort it
 
 
 @dataclass(slots=True)
@@ -174,9 +179,16 @@ class UpstreamCaller:
         last_error: GatewayError | None = None
         while True:
             worker = await self._next_worker(prepared, outcome, tried, last_error)
+            outcome.dispatched = True
+            call = asyncio.ensure_future(self._client.generate(worker, prepared.body))
             try:
-                chunk = await self._client.generate(worker, prepared.body)
+                chunk = await asyncio.shield(call)  # the client leaving does not cut the worker call
+            except asyncio.CancelledError:
+                with anyio.CancelScope(shield=True):
+                    await self._abandon(worker, prepared, outcome, call)
+                raise
             except UpstreamError as exc:
+                outcome.dispatched = False
                 last_error = self._failed(exc, outcome)
                 if not self._may_retry(exc, outcome):
                     raise last_error from exc
@@ -186,6 +198,31 @@ class UpstreamCaller:
             self._count(outcome, chunk, 0)
             outcome.finished = True
             return chunk
+
+    async def _abandon(
+        self, worker: str, prepared: PreparedRequest, outcome: Outcome, call: asyncio.Future[UpstreamChunk]
+    ) -> None:
+        """The client left while ``worker`` computes a non-streamed answer: abort it there and read what it
+        computed from its answer to the abort (SGLang 0.5.23 answers a running request aborted through
+        ``/abort_request`` with its text and counts so far, ``finish_reason.type`` ``"abort"``; one still
+        waiting in its queue with no counts). Waits at most ``upstream.abort_grace_s``; counts nothing
+        when no answer comes (the caller then charges the reservation's prompt part)."""
+        outcome.aborted = True
+        await self._client.abort(worker, outcome.upstream_rid or prepared.rid)
+        chunk: UpstreamChunk | None = None
+        try:
+            chunk = await asyncio.wait_for(call, self._up.abort_grace_s)
+        except UpstreamError as exc:
+            chunk = exc.partial
+        except Exception:  # no answer within the grace (TimeoutError), or none readable: count unknown
+            pass
+        finally:
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(BaseException):
+                    await call
+        if chunk is not None:
+            self._count(outcome, chunk, 0)
 
     # -- streamed ------------------------------------------------------------------------------------
     async def stream(self, prepared: PreparedRequest, outcome: Outcome) -> AsyncIterator[UpstreamChunk]:
@@ -202,6 +239,7 @@ class UpstreamCaller:
         while True:
             worker = await self._next_worker(prepared, outcome, tried, last_error)
             first = True
+            outcome.dispatched = True
             try:
                 async for chunk in self._client.stream(worker, body):
                     if first and outcome.slot is not None:  # teaches the scheduler this worker's TTFT
@@ -222,6 +260,7 @@ class UpstreamCaller:
                 self._pool.record(worker, "request_ok")
                 return
             except UpstreamError as exc:
+                outcome.dispatched = False
                 last_error = self._failed(exc, outcome)
                 if not self._may_retry(exc, outcome) and not outcome.streamed_any:
                     raise last_error from exc

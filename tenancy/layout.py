@@ -9,6 +9,7 @@ key                                holds
 ``P key:<key_id>``                 JSON :class:`~tenancy.models.ApiKeyRecord` (names its tenant)
 ``P bucket:<id>:requests|tokens``  token-bucket hashes (``level``, ``ts``), expire when full
 ``P usage:<id>``                   usage counters hash
+``P settled:<request_id>``         marker of a settled request (expires): a retried settle lands once
 =================================  ==================================================================
 
 A tenant owns its record, key set, key records, buckets and usage; deleting it removes all of them in
@@ -62,6 +63,10 @@ class KeyLayout:
     def usage(self, tenant_id: str) -> str:
         """A tenant's usage counters."""
         return f"{self.prefix}usage:{tenant_id}"
+
+    def settled(self, request_id: str) -> str:
+        """Marker of a request whose settle landed (``settle.lua``; expires, owned by no tenant)."""
+        return f"{self.prefix}settled:{request_id}"
 
 
 def lua(name: str, guarded: bool = False, buckets: bool = False) -> str:

@@ -161,6 +161,7 @@ USAGE_FIELDS = (
     "completion_tokens",
     "cached_tokens",
     "quota_rejections",
+    "oversized_rejections",
 )
 """The counters of :class:`Usage` (fields of the ``usage:<id>`` hash)."""
 
@@ -174,7 +175,10 @@ class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    quota_rejections: int = 0
+    quota_rejections: int = Field(0, description="Requests refused with 429 (a token bucket was short).")
+    oversized_rejections: int = Field(
+        0, description="Requests refused with 413: they need more than a bucket's burst, so never pass."
+    )
 
     @property
     def total_tokens(self) -> int:

@@ -190,6 +190,7 @@ class QuotaLimiter:
         used_tokens: int | None,
         usage: Mapping[str, int],
         now_ms: float | None = None,
+        once: tuple[str, int] | None = None,
     ) -> bool:
         """Settle a request and record its usage in one atomic round trip (``settle.lua``): what
         :meth:`reconcile` (``used_tokens`` given) or :meth:`refund` (None: nothing was served) and then
@@ -200,9 +201,13 @@ class QuotaLimiter:
             used_tokens: prompt + completion tokens served; None gives the whole reservation back.
             usage: usage field (of :class:`tenancy.models.Usage`) -> amount; zeros are skipped.
             now_ms: test hook; ``None`` uses Redis server time.
+            once: ``(request id, marker lifetime in s)``: the settle writes a marker
+                (:meth:`KeyLayout.settled`) and does nothing when it is already there, so a settle may
+                be retried after a timeout that hid whether it landed. None: no marker.
 
         Returns:
-            False when the reservation has an epoch and the tenant is gone (nothing written), else True.
+            False when the reservation has an epoch and the tenant is gone (nothing written), else True
+            (also when ``once`` found the request settled already).
 
         Raises:
             ValueError: an unknown usage field.
@@ -220,12 +225,14 @@ class QuotaLimiter:
         if not buckets and not counts:
             return True
         layout = self._layout
-        keys = [layout.tenant(r.tenant_id), layout.usage(r.tenant_id), *(b[1] for b in buckets)]
+        marker = layout.settled(once[0]) if once is not None else layout.settled("")
+        keys = [layout.tenant(r.tenant_id), layout.usage(r.tenant_id), marker, *(b[1] for b in buckets)]
         args: list[str | int] = [
             "" if now_ms is None else repr(float(now_ms)),
             "0" if r.epoch is None else "1",
             r.epoch or "",
             len(buckets),
+            "" if once is None else max(1, int(once[1])),
         ]
         for _, _, rate, cap, amount in buckets:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
 from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
@@ -158,7 +159,18 @@ BAD_INPUTS: list[tuple[str, Any, int, str]] = [
         "invalid_prompt",
     ),
     ("stream not a bool", chat(stream="yes"), 400, "invalid_value"),
-    ("user message without content", {"model": MODEL, "messages": [{"role": "user"}]}, 400, "invalid_value"),
+    (
+        "user message without content",
+        {"model": MODEL, "messages": [{"role": "user"}]},
+        400,
+        "missing_required_parameter",
+    ),
+    (
+        "tool message without tool_call_id",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "4"}]},
+        400,
+        "missing_required_parameter",
+    ),
     ("two different max token limits", chat(max_tokens=5, max_completion_tokens=6), 400, "invalid_value"),
     ("prompt over context", chat("word " * 600), 400, "context_length_exceeded"),
 ]
@@ -351,6 +363,8 @@ def test_429_with_retry_after_when_the_request_bucket_is_empty(
     assert len(worker.received) == 2
     usage = usage_of(http, tenant_id)
     assert usage["requests"] == 2 and usage["quota_rejections"] == 1
+    assert usage["oversized_rejections"] == 0
+    assert quota_rejections(http, tenant_id) == {("requests", "rate_limited"): 1.0}
 
 
 def test_429_on_tokens_and_refund_after_reconcile(http: httpx.Client, worker: FakeWorker) -> None:
@@ -365,11 +379,25 @@ def test_429_on_tokens_and_refund_after_reconcile(http: httpx.Client, worker: Fa
 
 
 def test_request_larger_than_the_burst_gets_413_not_429(http: httpx.Client, worker: FakeWorker) -> None:
-    _tenant_id, key = new_tenant(http, quotas={"tokens_per_min": 1000, "token_burst": 50})
+    tenant_id, key = new_tenant(http, quotas={"tokens_per_min": 1000, "token_burst": 50})
     resp = http.post("/v1/chat/completions", json=chat(max_tokens=100), headers=auth(key))
     err = assert_openai_error(resp, 413, "request_exceeds_burst")
     assert "burst" in err["message"] and "Retry-After" not in resp.headers
     assert worker.received == []
+    # the request's own size, not a rate limit: counted apart, so dashboards show no quota storm
+    assert quota_rejections(http, tenant_id) == {("tokens", "exceeds_burst"): 1.0}
+    usage = usage_of(http, tenant_id)
+    assert (usage["quota_rejections"], usage["oversized_rejections"]) == (0, 1)
+
+
+def quota_rejections(http: httpx.Client, tenant_id: str) -> dict[tuple[str, str], float]:
+    """``radixgate_quota_rejections_total`` of one tenant on /metrics: (bucket, reason) -> count."""
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == "radixgate_quota_rejections_total" and sample.labels["tenant"] == tenant_id:
+                out[(sample.labels["bucket"], sample.labels["reason"])] = sample.value
+    return out
 
 
 def test_upstream_500_gives_502_and_refunds(http: httpx.Client, worker: FakeWorker) -> None:

@@ -159,6 +159,30 @@ def test_disconnect_while_running_aborts_the_request_inside_the_worker(
     assert running_on_worker(engine_worker) == 0  # aborted long before its 400 tokens
 
 
+def test_non_streamed_request_left_while_running_is_charged_what_the_worker_computed(
+    gateway: str, engine_worker: WorkerProcess
+) -> None:
+    # SGLang answers a running request aborted through /abort_request with its counts so far: the
+    # gateway waits for that answer after the client left and charges it
+    tenant_id, key = tenant(gateway, "standard")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gateway}/v1/chat/completions",
+            json=body("Count to one thousand.", 400),
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=4.0,
+        )
+    deadline = time.monotonic() + 10
+    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+        usage = http.get(f"/admin/tenants/{tenant_id}/usage").json()
+        while not usage["requests"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            usage = http.get(f"/admin/tenants/{tenant_id}/usage").json()
+    assert usage["requests"] == 1 and usage["errors"] == 0, usage
+    assert usage["prompt_tokens"] > 5 and 0 < usage["completion_tokens"] < 400, usage
+    assert running_on_worker(engine_worker) == 0  # aborted long before its 400 tokens
+
+
 def test_disconnect_while_queued_refunds_the_reservation(gateway: str) -> None:
     # 'hog' fills the 2-request window; 'waiter' queues behind it, gives up, and must get its tokens back
     _, hog_key = tenant(gateway, "standard")

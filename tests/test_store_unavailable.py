@@ -85,7 +85,7 @@ def test_burst_over_two_replicas_with_small_pools_gives_no_5xx_but_503(
     worker.delay_s = 0.05
     small = {
         # auth from Redis on every request (no cache): enough round trips to run a pool of 3 dry
-        "redis": {"max_connections": 3, "pool_timeout_s": 0.25, "auth_cache_ttl_s": 0},
+        "redis": {"max_connections": 3, "pool_timeout_s": 0.02, "auth_cache_ttl_s": 0},
         "upstream": {"max_connections": 2, "pool_timeout_s": 0.1},
     }
     apps = [create_app(settings_for(redis_url, stub_model_dir, fake[1], "burst:", **small)) for _ in range(2)]
@@ -223,18 +223,57 @@ def test_stopped_redis_gives_503_then_service_resumes(
         stack.close()
 
 
-def test_redis_failing_during_settle_keeps_the_answer_and_counts_it(
+def test_redis_failing_during_settle_keeps_the_answer_and_charges_it_later(
     own_redis: tuple[str, int, Path], stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
 ) -> None:
     url = own_redis[0]
     worker.delay_s = 0.4  # 2 words: the answer takes 0.8 s
     settings = settings_for(url, stub_model_dir, fake[1], "settle:")
     with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
-        _, key = new_tenant(http)
+        tenant_id, key = new_tenant(http)
         pauser = threading.Timer(0.4, lambda: r.execute_command("CLIENT", "PAUSE", "2000"))
         pauser.start()  # Redis stalls while the worker generates: the settle step fails
         resp = ask(http, key, max_tokens=2)
         pauser.join()
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["message"]["content"] == "alpha beta"
-        assert "radixgate_settle_failures_total 1.0" in http.get("/metrics").text
+        assert "radixgate_settle_deferred_total 1.0" in http.get("/metrics").text
+        usage = resp.json()["usage"]
+        deadline = time.monotonic() + 20
+        charged: dict[str, Any] = {}
+        while time.monotonic() < deadline:  # the background retry lands once Redis is back
+            charged = http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()
+            if charged.get("requests"):
+                break
+            time.sleep(0.2)
+        assert charged["requests"] == 1, charged
+        assert charged["prompt_tokens"] == usage["prompt_tokens"] and charged["completion_tokens"] == 2
+        metrics = http.get("/metrics").text
+        assert "radixgate_settle_failures_total 0.0" in metrics
+        assert "radixgate_settle_pending 0.0" in metrics
+
+
+def test_settle_retries_spent_count_the_request_lost(
+    own_redis: tuple[str, int, Path], stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    url = own_redis[0]
+    worker.delay_s = 0.4
+    retry = {"settle_retries": 1, "settle_backoff_s": 0.05, "settle_backoff_max_s": 0.05}
+    settings = settings_for(url, stub_model_dir, fake[1], "lost:", redis=retry)
+    with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
+        tenant_id, key = new_tenant(http)
+        pauser = threading.Timer(0.4, lambda: r.execute_command("CLIENT", "PAUSE", "3000"))
+        pauser.start()  # the first try and its one retry both time out (0.5 s each) inside the pause
+        started = time.monotonic()
+        resp = ask(http, key, max_tokens=2)
+        pauser.join()
+        assert resp.status_code == 200, resp.text
+        deadline = time.monotonic() + 10
+        metrics = ""
+        while time.monotonic() < deadline and "radixgate_settle_failures_total 1.0" not in metrics:
+            time.sleep(0.2)
+            metrics = http.get("/metrics").text
+        assert "radixgate_settle_failures_total 1.0" in metrics
+        assert "radixgate_settle_deferred_total 1.0" in metrics
+        time.sleep(max(0.0, started + 3.6 - time.monotonic()))  # past the pause: nothing landed late
+        assert http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()["requests"] == 0

@@ -215,7 +215,7 @@ BAD_TOOLS: list[tuple[str, dict[str, Any], str]] = [
                 }
             ],
         },
-        "messages.0",
+        "messages.0.tool_calls",
     ),
     (
         "response_format with a forced call",

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.protocol import MESSAGE_FIELD_INVALID, MESSAGE_FIELD_MISSING
 from service.errors import (
     GatewayError,
     InvalidRequest,
@@ -155,12 +156,23 @@ def validation_error(exc: RequestValidationError | Exception, body: Any = None) 
         (_param_path(e.get("loc", ()), body, e.get("type") == "missing"), n, e) for n, e in enumerate(errors)
     ]
     (loc, _), _, first = max(ranked, key=lambda r: (r[0][1], -r[1]))
+    kind = first.get("type")
+    if kind in (MESSAGE_FIELD_MISSING, MESSAGE_FIELD_INVALID):  # a message shape rule: name the field
+        loc.append(str((first.get("ctx") or {}).get("field")))
     param = ".".join(loc) or None
-    if first.get("type") == "extra_forbidden":
+    if kind == MESSAGE_FIELD_MISSING:
+        msg = str(first.get("msg", ""))
+        return APIError(
+            400,
+            f"Missing required parameter: '{param}'; {msg}.",
+            code="missing_required_parameter",
+            param=param,
+        )
+    if kind == "extra_forbidden":
         return APIError(
             400, f"Unrecognized request argument supplied: {param}", code="unknown_parameter", param=param
         )
-    if first.get("type") == "missing":
+    if kind == "missing":
         return APIError(
             400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param
         )

@@ -16,6 +16,7 @@ import time
 from typing import Literal
 
 from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from service.api import limits
 from service.api.protocol_features import (
@@ -43,6 +44,22 @@ class TextPart(BaseModel):
     text: str
 
 
+MESSAGE_FIELD_MISSING = "message_field_missing"
+"""Pydantic error type of a message without a field its role needs (``ctx["field"]`` names it)."""
+MESSAGE_FIELD_INVALID = "message_field_invalid"
+"""Pydantic error type of a message with a field its role may not carry (``ctx["field"]`` names it)."""
+
+
+def _message_error(kind: str, field: str, role: str, why: str) -> PydanticCustomError:
+    verb = "needs" if kind == MESSAGE_FIELD_MISSING else "may not carry"
+    article = "an" if role == "assistant" else "a"
+    return PydanticCustomError(
+        kind,
+        "{article} {role} message {verb} '{field}'{why}",
+        {"article": article, "field": field, "role": role, "verb": verb, "why": why},
+    )
+
+
 class ChatMessage(BaseModel):
     """One chat message. ``developer`` is treated as ``system``."""
 
@@ -53,11 +70,21 @@ class ChatMessage(BaseModel):
     tool_calls: list[AssistantToolCall] | None = Field(None, max_length=MAX_TOOLS)
 
     @model_validator(mode="after")
-    def _content_required(self) -> ChatMessage:
-        if self.content is None and self.role in ("system", "developer", "user"):
-            raise ValueError(f"a {self.role} message needs 'content'")
+    def _shape_of_role(self) -> ChatMessage:
+        """OpenAI's per-role message shapes (``ChatCompletion*MessageParam`` of the ``openai`` package):
+        system, developer, user and tool messages need ``content``, a tool message its ``tool_call_id``
+        (the call it answers), an assistant message ``content`` unless it has ``tool_calls``; only
+        assistant messages carry ``tool_calls``. Errors name the field (:data:`MESSAGE_FIELD_MISSING`,
+        :data:`MESSAGE_FIELD_INVALID`)."""
+        if self.content is None and (self.role != "assistant" or not self.tool_calls):
+            why = " unless it has 'tool_calls'" if self.role == "assistant" else ""
+            raise _message_error(MESSAGE_FIELD_MISSING, "content", self.role, why)
+        if self.role == "tool" and self.tool_call_id is None:
+            raise _message_error(MESSAGE_FIELD_MISSING, "tool_call_id", self.role, ", the call it answers")
         if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages carry 'tool_calls'")
+            raise _message_error(
+                MESSAGE_FIELD_INVALID, "tool_calls", self.role, "; only assistant messages do"
+            )
         return self
 
     def text(self) -> str:

@@ -111,6 +111,7 @@ def merge_choices(total: Outcome, choices: Sequence[Outcome]) -> None:
     total.completion_tokens = sum(c.completion_tokens for c in choices)
     total.finished = all(c.finished for c in choices)
     total.streamed_any = any(c.streamed_any for c in choices)
+    total.dispatched = any(c.dispatched for c in choices)
     total.resume_mode = next((c.resume_mode for c in choices if c.resume_mode), None)
     total.error_code = total.error_code or next((c.error_code for c in choices if c.error_code), None)
 

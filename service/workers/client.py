@@ -38,6 +38,7 @@ class UpstreamError(Exception):
         refused: the connection could not be opened (the worker is down, not just slow).
         local: the gateway's own connection pool to workers stayed exhausted past its wait bound; the
             worker was never called (not its fault).
+        partial: an aborted answer's counts so far (what the worker computed), when it sent them.
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class UpstreamError(Exception):
         retryable: bool = True,
         refused: bool = False,
         local: bool = False,
+        partial: UpstreamChunk | None = None,
     ) -> None:
         super().__init__(message)
         self.worker = worker
@@ -55,6 +57,7 @@ class UpstreamError(Exception):
         self.retryable = retryable
         self.refused = refused
         self.local = local
+        self.partial = partial
 
 
 WorkerLogprob = tuple[float, int, tuple[tuple[float, int], ...]]
@@ -113,8 +116,9 @@ def abort_status(meta: dict[str, Any]) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def _abort_error(worker: str, meta: dict[str, Any]) -> UpstreamError:
-    """An aborted answer as an error: the worker's 4xx (the input's fault, not retried) or a 503."""
+def _abort_error(worker: str, meta: dict[str, Any], partial: UpstreamChunk | None = None) -> UpstreamError:
+    """An aborted answer as an error: the worker's 4xx (the input's fault, not retried) or a 503; a
+    non-streamed one carries its counts so far (``partial``)."""
     status = abort_status(meta)
     if status is not None and 400 <= status < 500:
         reason = meta.get("finish_reason")
@@ -122,7 +126,7 @@ def _abort_error(worker: str, meta: dict[str, Any]) -> UpstreamError:
         return UpstreamError(
             worker, str(message or "worker rejected the request"), status=status, retryable=False
         )
-    return UpstreamError(worker, "worker aborted the request", status=503)
+    return UpstreamError(worker, "worker aborted the request", status=503, partial=partial)
 
 
 def finish_reason_of(meta: dict[str, Any]) -> str | None:
@@ -404,7 +408,7 @@ class SGLangClient:
         text = str(payload.get("text", ""))
         chunk = _chunk(payload, text, tuple(ids) if isinstance(ids, list) else None, worker_logprobs(meta))
         if chunk.finish_reason == "abort":
-            raise _abort_error(worker, meta)
+            raise _abort_error(worker, meta, chunk)
         return chunk
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:

@@ -2,7 +2,9 @@
 
 Speaks ``/generate`` (stream and non-stream, SGLang's SSE: cumulative ``text`` and ``output_ids``, or
 deltas when its ``server_info`` says ``incremental_streaming_output``), ``/health``, ``/server_info``
-(404 while ``server_info`` is None) and ``/abort_request``. Its ``mode`` makes it answer 500, or break a
+(404 while ``server_info`` is None) and ``/abort_request`` (a non-streamed answer still being generated
+ends at once, as SGLang answers a running request it aborted: the words so far, their counts and
+``finish_reason`` ``{"type": "abort"}``). Its ``mode`` makes it answer 500, or break a
 stream after some chunks. Every request body it receives is kept in ``received`` so tests can assert that
 bad input never reached it.
 """
@@ -53,6 +55,7 @@ class FakeWorker:
         self.tokens = list(TOKENS)
         self.up = True
         self.finish = "length"
+        self._running: dict[str, asyncio.Event] = {}  # rid -> set by /abort_request (non-streamed)
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -77,7 +80,10 @@ class FakeWorker:
         return Response(status_code=500 if self.mode == "error500" else self.deep_status)
 
     async def abort(self, request: Request) -> Response:
-        self.aborted.append((await request.json())["rid"])
+        rid = (await request.json())["rid"]
+        self.aborted.append(rid)
+        if rid in self._running:
+            self._running[rid].set()
         return Response(status_code=200)
 
     def _meta(self, body: dict[str, Any], n: int, done: bool) -> dict[str, Any]:
@@ -101,12 +107,25 @@ class FakeWorker:
         tokens = self.tokens
         n = min(body["sampling_params"]["max_new_tokens"], len(tokens))
         if not body.get("stream"):
+            meta_done = True
             if self.delay_s:
-                await asyncio.sleep(self.delay_s * n)
+                rid = str(body.get("rid"))
+                aborted = self._running[rid] = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                try:
+                    await asyncio.wait_for(aborted.wait(), self.delay_s * n)
+                    n = min(n, int((loop.time() - started) / self.delay_s))  # words done before the abort
+                    meta_done = False
+                except TimeoutError:
+                    pass
+                finally:
+                    self._running.pop(rid, None)
             text = "".join(tokens[:n])
-            return JSONResponse(
-                {"text": text, "output_ids": list(range(n)), "meta_info": self._meta(body, n, True)}
-            )
+            meta = self._meta(body, n, True)
+            if not meta_done:
+                meta["finish_reason"] = {"type": "abort", "message": "Aborted", "status_code": None}
+            return JSONResponse({"text": text, "output_ids": list(range(n)), "meta_info": meta})
         incremental = bool((self.server_info or {}).get("incremental_streaming_output"))
 
         async def events() -> AsyncIterator[bytes]:

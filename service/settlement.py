@@ -1,0 +1,183 @@
+"""Settling requests so that a served request is always charged, even when Redis is briefly short.
+
+A request's settle (:meth:`tenancy.quota.QuotaLimiter.settle`: reconcile the reservation with the real
+usage and add the usage counters, one atomic Lua call) is tried once on the response path. When Redis is
+unavailable then (its connection pool stayed exhausted under a burst, a reply timed out), the settle is
+handed to a small set of background retries owned by the app: up to ``redis.settle_retries`` more tries,
+each after a "full jitter" exponential backoff (AWS Architecture Blog, "Exponential Backoff and Jitter",
+2015) between 0 and ``min(settle_backoff_max_s, settle_backoff_s * 2**k)``. The answer is never held back
+for them. At shutdown the retries still pending get ``redis.settle_drain_s`` to land, without backoff.
+
+A settle whose first try timed out may still have been applied by Redis; every settle therefore carries
+its request id and writes a marker (``settled:<request id>``, :meth:`tenancy.layout.KeyLayout.settled`)
+in the same atomic call, so a retry of one that did land changes nothing. The marker outlives every retry
+(:attr:`service.config.RedisSettings.settle_marker_ttl_s`).
+
+What finally cannot be settled (retries spent, a script error, too many pending, shutdown) is counted in
+``radixgate_settle_failures_total`` and logged as one ``settle_lost`` line with the usage it carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from service.config import RedisSettings
+from service.metrics import GatewayMetrics
+from tenancy.errors import StoreUnavailable
+from tenancy.quota import QuotaLimiter, Reservation
+
+log = structlog.get_logger("radixgate.settle")
+
+SettleResult = Literal["settled", "deferred", "lost"]
+"""What :meth:`Settler.settle` did: landed now, handed to the background retries, or given up."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One request's settle.
+
+    Attributes:
+        request_id: the request's id (its settle lands at most once under it).
+        reservation: what admission took.
+        used_tokens: prompt + completion tokens to charge; None gives the whole reservation back.
+        usage: usage counters to add (fields of :class:`tenancy.models.Usage`).
+    """
+
+    request_id: str
+    reservation: Reservation
+    used_tokens: int | None
+    usage: Mapping[str, int]
+
+
+class Settler:
+    """Settles requests: once inline, then in background retries when Redis is unavailable.
+
+    Args:
+        quota: the token buckets (and usage counters) in Redis.
+        settings: the Redis settings (``settle_*``).
+        metrics: the app's metrics.
+
+    Build one per app in the lifespan and call :meth:`drain` before closing Redis.
+    """
+
+    def __init__(self, quota: QuotaLimiter, settings: RedisSettings, metrics: GatewayMetrics) -> None:
+        self._quota = quota
+        self._cfg = settings
+        self._metrics = metrics
+        self._once_s = settings.settle_marker_ttl_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._draining = asyncio.Event()
+
+    @property
+    def pending(self) -> int:
+        """Settles being retried now."""
+        return len(self._tasks)
+
+    async def _try(self, item: Settlement) -> None:
+        await self._quota.settle(
+            item.reservation, item.used_tokens, item.usage, once=(item.request_id, self._once_s)
+        )
+
+    async def settle(self, item: Settlement) -> SettleResult:
+        """Settle ``item`` now; if Redis is unavailable, hand it to the background retries. Never raises
+        (but ``CancelledError``)."""
+        try:
+            await self._try(item)
+        except StoreUnavailable as exc:
+            return self._defer(item, str(exc))
+        except Exception:  # a script or programming error: retrying cannot help
+            log.exception("settle_error", request_id=item.request_id, tenant=item.reservation.tenant_id)
+            self._lost(item, "error", attempts=1)
+            return "lost"
+        return "settled"
+
+    def _defer(self, item: Settlement, cause: str) -> SettleResult:
+        if self._cfg.settle_retries == 0 or self._draining.is_set():
+            self._lost(item, "unavailable", attempts=1)
+            return "lost"
+        if len(self._tasks) >= self._cfg.settle_queue_max:
+            self._lost(item, "queue_full", attempts=1)
+            return "lost"
+        self._metrics.settle_deferred.inc()
+        log.warning(
+            "settle_deferred", request_id=item.request_id, tenant=item.reservation.tenant_id, cause=cause
+        )
+        task = asyncio.get_running_loop().create_task(self._retry(item), name=f"settle-{item.request_id}")
+        self._tasks.add(task)
+        self._metrics.settle_pending.set(len(self._tasks))
+        task.add_done_callback(self._done)
+        return "deferred"
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._metrics.settle_pending.set(len(self._tasks))
+
+    async def _pause(self, retry: int) -> None:
+        """Full-jitter backoff before retry ``retry`` (0-based); none once draining."""
+        cap = min(self._cfg.settle_backoff_max_s, self._cfg.settle_backoff_s * (1 << min(retry, 30)))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._draining.wait(), random.uniform(0, cap))
+
+    async def _retry(self, item: Settlement) -> None:
+        attempts = 1
+        try:
+            for retry in range(self._cfg.settle_retries):
+                await self._pause(retry)
+                attempts += 1
+                try:
+                    await self._try(item)
+                except StoreUnavailable:
+                    continue
+                except Exception:
+                    log.exception(
+                        "settle_error", request_id=item.request_id, tenant=item.reservation.tenant_id
+                    )
+                    self._lost(item, "error", attempts)
+                    return
+                log.info(
+                    "settle_retried",
+                    request_id=item.request_id,
+                    tenant=item.reservation.tenant_id,
+                    attempts=attempts,
+                )
+                return
+            self._lost(item, "retries_spent", attempts)
+        except asyncio.CancelledError:
+            self._lost(item, "shutdown", attempts)
+            raise
+
+    def _lost(self, item: Settlement, reason: str, attempts: int) -> None:
+        self._metrics.settle_failures.inc()
+        log.error(
+            "settle_lost",
+            request_id=item.request_id,
+            tenant=item.reservation.tenant_id,
+            reason=reason,
+            attempts=attempts,
+            used_tokens=item.used_tokens,
+            reserved_tokens=item.reservation.tokens,
+            **{f"usage_{k}": v for k, v in item.usage.items()},
+        )
+
+    async def drain(self) -> None:
+        """Stop backing off and give the pending retries ``settle_drain_s`` to land; the ones still
+        pending then are cancelled and counted lost. Later failed settles are counted lost at once."""
+        self._draining.set()
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=self._cfg.settle_drain_s)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+__all__ = ["SettleResult", "Settlement", "Settler"]

@@ -1,0 +1,193 @@
+"""A served request is always charged: settles that fail on the response path (Redis pool exhausted or
+slow) are retried in the background, land once, and are drained at shutdown; what cannot land is counted.
+
+Real Redis throughout: the pool is exhausted by holding its only connection, or by a burst of requests
+through a gateway whose pool has one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+from redis.asyncio import BlockingConnectionPool
+
+from service.app import create_app
+from service.config import RedisSettings
+from service.metrics import GatewayMetrics
+from service.settlement import Settlement, Settler
+from tenancy.models import Quotas
+from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.usage import UsageRecorder
+from tests.conftest import gateway_settings
+from tests.support.fake_worker import FakeWorker
+from tests.support.servers import ThreadedServer
+from tests.test_api import auth, chat, new_tenant
+
+QUOTAS = Quotas(tokens_per_min=0.001, token_burst=1000)  # refills ~nothing during a test
+SERVED = {"requests": 1, "prompt_tokens": 7, "completion_tokens": 3}
+
+
+@pytest.fixture
+async def one_connection(redis_client: aioredis.Redis, redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A client on a flushed database whose pool has one connection, waited on for at most 50 ms."""
+    pool = BlockingConnectionPool.from_url(redis_url, max_connections=1, timeout=0.05, decode_responses=True)
+    client = aioredis.Redis.from_pool(pool)
+    yield client
+    await client.aclose()
+
+
+def settler_on(client: aioredis.Redis, **settings: float) -> tuple[Settler, QuotaLimiter, GatewayMetrics]:
+    quota = QuotaLimiter(client, "s:")
+    metrics = GatewayMetrics(CollectorRegistry(), 10)
+    cfg = RedisSettings.model_validate({"settle_backoff_s": 0.02, "settle_backoff_max_s": 0.05, **settings})
+    return Settler(quota, cfg, metrics), quota, metrics
+
+
+def value(metrics: GatewayMetrics, name: str) -> float:
+    sample = metrics.registry.get_sample_value(name)
+    assert sample is not None, name
+    return sample
+
+
+async def test_a_settle_with_the_same_request_id_lands_once(redis_client: aioredis.Redis) -> None:
+    quota = QuotaLimiter(redis_client, "once:")
+    usage = UsageRecorder(redis_client, "once:")
+    assert (await quota.reserve("t", QUOTAS, 600)).allowed  # 400 left
+    held = Reservation("t", QUOTAS, 1, 600)
+    for _ in range(3):  # a retry after a try that did land changes nothing
+        assert await quota.settle(held, 10, SERVED, once=("rid-1", 60))
+    got = await usage.get("t")
+    assert (got.requests, got.prompt_tokens, got.completion_tokens) == (1, 7, 3)
+    levels = await quota.adjust("t", QUOTAS, tokens=0.0001)
+    assert levels["tokens"] == pytest.approx(990, abs=0.01)  # 600 - 10 refunded once
+    assert 0 < await redis_client.ttl("once:settled:rid-1") <= 60
+    assert await quota.settle(held, 10, SERVED, once=("rid-2", 60))  # another request: charged
+    assert (await usage.get("t")).requests == 2
+
+
+async def test_a_settle_that_finds_the_pool_exhausted_lands_in_the_background(
+    one_connection: aioredis.Redis,
+) -> None:
+    settler, _, metrics = settler_on(one_connection)
+    conn = await one_connection.connection_pool.get_connection()  # the pool's only connection
+    item = Settlement("r1", Reservation("t", QUOTAS, 1, 20), 10, SERVED)
+    assert await settler.settle(item) == "deferred"  # the answer is not held back
+    assert settler.pending == 1 and value(metrics, "radixgate_settle_deferred_total") == 1
+    await asyncio.sleep(0.2)  # retries keep finding the pool exhausted
+    await one_connection.connection_pool.release(conn)
+    for _ in range(100):
+        if not settler.pending:
+            break
+        await asyncio.sleep(0.02)
+    assert settler.pending == 0
+    got = await UsageRecorder(one_connection, "s:").get("t")
+    assert (got.requests, got.prompt_tokens, got.completion_tokens) == (1, 7, 3)
+    assert value(metrics, "radixgate_settle_failures_total") == 0
+    assert value(metrics, "radixgate_settle_pending") == 0
+    await settler.drain()
+
+
+async def test_retries_spent_are_counted_lost_and_nothing_lands(one_connection: aioredis.Redis) -> None:
+    settler, _, metrics = settler_on(one_connection, settle_retries=2)
+    conn = await one_connection.connection_pool.get_connection()
+    item = Settlement("r2", Reservation("t", QUOTAS, 1, 20), 10, SERVED)
+    assert await settler.settle(item) == "deferred"
+    for _ in range(100):
+        if not settler.pending:
+            break
+        await asyncio.sleep(0.02)
+    assert settler.pending == 0 and value(metrics, "radixgate_settle_failures_total") == 1
+    await one_connection.connection_pool.release(conn)
+    assert (await UsageRecorder(one_connection, "s:").get("t")).requests == 0
+
+
+async def test_drain_lands_pending_settles_without_backoff_and_counts_the_rest(
+    one_connection: aioredis.Redis,
+) -> None:
+    # a long backoff: without the drain cutting it short, the retry would come after the test
+    settler, _, metrics = settler_on(one_connection, settle_backoff_s=30, settle_backoff_max_s=30)
+    conn = await one_connection.connection_pool.get_connection()
+    landing = Settlement("r3", Reservation("t", QUOTAS, 1, 20), 10, SERVED)
+    assert await settler.settle(landing) == "deferred"
+    await one_connection.connection_pool.release(conn)
+    await asyncio.wait_for(settler.drain(), 5)
+    assert (await UsageRecorder(one_connection, "s:").get("t")).requests == 1
+    assert value(metrics, "radixgate_settle_failures_total") == 0
+    # once draining, a settle that cannot land now is counted lost at once
+    conn = await one_connection.connection_pool.get_connection()
+    late = Settlement("r4", Reservation("t", QUOTAS, 1, 20), 10, SERVED)
+    assert await settler.settle(late) == "lost"
+    assert value(metrics, "radixgate_settle_failures_total") == 1
+    await one_connection.connection_pool.release(conn)
+
+
+async def test_drain_past_its_bound_counts_what_is_still_pending(one_connection: aioredis.Redis) -> None:
+    settler, _, metrics = settler_on(one_connection, settle_drain_s=0.2, settle_retries=1000)
+    conn = await one_connection.connection_pool.get_connection()  # held through the drain
+    item = Settlement("r5", Reservation("t", QUOTAS, 1, 20), 10, SERVED)
+    assert await settler.settle(item) == "deferred"
+    await asyncio.wait_for(settler.drain(), 5)
+    assert settler.pending == 0 and value(metrics, "radixgate_settle_failures_total") == 1
+    await one_connection.connection_pool.release(conn)
+
+
+def test_burst_on_a_one_connection_pool_charges_every_served_request(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]
+) -> None:
+    fake[0].delay_s = 0.1  # answers of 1 to 4 words: 0.1 to 0.4 s
+    settings = gateway_settings(redis_url, stub_model_dir, [fake[1]])
+    settings.redis.max_connections = 1
+    settings.redis.pool_timeout_s = 0.05
+    settings.redis.socket_timeout_s = 0.3
+    settings.redis.auth_cache_ttl_s = 60  # the key is checked in Redis once, before the burst
+    prefix = settings.redis.key_prefix
+    with ThreadedServer(create_app(settings)) as gw:
+        with httpx.Client(base_url=gw.url, timeout=30) as admin:
+            tenant_id, key = new_tenant(admin, quotas={"requests_per_min": 1e9, "tokens_per_min": 1e12})
+            warm = admin.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
+            assert warm.status_code == 200, warm.text
+
+        async def burst() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=200)
+            async with httpx.AsyncClient(base_url=gw.url, timeout=60, limits=limits) as http:
+                return await asyncio.gather(
+                    *(
+                        http.post("/v1/chat/completions", json=chat(max_tokens=1 + i % 4), headers=auth(key))
+                        for i in range(60)
+                    )
+                )
+
+        with redis.Redis.from_url(redis_url) as r:
+            # Redis stalls for 0.6 s while the burst's answers come back (as a loaded Redis does): the
+            # one connection's holder times out and everyone else finds the pool exhausted
+            pauser = threading.Timer(0.15, lambda: r.execute_command("CLIENT", "PAUSE", "600"))
+            pauser.start()
+            answers = asyncio.run(burst())
+            pauser.join()
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
+    # the gateway stopped: the settles it was still retrying were drained
+    statuses = collections.Counter(r.status_code for r in answers)
+    assert set(statuses) <= {200, 503}, statuses
+    served = [r.json()["usage"] for r in [warm, *answers] if r.status_code == 200]
+    deferred = metric(metrics, "radixgate_settle_deferred_total")
+    assert deferred > 0 and served, (deferred, statuses)
+    assert metric(metrics, "radixgate_settle_failures_total") == 0
+    with redis.Redis.from_url(redis_url, decode_responses=True) as r:
+        charged = {k: int(v) for k, v in r.hgetall(f"{prefix}usage:{tenant_id}").items()}
+    assert charged.get("requests") == len(served), (charged, statuses, deferred)
+    assert charged.get("prompt_tokens") == sum(u["prompt_tokens"] for u in served)
+    assert charged.get("completion_tokens") == sum(u["completion_tokens"] for u in served)
+
+
+def metric(text: str, name: str) -> float:
+    """The value of an unlabelled sample in Prometheus text."""
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
