@@ -37,7 +37,7 @@ LOGGED_MAX_CHARS = 16_000
 echoed grammar key can be as long; the total length is logged too)."""
 
 _TRACEBACK = "Traceback (most recent call last)"
-_FRAME = re.compile(r'\bFile "[^"]*", line \d+(?:, in [^\s,]+)?')
+_FRAME = re.compile(r'\bFile "[^"]*", line \d+(?:, in [\w.<>]+)?')
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
 _HOST = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost:\d+\b")
 # an absolute path of two or more segments, not a JSON pointer ("#/$defs/a") nor a MIME type ("a/b")
@@ -104,7 +104,7 @@ def tenant_rejection(exc: UpstreamError, body: dict[str, Any], request_id: str) 
     sampling = body.get("sampling_params")
     param = rejected_param(sampling if isinstance(sampling, dict) else {}, text)
     reason = sanitized_reason(text, exc.worker)
-    where = f"the request's {param}" if param else "the request"
+    where = "the request's schema" if param else "the request"  # param: the API's own name for it
     return UpstreamRejected(f"The model server rejected {where}: {reason}", param=param)
 
 
