@@ -7,7 +7,8 @@ the worker's address. The tenant gets a 400 in OpenAI's shape with a short reaso
 0. the worker's own URL and ``host:port`` become ``[worker]``;
 1. a Python traceback is dropped (its last line, the exception, is kept when nothing precedes it);
 2. the first remaining non-empty line is the reason;
-3. URLs, ``host:port`` and IPv4 addresses, absolute file paths (with ``:line`` suffixes), ``File "...",
+3. a C++ log prefix (xgrammar's ``[12:03:44] /project/cpp/regex_converter.cc:83: ``) is dropped; URLs,
+   ``host:port`` and IPv4 addresses, absolute file paths (with ``:line`` suffixes), ``File "...",
    line N`` frames and hex addresses are replaced by ``[url]``, ``[host]``, ``[path]``, ``[address]``;
 4. whitespace is collapsed and the reason is cut to :data:`REASON_MAX_CHARS` characters.
 
@@ -37,6 +38,7 @@ LOGGED_MAX_CHARS = 16_000
 echoed grammar key can be as long; the total length is logged too)."""
 
 _TRACEBACK = "Traceback (most recent call last)"
+_LOG_PREFIX = re.compile(r"\[\d{1,2}:\d{2}:\d{2}\]\s*(?:\S+:\d+:\s*)?")
 _FRAME = re.compile(r'\bFile "[^"]*", line \d+(?:, in [\w.<>]+)?')
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
 _HOST = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\blocalhost:\d+\b")
@@ -67,6 +69,7 @@ def sanitized_reason(text: str, worker: str = "", limit: int = REASON_MAX_CHARS)
     if cut is not None:
         lines = lines[:cut] or lines[-1:]
     reason = lines[0] if lines else ""
+    reason = _LOG_PREFIX.sub("", reason)
     reason = _FRAME.sub("[path]", reason)
     reason = _URL.sub("[url]", reason)
     reason = _HOST.sub("[host]", reason)

@@ -132,6 +132,12 @@ def test_a_refusal_not_about_a_grammar_names_no_param(
             "Failed to compile json grammar: bad $ref #/$defs/Item",
             "Failed to compile json grammar: bad $ref #/$defs/Item",
         ),
+        (
+            "Failed to compile json grammar: [00:51:54] /project/cpp/regex_converter.cc:83: Regex parsing "
+            "error at position 3: Lookbehind is not supported yet.",
+            "Failed to compile json grammar: Regex parsing error at position 3: Lookbehind is not supported "
+            "yet.",
+        ),  # xgrammar's own words (0.1.x)
         ("see http://10.0.0.5:30000/generate now", "see [url] now"),
         ("worker 10.0.0.5:30000 said no", "worker [host] said no"),
         (

@@ -71,7 +71,8 @@ def abort_error(worker: str, meta: dict[str, Any]) -> UpstreamError:
         return UpstreamError(
             worker, str(message or "worker rejected the request"), status=status, retryable=False
         )
-    return UpstreamError(worker, str(message or "worker aborted the request"), status=503)
+    said = f": {message}" if message else ""
+    return UpstreamError(worker, f"worker aborted the request{said}", status=503)
 
 
 def error_text(payload: Any, raw: bytes = b"") -> str:
