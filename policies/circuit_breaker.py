@@ -13,8 +13,8 @@ The rule (:func:`judge`), the same for probes and requests:
 signal                               verdict
 ===================================  ==========================================================
 ``refused`` (connect refused)        ``trip``: definitive, the breaker opens at once
-``request_failed`` (5xx, timeout,    ``serving_failure``: one failure
-reset)
+``request_failed`` (timeout, reset,  ``serving_failure``: one failure
+a 5xx its deep probe confirmed)
 ``request_ok``, ``deep_probe_ok``    ``success``: clears every counted failure
 ``probe_ok`` (plain ``/health``)     ``alive``: clears liveness failures only; a success when half-open
 ``probe_failed``                     ``liveness_failure``: one failure ...
@@ -24,11 +24,14 @@ request succeeded within
 ``trust_window_s``
 ===================================  ==========================================================
 
-A failed deep probe is never definitive (SGLang's ``/health_generate`` fails during long prefills under
-load), and a plain ``/health`` 200 does not disprove a failed generation (with
-``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false`` it only says the HTTP process is up), so it clears only
-failed plain probes. Because probe failures count for nothing while requests to the worker succeed, the
-last healthy worker is never ejected on probe evidence alone while it serves.
+An HTTP 5xx answer is not a signal by itself: SGLang answers 5xx to some requests that are their own
+fault, so the pool confirms it with an immediate deep probe and only a failed one makes it a
+``request_failed`` (``service/workers/pool.py``). A failed deep probe is never definitive (SGLang's
+``/health_generate`` fails during long prefills under load), and a plain ``/health`` 200 does not
+disprove a failed generation (with ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false`` it only says the
+HTTP process is up), so it clears only failed plain probes. Because probe failures count for nothing
+while requests to the worker succeed, the last healthy worker is never ejected on probe evidence alone
+while it serves.
 
 Defaults: 5 failures (Envoy ``consecutive_5xx`` default 5), 30 s cool-down (Envoy
 ``base_ejection_time`` default 30 s), 2 successes to close (resilience4j

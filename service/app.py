@@ -158,6 +158,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             ),
             on_transition=lambda url, state: metrics.breaker_transitions.labels(url, state).inc(),
             deep_probe_every=up.deep_probe_every,
+            on_confirmation=lambda url, verdict: metrics.upstream_5xx_confirmations.labels(
+                url, verdict
+            ).inc(),
         )
         await pool.start()
         if settings.engine.supervise:

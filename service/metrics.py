@@ -170,6 +170,13 @@ class GatewayMetrics:
             ["worker", "state"],
             registry=registry,
         )
+        self.upstream_5xx_confirmations = Counter(
+            "radixgate_upstream_5xx_confirmations_total",
+            "Deep probes confirming a worker's 5xx answers, by verdict: confirmed (counted against its "
+            "breaker), cleared (the requests' own fault), refused, no_evidence.",
+            ["worker", "verdict"],
+            registry=registry,
+        )
         self.retries = Counter(
             "radixgate_retries_total",
             "Attempts on another worker: before the first token or mid-stream.",

@@ -11,7 +11,10 @@
   worker's prompt-token count, the resume is exact at the token level (``input_ids`` = prompt ids +
   generated ids); otherwise it resumes on the text. With greedy sampling the client's text
   equals an uninterrupted run's. Usage counts each token once.
-- Every outcome feeds the worker's circuit breaker.
+- Every outcome feeds the worker's circuit breaker: a success, a refused connection (definitive) and a
+  transport failure (timeout, reset) at once; an HTTP 5xx only once a deep probe confirmed the worker is
+  at fault (:meth:`service.workers.pool.WorkerPool.suspect`); a 4xx never (the input's fault: the tenant
+  gets a short, sanitized reason, :mod:`service.rejection`).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import Any
 import anyio
 
 from service.config import Settings
-from service.errors import GatewayError, NoWorkerAvailable, UpstreamFailed, UpstreamRejected
+from service.errors import GatewayError, NoWorkerAvailable, UpstreamFailed
 from service.metrics import GatewayMetrics
 from service.preparation import PreparedRequest
 from service.prompting import PromptRenderer
+from service.rejection import tenant_rejection
 from service.scheduler import Scheduler, SchedulingRequest, Slot
 from service.workers.client import SGLangClient, UpstreamChunk, UpstreamError
 from service.workers.pool import WorkerPool
@@ -138,8 +142,8 @@ class UpstreamCaller:
         outcome.worker, outcome.attempts = worker, outcome.attempts + 1
         return worker
 
-    def _failed(self, exc: UpstreamError, outcome: Outcome) -> GatewayError:
-        """Record a failed attempt (metrics, breaker) and the error the client would get."""
+    def _failed(self, exc: UpstreamError, outcome: Outcome, prepared: PreparedRequest) -> GatewayError:
+        """Record a failed attempt (metrics, breaker evidence) and the error the client would get."""
         kind = "pool_exhausted" if exc.local else "transport" if exc.status is None else f"http_{exc.status}"
         self._metrics.upstream_errors.labels(exc.worker, kind).inc()
         if exc.local:  # the gateway's connection pool to workers stayed full: no worker is to blame
@@ -149,10 +153,15 @@ class UpstreamCaller:
                 transport=True,
                 code="upstream_pool_exhausted",
             )
-        if exc.status is not None and 400 <= exc.status < 500:
+        if exc.rejected:  # the input's fault: no evidence against the worker
             outcome.error_code = "upstream_rejected"
-            return UpstreamRejected(f"The worker rejected the request: {exc}")
-        self._pool.record(exc.worker, "refused" if exc.refused else "request_failed")
+            return tenant_rejection(exc, prepared.body, prepared.rid)
+        if exc.refused:
+            self._pool.record(exc.worker, "refused")
+        elif exc.status is None:
+            self._pool.record(exc.worker, "request_failed")
+        else:  # a 5xx may be this request's own fault: a deep probe decides (shared, in the background)
+            self._pool.suspect(exc.worker)
         outcome.error_code = "upstream_unavailable"
         return UpstreamFailed("The upstream worker failed; retry shortly.", transport=exc.status is None)
 
@@ -189,7 +198,7 @@ class UpstreamCaller:
                 raise
             except UpstreamError as exc:
                 outcome.dispatched = False
-                last_error = self._failed(exc, outcome)
+                last_error = self._failed(exc, outcome, prepared)
                 if not self._may_retry(exc, outcome):
                     raise last_error from exc
                 self._metrics.retries.labels("before_first_token").inc()
@@ -261,7 +270,7 @@ class UpstreamCaller:
                 return
             except UpstreamError as exc:
                 outcome.dispatched = False
-                last_error = self._failed(exc, outcome)
+                last_error = self._failed(exc, outcome, prepared)
                 if not self._may_retry(exc, outcome) and not outcome.streamed_any:
                     raise last_error from exc
                 if outcome.streamed_any:

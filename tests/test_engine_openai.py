@@ -326,3 +326,31 @@ def test_responses_create_streamed_and_not(gateway: str, redis_url: str, tenant:
     jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
     assert called.usage is not None
     assert_settled(redis_url, gateway, tenant[0], [whole.usage.total_tokens * 2, called.usage.total_tokens])
+
+
+# -- a schema the engine's grammar compiler refuses ---------------------------------------------------
+def test_a_schema_the_grammar_compiler_refuses_is_a_clean_400_and_costs_nothing(
+    gateway: str, redis_url: str, tenant: tuple[str, str], engine_worker: WorkerProcess
+) -> None:
+    """xgrammar has no lookbehind: SGLang aborts the request with its compiler's words (a C++ source path
+    among them). The tenant gets a short 400 naming ``response_format``, without the worker's address or
+    the compiler's internals, is charged nothing, and the worker keeps serving."""
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "w", "schema": {"type": "string", "pattern": "(?<=a)b"}},
+    }
+    req = {"model": MODEL, "messages": ASK, "max_tokens": 5, "response_format": fmt}
+    headers = {"Authorization": f"Bearer {tenant[1]}"}
+    with httpx.Client(base_url=gateway, headers=headers, timeout=300) as http:
+        for stream in (False, True):
+            resp = http.post("/v1/chat/completions", json={**req, "stream": stream})
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["param"] == "response_format" and err["code"] == "upstream_rejected", err
+            assert "Lookbehind" in err["message"], err  # the reason is kept...
+            for leaked in (engine_worker.url, str(engine_worker.port), ".cc", "/project", "cpp"):
+                assert leaked not in err["message"], (leaked, err)  # ...the internals are not
+        served = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 2})
+        assert served.status_code == 200, served.text
+    usage = served.json()["usage"]
+    assert_settled(redis_url, gateway, tenant[0], [usage["total_tokens"]])  # the 400s cost nothing

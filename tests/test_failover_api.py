@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from service.config import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import WORDS, FakeWorker
 from tests.support.servers import ThreadedServer
-from tests.test_api import MODEL, auth, chat, new_tenant, usage_of
+from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,7 @@ def fakes() -> Iterator[tuple[FakeWorker, FakeWorker, str, str]]:
 def pair(fakes: tuple[FakeWorker, FakeWorker, str, str]) -> tuple[FakeWorker, FakeWorker]:
     for worker in fakes[:2]:
         worker.mode, worker.delay_s = "ok", 0.0
+        worker.poison = None
         worker.received.clear()
         worker.aborted.clear()
     return fakes[0], fakes[1]
@@ -104,14 +107,74 @@ def test_failing_worker_trips_its_breaker_and_traffic_moves(
 ) -> None:
     a, b = pair
     _, key = new_tenant(http)
-    a.mode = "error500"
+    a.mode = "error500"  # /health_generate too: each 5xx's confirmation probe fails
     for _ in range(6):
         assert (
             http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
         )
+        settled(http, len(a.received))  # its 5xx's confirmation settles before the next request routes
     assert len(a.received) == 2  # breaker_failures = 2: after that, no request reaches it
     assert len(b.received) == 6
     metrics = http.get("/metrics").text
     assert 'radixgate_breaker_transitions_total{state="open"' in metrics
     assert 'radixgate_retries_total{kind="before_first_token"} 2.0' in metrics
     assert http.get("/readyz").json()["ready"] is True
+    assert confirmations(http, "confirmed") == 2
+
+
+def confirmations(http: httpx.Client, verdict: str) -> float:
+    """``radixgate_upstream_5xx_confirmations_total`` with ``verdict``, over all workers."""
+    pattern = rf'radixgate_upstream_5xx_confirmations_total{{[^}}]*verdict="{verdict}"[^}}]*}} (\S+)'
+    return sum(float(v) for v in re.findall(pattern, http.get("/metrics").text))
+
+
+def settled(http: httpx.Client, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until ``count`` 5xx confirmations have settled (any verdict)."""
+    deadline = time.monotonic() + timeout_s
+    verdicts = ("confirmed", "cleared", "refused", "no_evidence")
+    while sum(confirmations(http, v) for v in verdicts) < count:
+        assert time.monotonic() < deadline, "5xx confirmations did not settle"
+        time.sleep(0.02)
+
+
+POISON = "crash-the-grammar-engine"
+WORKER_TRACE = (
+    "Traceback (most recent call last):\n"
+    '  File "/opt/sglang/python/sglang/srt/managers/scheduler.py", line 1234, in event_loop\n'
+    "RuntimeError: CUDA-less kernel crashed at 0x7f3a2b1c9d00"
+)
+
+
+def test_poisoned_requests_do_not_eject_healthy_workers(
+    http: httpx.Client, pair: tuple[FakeWorker, FakeWorker]
+) -> None:
+    """Both workers answer 500 to one tenant's poisoned request but are otherwise healthy: each 5xx is
+    confirmed by a deep probe, which passes, so no breaker opens and other tenants are served."""
+    a, b = pair
+    for worker in pair:
+        worker.poison, worker.poison_message = POISON, WORKER_TRACE
+    probes_before = a.deep_probes + b.deep_probes
+    _, bad_key = new_tenant(http)
+    for i in range(20):
+        body = chat(f"please {POISON} now", max_tokens=2, stream=i % 2 == 1)
+        resp = http.post("/v1/chat/completions", json=body, headers=auth(bad_key))
+        err = assert_openai_error(resp, 502, "upstream_error")
+        assert "Traceback" not in err["message"] and "sglang" not in err["message"]
+    assert len(a.received) + len(b.received) == 40  # every request was retried on the other worker
+    settled(http, 1)
+    deadline = time.monotonic() + 10
+    while confirmations(http, "cleared") < 2:  # both workers' last confirmations
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    probes = a.deep_probes + b.deep_probes - probes_before
+    assert 2 <= probes <= 40 + 10  # at most one per 5xx, plus the probe loop's own deep rounds
+    workers = http.get("/admin/workers", headers=ADMIN).json()["data"]
+    assert [w["breaker"] for w in workers] == ["closed", "closed"]
+    assert 'state="open"' not in http.get("/metrics").text
+    assert confirmations(http, "confirmed") == 0
+    _, good_key = new_tenant(http)
+    for _ in range(4):
+        resp = http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(good_key))
+        assert resp.status_code == 200, resp.text
+    served = [sum(POISON not in json.dumps(r) for r in w.received) for w in pair]
+    assert served == [2, 2]  # both workers are still in the rotation

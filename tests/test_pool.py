@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from policies.circuit_breaker import BreakerConfig
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
@@ -125,3 +129,87 @@ async def test_every_breaker_move_is_reported_wherever_it_happens() -> None:
         assert transitions == ["open", "half_open", "open", "half_open"]
         pool.record(url, "request_ok")
         assert transitions[-1] == "closed"
+
+
+class GatedProbes:
+    """A client whose deep probes wait for the test to answer them; counts the probes asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, bool]] = []
+        self.answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def probe(self, url: str, timeout_s: float = 2.0, deep: bool = False) -> str:
+        self.asked.append((url, deep))
+        result = await self.answer
+        self.answer = asyncio.get_running_loop().create_future()
+        return result
+
+
+def _suspect_pool(probes: GatedProbes, verdicts: list[tuple[str, str]]) -> WorkerPool:
+    pool = WorkerPool(
+        ["http://w1"],
+        probes,  # type: ignore[arg-type]
+        1.0,
+        breaker=BreakerConfig(5, 1, 10.0),
+        on_confirmation=lambda url, verdict: verdicts.append((url, verdict)),
+    )
+    pool.record("http://w1", "request_ok")
+    return pool
+
+
+@pytest.mark.parametrize(
+    ("probe", "state", "verdict"),
+    [
+        ("failed", "open", "confirmed"),  # sick: each of the 12 answers is a failure (5 open it)
+        ("ok", "closed", "cleared"),  # it generates: the 5xx were the requests' own fault
+        ("refused", "open", "refused"),  # definitive
+        ("unknown", "closed", "no_evidence"),  # our own connection pool was full: nothing learned
+    ],
+)
+async def test_concurrent_5xx_share_one_confirmation_probe(probe: str, state: str, verdict: str) -> None:
+    probes, verdicts = GatedProbes(), []
+    pool = _suspect_pool(probes, verdicts)
+    worker = pool.get("http://w1")
+    assert worker is not None
+    for _ in range(12):  # a burst of 5xx while the first confirmation is in flight
+        pool.suspect("http://w1")
+        await asyncio.sleep(0)
+    assert probes.asked == [("http://w1", True)]  # one deep probe, no storm
+    assert worker.breaker.state == "closed" and worker.breaker.failures == 0  # nothing counted yet
+    probes.answer.set_result(probe)
+    await pool.settle_confirmations()
+    assert worker.breaker.state == state and verdicts == [("http://w1", verdict)]
+    assert worker.suspects == 0
+
+
+async def test_a_passing_confirmation_clears_and_the_next_5xx_gets_its_own_probe() -> None:
+    probes, verdicts = GatedProbes(), []
+    pool = _suspect_pool(probes, verdicts)
+    worker = pool.get("http://w1")
+    assert worker is not None
+    for _ in range(4):  # threshold 5: four confirmed failures keep it closed...
+        pool.suspect("http://w1")
+    probes.answer.set_result("failed")
+    await pool.settle_confirmations()
+    assert worker.breaker.state == "closed" and worker.breaker.failures == 4
+    for _ in range(30):  # ...and poisoned requests whose probe passes clear them
+        pool.suspect("http://w1")
+        await asyncio.sleep(0)
+        if not probes.answer.done():
+            probes.answer.set_result("ok")
+        await pool.settle_confirmations()
+    assert len(probes.asked) == 31  # each settled confirmation ends; a later 5xx starts a new one
+    assert worker.breaker.state == "closed" and worker.breaker.failures == 0
+    assert verdicts.count(("http://w1", "cleared")) == 30
+
+
+async def test_stop_cancels_a_confirmation_in_flight_and_unknown_workers_are_ignored() -> None:
+    probes, verdicts = GatedProbes(), []
+    pool = _suspect_pool(probes, verdicts)
+    pool.suspect("http://elsewhere")  # not in the pool: no probe
+    pool.suspect("http://w1")
+    await asyncio.sleep(0)
+    assert probes.asked == [("http://w1", True)]
+    await pool.stop()
+    await pool.settle_confirmations()  # nothing left in flight
+    assert verdicts == []

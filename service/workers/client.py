@@ -21,43 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.config import UpstreamSettings
 from service.workers.transport import TransportFailure, WorkerHTTP
+from service.workers.upstream_errors import UpstreamError as UpstreamError  # re-exported
+from service.workers.upstream_errors import abort_error, http_error, json_or_none, stream_error
 
 log = structlog.get_logger("radixgate.client")
 
 ProbeResult = Literal["ok", "failed", "refused", "unknown"]
 """Outcome of one health probe ("unknown": the gateway's own connection pool was full; no evidence)."""
-
-
-class UpstreamError(Exception):
-    """A worker call failed.
-
-    Attributes:
-        worker: base URL of the worker.
-        status: HTTP status from the worker, or None for a transport error (connect, read, timeout).
-        retryable: safe to try another worker (nothing was sent to the client yet is the caller's call).
-        refused: the connection could not be opened (the worker is down, not just slow).
-        local: the gateway's own connection pool to workers stayed exhausted past its wait bound; the
-            worker was never called (not its fault).
-        partial: an aborted answer's counts so far (what the worker computed), when it sent them.
-    """
-
-    def __init__(
-        self,
-        worker: str,
-        message: str,
-        status: int | None = None,
-        retryable: bool = True,
-        refused: bool = False,
-        local: bool = False,
-        partial: UpstreamChunk | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.worker = worker
-        self.status = status
-        self.retryable = retryable
-        self.refused = refused
-        self.local = local
-        self.partial = partial
 
 
 WorkerLogprob = tuple[float, int, tuple[tuple[float, int], ...]]
@@ -106,27 +76,6 @@ def worker_logprobs(meta: dict[str, Any]) -> tuple[WorkerLogprob, ...] | None:
 
 def _logprob(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else float("-inf")
-
-
-def abort_status(meta: dict[str, Any]) -> int | None:
-    """The HTTP status SGLang gives an aborted request (``finish_reason.status_code``; 400 for a grammar
-    it cannot compile), None when it gives none."""
-    reason = meta.get("finish_reason")
-    status = reason.get("status_code") if isinstance(reason, dict) else None
-    return status if isinstance(status, int) else None
-
-
-def _abort_error(worker: str, meta: dict[str, Any], partial: UpstreamChunk | None = None) -> UpstreamError:
-    """An aborted answer as an error: the worker's 4xx (the input's fault, not retried) or a 503; a
-    non-streamed one carries its counts so far (``partial``)."""
-    status = abort_status(meta)
-    if status is not None and 400 <= status < 500:
-        reason = meta.get("finish_reason")
-        message = reason.get("message") if isinstance(reason, dict) else None
-        return UpstreamError(
-            worker, str(message or "worker rejected the request"), status=status, retryable=False
-        )
-    return UpstreamError(worker, "worker aborted the request", status=503, partial=partial)
 
 
 def finish_reason_of(meta: dict[str, Any]) -> str | None:
@@ -212,16 +161,6 @@ def _chunk(
         output_ids=output_ids,
         logprobs=logprobs,
     )
-
-
-def _error_message(payload: Any) -> str:
-    if isinstance(payload, dict):
-        err = payload.get("error")
-        if isinstance(err, dict):
-            return str(err.get("message", err))
-        if err is not None:
-            return str(err)
-    return "worker returned an error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +302,7 @@ class SGLangClient:
             except TransportFailure:
                 return None
             if status == 200:
-                info = WorkerInfo.parse(_json_or_none(raw))
+                info = WorkerInfo.parse(json_or_none(raw))
                 break
             if status != 404:
                 return None
@@ -399,16 +338,14 @@ class SGLangClient:
         except TransportFailure as exc:
             raise self._transport_error(worker, exc) from exc
         if status != 200:
-            raise UpstreamError(
-                worker, _error_message(_json_or_none(raw)), status=status, retryable=status >= 500
-            )
+            raise http_error(worker, status, raw)
         payload = orjson.loads(raw)
         ids = payload.get("output_ids")
         meta = payload.get("meta_info") or {}
         text = str(payload.get("text", ""))
         chunk = _chunk(payload, text, tuple(ids) if isinstance(ids, list) else None, worker_logprobs(meta))
         if chunk.finish_reason == "abort":
-            raise _abort_error(worker, meta, chunk)
+            raise abort_error(worker, meta, chunk)
         return chunk
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
@@ -423,13 +360,7 @@ class SGLangClient:
                 worker, "/generate", orjson.dumps({**body, "stream": True})
             ) as resp:
                 if resp.status != 200:
-                    raw = await resp.body()
-                    raise UpstreamError(
-                        worker,
-                        _error_message(_json_or_none(raw)),
-                        status=resp.status,
-                        retryable=resp.status >= 500,
-                    )
+                    raise http_error(worker, resp.status, await resp.body())
                 async for line in resp.lines():
                     if done or not line.startswith(b"data:"):
                         continue
@@ -439,11 +370,11 @@ class SGLangClient:
                         continue
                     payload = orjson.loads(data)
                     if "error" in payload:
-                        raise UpstreamError(worker, _error_message(payload), status=500)
+                        raise stream_error(worker, payload)
                     text, ids = deltas.step(payload)
                     chunk = _chunk(payload, text, ids, deltas.new_logprobs(payload))
                     if chunk.finish_reason == "abort":
-                        raise _abort_error(worker, payload.get("meta_info") or {})
+                        raise abort_error(worker, payload.get("meta_info") or {})
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
         except TransportFailure as exc:
@@ -523,10 +454,3 @@ def engine_max_running(info: Any) -> int | None:
             return sum(values)
     value = info.get("max_running_requests")
     return int(value) if isinstance(value, int | float) and value > 0 else None
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except ValueError:
-        return None

@@ -7,8 +7,13 @@ runs a 1-token generation) -- and one rule, :func:`policies.circuit_breaker.judg
 for probes and requests alike:
 
 - a refused connection is definitive: the breaker opens at once;
-- a failed request (5xx, timeout, reset), a failed or slow deep probe, or a failed plain probe counts as
-  one failure; ``breaker_failures`` of them with no success in between open the breaker;
+- a failed request (timeout, reset), a failed or slow deep probe, or a failed plain probe counts as one
+  failure; ``breaker_failures`` of them with no success in between open the breaker;
+- an HTTP 5xx answer to a request is only a suspicion (SGLang answers 5xx to some requests that are their
+  own fault, e.g. a grammar it crashes on): :meth:`WorkerPool.suspect` confirms it at once with a deep probe
+  (``/health_generate``), shared by every 5xx the worker gives while it runs. A failed probe confirms each
+  of those answers as one failed request; a passing one clears the worker (a success); a refused one trips
+  the breaker; no answer from our own connection pool is no evidence either way;
 - a successful request or deep probe clears the count; a plain ``/health`` 200 only clears failed plain
   probes (it proves the HTTP process is up, not that the engine generates);
 - while a request to the worker succeeded within ``probe_trust_window_s``, failed probes count for
@@ -38,6 +43,9 @@ from service.workers.client import SGLangClient
 log = structlog.get_logger("radixgate.pool")
 
 TransitionHook = Callable[[str, BreakerState], None]
+ConfirmationHook = Callable[[str, str], None]
+"""Called with (worker URL, verdict) for each settled confirmation: ``confirmed``, ``cleared``, ``refused``
+or ``no_evidence``."""
 
 
 @dataclass(slots=True)
@@ -51,6 +59,7 @@ class WorkerState:
     in_flight: int = 0
     in_flight_tokens: int = 0
     last_request_ok: float | None = None  # monotonic s of the last successful request
+    suspects: int = 0  # 5xx answers waiting for the confirmation probe in flight
 
     def eligible(self, now: float) -> bool:
         """Accepts new requests at ``now`` (s); may move the breaker open -> half-open (the pool
@@ -75,7 +84,8 @@ class WorkerPool:
         on_transition: called with (url, new state) when a breaker changes state.
         clock: monotonic clock in s.
         deep_probe_every: every n-th probe round uses ``/health_generate`` (a real 1-token generation)
-            instead of ``/health``; 0 disables deep probes.
+            instead of ``/health``; 0 disables deep probes (confirmations of a 5xx still use it).
+        on_confirmation: called with (url, verdict) when a 5xx's confirmation probe settles.
     """
 
     def __init__(
@@ -88,6 +98,7 @@ class WorkerPool:
         on_transition: TransitionHook | None = None,
         clock: Callable[[], float] = time.monotonic,
         deep_probe_every: int = 6,
+        on_confirmation: ConfirmationHook | None = None,
     ) -> None:
         self._breaker_config = breaker or BreakerConfig()
         self._workers: dict[str, WorkerState] = {}
@@ -102,6 +113,8 @@ class WorkerPool:
         self._deep_every = deep_probe_every
         self._rounds = 0
         self._task: asyncio.Task[None] | None = None
+        self._on_confirmation = on_confirmation
+        self._confirming: dict[str, asyncio.Task[None]] = {}  # url -> its confirmation probe
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -210,9 +223,7 @@ class WorkerPool:
             if not worker.seen_up or worker.breaker.allow(now):  # allow() may move open -> half-open
                 due.append(worker.url)
             self._transition(worker, before)
-        # SGLang's /health_generate itself waits up to 20 s (SGLANG_HEALTH_CHECK_TIMEOUT) for progress
-        # before answering 503, so a deep probe gets longer than that: its failure is then SGLang's verdict
-        timeout = max(self._timeout, 25.0) if deep else self._timeout
+        timeout = self._deep_timeout if deep else self._timeout
         results = await asyncio.gather(*(self._client.probe(u, timeout, deep) for u in due))
         for url, result in zip(due, results, strict=True):
             state = self._workers.get(url)
@@ -225,6 +236,57 @@ class WorkerPool:
             elif state.seen_up:  # a worker still starting up is not failing
                 failed: Signal = "deep_probe_failed" if deep else "probe_failed"
                 self.record(url, "refused" if result == "refused" else failed)
+
+    @property
+    def _deep_timeout(self) -> float:
+        # SGLang's /health_generate itself waits up to 20 s (SGLANG_HEALTH_CHECK_TIMEOUT) for progress
+        # before answering 503, so a deep probe gets longer than that: its failure is then SGLang's verdict
+        return max(self._timeout, 25.0)
+
+    def suspect(self, url: str) -> None:
+        """A request to ``url`` got an HTTP 5xx: confirm it with a deep probe before it counts.
+
+        Starts a background ``/health_generate`` probe of ``url`` unless one is already in flight (then
+        this answer waits for that one's verdict: concurrent 5xx share one probe). When it settles, each
+        answer it confirms is one ``request_failed`` (failed probe), or the worker is cleared with
+        ``deep_probe_ok`` (passing probe: the 5xx was the request's own fault), or tripped (``refused``).
+        Needs a running event loop; unknown URLs are ignored.
+        """
+        state = self._workers.get(url)
+        if state is None:
+            return
+        state.suspects += 1
+        if url not in self._confirming:
+            self._confirming[url] = asyncio.create_task(self._confirm(url), name=f"confirm-5xx {url}")
+
+    async def _confirm(self, url: str) -> None:
+        try:
+            result = await self._client.probe(url, self._deep_timeout, deep=True)
+        except Exception:  # a probe must never leave its suspects waiting forever
+            log.exception("confirmation_probe_failed", worker=url)
+            result = "unknown"
+        finally:
+            self._confirming.pop(url, None)
+        state = self._workers.get(url)
+        if state is None:
+            return
+        suspects, state.suspects = state.suspects, 0
+        verdict = {"ok": "cleared", "failed": "confirmed", "refused": "refused"}.get(result, "no_evidence")
+        log.info("worker_5xx_confirmation", worker=url, verdict=verdict, answers=suspects)
+        if result == "ok":
+            self.record(url, "deep_probe_ok")
+        elif result == "refused":
+            self.record(url, "refused")
+        elif result == "failed":
+            for _ in range(suspects):
+                self.record(url, "request_failed")
+        if self._on_confirmation is not None:
+            self._on_confirmation(url, verdict)
+
+    async def settle_confirmations(self) -> None:
+        """Wait until every confirmation probe in flight has settled (for shutdown and tests)."""
+        while self._confirming:
+            await asyncio.gather(*self._confirming.values(), return_exceptions=True)
 
     async def _probe_loop(self) -> None:
         while True:
@@ -240,12 +302,15 @@ class WorkerPool:
         self._task = asyncio.create_task(self._probe_loop(), name="worker-health")
 
     async def stop(self) -> None:
-        """Stop probing."""
-        if self._task is not None:
-            self._task.cancel()
+        """Stop probing (confirmation probes in flight are cancelled: their suspicions are dropped)."""
+        tasks = [t for t in (self._task, *self._confirming.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._task = None
+        self._confirming.clear()
 
     # -- choice and accounting ---------------------------------------------------------------------
     def choose(self, exclude: Collection[str] = ()) -> str | None:

@@ -3,10 +3,12 @@
 Speaks ``/generate`` (stream and non-stream, SGLang's SSE: cumulative ``text`` and ``output_ids``, or
 deltas when its ``server_info`` says ``incremental_streaming_output``), ``/health``, ``/server_info``
 (404 while ``server_info`` is None) and ``/abort_request`` (a non-streamed answer still being generated
-ends at once, as SGLang answers a running request it aborted: the words so far, their counts and
-``finish_reason`` ``{"type": "abort"}``). Its ``mode`` makes it answer 500, or break a
-stream after some chunks. Every request body it receives is kept in ``received`` so tests can assert that
-bad input never reached it.
+ends at once, as SGLang answers a running request it aborted: the words so far and their counts).
+Its ``mode`` makes it answer 500, or break a
+stream after some chunks; ``poison`` makes it answer 500 to the requests that carry a marker only (a
+request that crashes the engine while the worker stays healthy); ``reject`` makes it refuse every request
+with a 4xx the way SGLang does (``reject_style``). Every request body it receives is kept in ``received``
+so tests can assert that bad input never reached it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ class FakeWorker:
         up: False makes ``/health`` answer 503 (a worker restarting).
         finish: the finish reason of a complete answer: ``"length"`` (default) or ``"stop"`` (an end of
             turn, as a model that answered in fewer tokens than allowed).
+        poison: a marker; a ``/generate`` whose JSON body contains it answers 500 ``{"error": {"message":
+            poison_message}}`` (health and other requests stay fine). None: off.
+        poison_message: the text of that 500.
+        reject: an error text; when set, every ``/generate`` is refused with it, as SGLang refuses bad
+            input: ``reject_style`` ``"status"`` answers 400 ``{"error": {"message"}}``; ``"abort"``
+            answers 200 with ``finish_reason = {"type": "abort", "message", "status_code": 400}`` (a
+            grammar it cannot compile), as the only chunk when streamed; ``"event"`` (streams only; else as
+            ``"status"``) sends the error event ``{"error": {"message", "code": 400}}``.
     """
 
     def __init__(self) -> None:
@@ -56,6 +66,10 @@ class FakeWorker:
         self.up = True
         self.finish = "length"
         self._running: dict[str, asyncio.Event] = {}  # rid -> set by /abort_request (non-streamed)
+        self.poison: str | None = None
+        self.poison_message = "boom"
+        self.reject: str | None = None
+        self.reject_style = "status"
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -99,11 +113,35 @@ class FakeWorker:
             "finish_reason": reason if done else None,
         }
 
+    def _rejection(self, body: dict[str, Any]) -> Response:
+        assert self.reject is not None
+        stream = bool(body.get("stream"))
+        if self.reject_style == "abort":
+            meta = {
+                **self._meta(body, 0, False),
+                "finish_reason": {"type": "abort", "message": self.reject, "status_code": 400},
+            }
+            payload = {"text": "", "output_ids": [], "meta_info": meta}
+            if not stream:
+                return JSONResponse(payload)
+            events = [f"data: {json.dumps(payload)}\n\n".encode(), b"data: [DONE]\n\n"]
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        if self.reject_style == "event" and stream:
+            error = {"error": {"message": self.reject, "type": "invalid_request_error", "code": 400}}
+            events = [f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"]
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        return JSONResponse({"error": {"message": self.reject}}, status_code=400)
+
     async def generate(self, request: Request) -> Response:
-        body = await request.json()
+        raw = await request.body()
+        body = json.loads(raw)
         self.received.append(body)
         if self.mode == "error500":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if self.poison is not None and self.poison in raw.decode():
+            return JSONResponse({"error": {"message": self.poison_message}}, status_code=500)
+        if self.reject is not None:
+            return self._rejection(body)
         tokens = self.tokens
         n = min(body["sampling_params"]["max_new_tokens"], len(tokens))
         if not body.get("stream"):

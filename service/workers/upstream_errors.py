@@ -1,0 +1,132 @@
+"""A worker's failure as one :class:`UpstreamError`: its status, whose fault it is, and the worker's own text.
+
+Where SGLang 0.5.23 puts its errors (``entrypoints/http_server.py``, ``managers/schedule_batch.py``):
+
+- a non-streamed ``/generate`` that fails answers ``{"error": {"message"}}`` with the exception's
+  ``status_code`` (400 by default); FastAPI's own validation answers 422 ``{"detail": [...]}``;
+- a streamed one that fails after the 200 sends one event ``{"error": {"message", "type", "code",
+  "retryable"}}`` (``code`` is the HTTP status it would have given: 400 for bad input);
+- a request the scheduler aborts finishes with ``meta_info.finish_reason = {"type": "abort", "message",
+  "status_code"}`` (400 for a grammar it cannot compile: "Failed to compile json grammar: ...").
+
+The worker's text is kept whole in the error (for the gateway's log); what a tenant may see of it is
+decided by :mod:`service.rejection`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from service.workers.client import UpstreamChunk
+
+
+class UpstreamError(Exception):
+    """A worker call failed.
+
+    Attributes:
+        worker: base URL of the worker.
+        status: HTTP status from the worker, or None for a transport error (connect, read, timeout).
+        retryable: safe to try another worker (nothing was sent to the client yet is the caller's call).
+        refused: the connection could not be opened (the worker is down, not just slow).
+        local: the gateway's own connection pool to workers stayed exhausted past its wait bound; the
+            worker was never called (not its fault).
+        partial: an aborted answer's counts so far (what the worker computed), when it sent them.
+    """
+
+    def __init__(
+        self,
+        worker: str,
+        message: str,
+        status: int | None = None,
+        retryable: bool = True,
+        refused: bool = False,
+        local: bool = False,
+        partial: UpstreamChunk | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.status = status
+        self.retryable = retryable
+        self.refused = refused
+        self.local = local
+        self.partial = partial
+
+    @property
+    def rejected(self) -> bool:
+        """The worker answered 4xx: the request's input is at fault, not the worker."""
+        return self.status is not None and 400 <= self.status < 500
+
+
+def abort_status(meta: dict[str, Any]) -> int | None:
+    """The HTTP status SGLang gives an aborted request (``finish_reason.status_code``; 400 for a grammar
+    it cannot compile), None when it gives none."""
+    reason = meta.get("finish_reason")
+    status = reason.get("status_code") if isinstance(reason, dict) else None
+    return status if isinstance(status, int) else None
+
+
+def abort_error(worker: str, meta: dict[str, Any], partial: UpstreamChunk | None = None) -> UpstreamError:
+    """An aborted answer as an error: the worker's 4xx (the input's fault, not retried) or a 503; a
+    non-streamed one carries its counts so far (``partial``)."""
+    status = abort_status(meta)
+    reason = meta.get("finish_reason")
+    message = reason.get("message") if isinstance(reason, dict) else None
+    if status is not None and 400 <= status < 500:
+        return UpstreamError(
+            worker, str(message or "worker rejected the request"), status=status, retryable=False
+        )
+    said = f": {message}" if message else ""
+    return UpstreamError(worker, f"worker aborted the request{said}", status=503, partial=partial)
+
+
+def error_text(payload: Any, raw: bytes = b"") -> str:
+    """The worker's own words from an error body: ``error.message`` (or ``error``), a top-level
+    ``message`` or ``detail``, else the raw body; ``"worker returned an error"`` when it is empty."""
+    if isinstance(payload, dict):
+        err = payload.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", err))
+        if err is not None:
+            return str(err)
+        for key in ("message", "detail"):
+            if payload.get(key) is not None:
+                return str(payload[key])
+    text = raw.decode(errors="replace").strip()
+    return text or "worker returned an error"
+
+
+def http_error(worker: str, status: int, raw: bytes) -> UpstreamError:
+    """A non-200 answer to ``/generate``: retried elsewhere when 5xx, the input's fault when 4xx."""
+    return UpstreamError(worker, error_text(json_or_none(raw), raw), status=status, retryable=status >= 500)
+
+
+def stream_error(worker: str, payload: dict[str, Any]) -> UpstreamError:
+    """An ``{"error": ...}`` event in a stream: its ``code`` when it is a 4xx (bad input, not retried),
+    else a 500."""
+    err = payload.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, int) and 400 <= code < 500:
+        return UpstreamError(worker, error_text(payload), status=code, retryable=False)
+    return UpstreamError(worker, error_text(payload), status=500)
+
+
+def json_or_none(raw: bytes) -> Any:
+    """``raw`` parsed as JSON, or None when it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "UpstreamError",
+    "abort_error",
+    "abort_status",
+    "error_text",
+    "http_error",
+    "json_or_none",
+    "stream_error",
+]
