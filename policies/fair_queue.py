@@ -191,15 +191,18 @@ class PriorityBands(Generic[T]):
         return self._queues[item.band].remove(item)
 
     def _next_band(self) -> str | None:
-        # a backlogged band whose guaranteed-share credit covers its head goes first (highest rank first)
+        # a backlogged band whose guaranteed-share credit covers its head goes first (highest rank first),
+        # else the highest backlogged band; one pass over the bands
+        first: str | None = None
         for name, cfg in self.configs.items():
             head = self._queues[name].peek()
-            if cfg.min_share > 0 and head is not None and self._credit[name] >= head.cost:
+            if head is None:
+                continue
+            if cfg.min_share > 0 and self._credit[name] >= head.cost:
                 return name
-        for name in self.configs:
-            if self._queues[name].peek() is not None:
-                return name
-        return None
+            if first is None:
+                first = name
+        return first
 
     def peek(self) -> QueuedItem[T] | None:
         """The item ``pop`` would return next, or None when all bands are empty."""

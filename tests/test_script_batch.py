@@ -1,5 +1,6 @@
-"""Automatic pipelining of script calls (tenancy/script_batch.py): concurrent calls share one pipeline and
-each gets its own reply or error, exactly as if sent alone."""
+"""Automatic pipelining of script calls (tenancy/script_batch.py): concurrent calls share one write and
+each gets its own reply or error, exactly as if sent alone; the hand-packed EVALSHA is byte-identical to
+redis-py's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from tenancy.script_batch import ScriptBatcher
+from tenancy.script_batch import ScriptBatcher, pack_evalsha
 from tests.support.servers import free_port
 
 ECHO = """
@@ -20,29 +21,54 @@ return {ARGV[1], redis.call('GET', KEYS[1])}
 """
 
 
-class CountingPipelines:
-    """Counts the pipelines a client opens."""
+class CountingWrites:
+    """Counts the connection checkouts of a client's pool (one per write of a batch)."""
 
     def __init__(self, client: aioredis.Redis) -> None:
-        self.opened = 0
-        self._pipeline = client.pipeline
+        self.writes = 0
+        pool = client.connection_pool
+        get_connection = pool.get_connection
 
-        def pipeline(*args: Any, **kwargs: Any) -> Any:
-            self.opened += 1
-            return self._pipeline(*args, **kwargs)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.writes += 1
+            return await get_connection(*args, **kwargs)
 
-        client.pipeline = pipeline  # type: ignore[method-assign]
+        pool.get_connection = counted  # type: ignore[method-assign]
 
 
-async def test_concurrent_calls_share_one_pipeline_and_keep_their_order(redis_client: aioredis.Redis) -> None:
-    pipes = CountingPipelines(redis_client)
+async def test_concurrent_calls_share_one_write_and_keep_their_order(redis_client: aioredis.Redis) -> None:
     batcher = ScriptBatcher(redis_client)
     script = redis_client.register_script(ECHO)
+    await redis_client.script_load(ECHO)
+    writes = CountingWrites(redis_client)
     replies = await asyncio.gather(*(batcher.run(script, ["counter"], [f"v{i}"]) for i in range(20)))
     assert replies == [[f"v{i}", str(i + 1)] for i in range(20)]  # run one after another, in call order
-    assert pipes.opened == 1
+    assert writes.writes == 1
     assert await batcher.run(script, ["counter"], ["alone"]) == ["alone", "21"]
-    assert pipes.opened == 1  # a batch of one is a plain call
+    assert writes.writes == 2  # a batch of one is one write too
+
+
+@pytest.mark.parametrize(
+    ("keys", "args"),
+    [
+        ([], []),
+        (["k"], ["v"]),
+        (["t:{a}", "b:{a}"], ["", "take", 0, -7, 1.5, 1e300, 0.1 + 0.2, "ünïcode ✓", "with\r\nnewline"]),
+        (["k"] * 3, [2**63, -(2**63), 123456789.125]),
+    ],
+)
+def test_evalsha_is_packed_byte_for_byte_as_redis_py_packs_it(
+    redis_client: aioredis.Redis, keys: list[str], args: list[Any]
+) -> None:
+    conn = redis_client.connection_pool.make_connection()
+    expected = b"".join(conn.pack_command("EVALSHA", "f" * 40, len(keys), *keys, *args))
+    assert pack_evalsha("f" * 40, keys, args) == expected
+
+
+@pytest.mark.parametrize("bad", [True, None, b"bytes", [1]])
+def test_an_argument_redis_py_would_refuse_is_refused(bad: Any) -> None:
+    with pytest.raises(TypeError):
+        pack_evalsha("f" * 40, ["k"], [bad])
 
 
 async def test_a_script_error_fails_only_its_own_call(redis_client: aioredis.Redis) -> None:

@@ -7,7 +7,6 @@ channel, so a client that goes away cancels the upstream call and the pipeline u
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -20,30 +19,36 @@ class ClientDisconnected(Exception):
     """The client closed the connection before the answer was ready."""
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it and raise :class:`ClientDisconnected`.
+    """Await ``work`` in this task; if the client disconnects first, cancel it and raise
+    :class:`ClientDisconnected`.
 
-    The request body must already have been read.
+    One watcher task reads the ASGI receive channel; on ``http.disconnect`` it cancels the task that
+    awaits ``work``, whose own cancellation handling (abort at the worker, refund) runs as it unwinds.
+    The work runs inline, not in a task of its own: a task and an ``asyncio.wait`` per request cost
+    more CPU than the rest of this module (``python -m loadgen bench-gateway``).
+
+    The request body must already have been read. A cancellation from elsewhere (server shutdown)
+    propagates unchanged.
     """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone = True
+        current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        raise
+        if not gone:
+            raise
+        current.uncancel()
+        raise ClientDisconnected from None
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientDisconnected
