@@ -317,17 +317,22 @@ class Scheduler:
     def _sync_workers(self, now: float) -> None:
         """Bring the core's worker set and eligibility in line with the pool (health, draining)."""
         decisions: list[Decision] = []
-        seen = set()
-        for view in self._pool.views():
-            url, eligible = view.url, view.healthy
-            seen.add(url)
-            if url not in self._eligible:
+        known = self._eligible
+        pairs = self._pool.eligibility()
+        for url, eligible in pairs:
+            was = known.get(url)
+            if was is None:
                 self._core.add_worker(url, self._max_running.get(url))
-                self._eligible[url] = True
-            if self._eligible[url] != eligible:
-                self._eligible[url] = eligible
+                known[url] = was = True
+            if was != eligible:
+                known[url] = eligible
                 decisions += self._core.set_eligible(url, eligible, now)
-        for url in [u for u in self._eligible if u not in seen]:
+        if len(known) == len(pairs):  # every known worker is still in the pool
+            if decisions:
+                self._apply(decisions)
+            return
+        seen = {url for url, _ in pairs}
+        for url in [u for u in known if u not in seen]:
             self._eligible.pop(url)
             decisions += self._core.remove_worker(url, now)
         if decisions:

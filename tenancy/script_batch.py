@@ -64,15 +64,23 @@ class ScriptBatcher:
         self._redis = redis
         self._pending: list[_Call] | None = None  # the calls of this loop round, while collected
         self._flushes: set[asyncio.Task[None]] = set()
+        self._busy = 0  # exchanges with Redis in progress
 
     async def run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
-        """``await script(keys=keys, args=args)``, sent with the other calls of this loop round."""
+        """``await script(keys=keys, args=args)``, sent with the other calls of this loop round.
+
+        A call made while no exchange with Redis is in progress is sent at once (an idle gateway waits no
+        loop round); calls made while one is in progress are collected for one round and sent together.
+        """
         loop = asyncio.get_running_loop()
         if self._pending is not None:  # another call collects this round: join it
             future: asyncio.Future[Any] = loop.create_future()
             self._pending.append((script, keys, args, future))
             return await future
         batch: list[_Call] = [(script, keys, args, loop.create_future())]
+        if not self._busy:  # nothing in progress to wait with: send at once
+            await self._send(batch)
+            return batch[0][3].result()
         self._pending = batch
         try:
             await asyncio.sleep(0)  # one loop round: the callbacks ready now may add calls
@@ -96,6 +104,7 @@ class ScriptBatcher:
     async def _send(self, batch: list[_Call]) -> None:
         """Send ``batch`` in one write and set each call's future from its reply."""
         packed = b"".join(pack_evalsha(script.sha, keys, args) for script, keys, args, _ in batch)
+        self._busy += 1
         try:
             replies = await self._exchange(packed, len(batch))
         except asyncio.CancelledError:  # the gateway is shutting down, or the lone caller was cancelled
@@ -107,6 +116,8 @@ class ScriptBatcher:
                 if not future.done():
                     future.set_exception(exc)
             return
+        finally:
+            self._busy -= 1
         for call, reply in zip(batch, replies, strict=True):
             if isinstance(reply, NoScriptError):  # Redis restarted or flushed its scripts: load, call alone
                 await self._one(call)

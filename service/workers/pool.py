@@ -163,6 +163,12 @@ class WorkerPool:
             for w in self._workers.values()
         ]
 
+    def eligibility(self) -> list[tuple[str, bool]]:
+        """``(url, eligible now)`` of every worker: what :meth:`views` says of them, without building
+        the views (the scheduler asks on every request)."""
+        now = self._clock()
+        return [(w.url, self._eligible(w, now)) for w in self._workers.values()]
+
     def _eligible(self, state: WorkerState, now: float) -> bool:
         """``state.eligible(now)``, reporting the open -> half-open move its cool-down may make."""
         before = state.breaker.state
