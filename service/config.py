@@ -128,6 +128,11 @@ class EngineSettings(BaseModel):
     mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
     max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
     context_length: int | None = Field(None, ge=1, description="--context-length override.")
+    incremental_streaming: bool = Field(
+        True,
+        description="--incremental-streaming-output: each streamed chunk carries only its new text and "
+        "ids (cumulative chunks repeat the answer so far: O(n^2) over a stream, engine and gateway).",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Further launch_server arguments.")
     cpu_shim_path: Path | None = Field(
         default_factory=default_cpu_shim,

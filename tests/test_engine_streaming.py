@@ -3,7 +3,8 @@
 Issue 8, item 7: with ``--incremental-streaming-output`` the gateway used to guess deltas from the text's
 shape and dropped repeated tokens (``1,0,0,01.`` for ``1,000,000,001.``). Greedy ``/v1/completions`` on
 repetition-heavy prompts must stream exactly the non-streamed text, with a worker in each mode (the
-cumulative one is the session's shared worker; the incremental one is started here).
+incremental one is the session's shared worker, as the launcher starts it by default; the cumulative one is
+started here).
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ REPETITIVE_PROMPTS = [  # repeated digits, newlines, repeated words
 
 
 @pytest.fixture(scope="module")
-def incremental_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    """A second real worker, launched with ``--incremental-streaming-output`` (engine extra_args)."""
-    with running_worker(
-        tmp_path_factory.mktemp("engine-incremental"), extra_args=["--incremental-streaming-output"]
-    ) as proc:
+def cumulative_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A second real worker, launched without ``--incremental-streaming-output`` (SGLang's default;
+    the launcher's default, like the session's shared worker, is incremental)."""
+    with running_worker(tmp_path_factory.mktemp("engine-cumulative"), incremental_streaming=False) as proc:
         yield proc
 
 
@@ -48,7 +48,7 @@ def incremental_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wor
 def api(request: pytest.FixtureRequest, redis_url: str) -> Iterator[tuple[str, httpx.Client]]:
     """(mode, a client of a gateway whose only worker streams in that mode)."""
     mode = str(request.param)
-    name = "engine_worker" if mode == "cumulative" else "incremental_worker"
+    name = "cumulative_worker" if mode == "cumulative" else "engine_worker"
     worker: WorkerProcess = request.getfixturevalue(name)
     reported = httpx.get(f"{worker.url}/server_info", timeout=30).json()["incremental_streaming_output"]
     assert reported is (mode == "incremental")

@@ -108,30 +108,35 @@ class StreamDeltas:
         self._logprobs = 0  # token logprobs so far
         self._last_incremental = False  # the mode the last step read
 
-    def _is_incremental(self, ids: list[int] | None, completion_tokens: int) -> bool:
+    def _is_incremental(self, n_ids: int | None, completion_tokens: int) -> bool:
         if self._incremental is not None:
             return self._incremental
-        if ids is None or not completion_tokens or not self._ids:
+        if n_ids is None or not completion_tokens or not self._ids:
             return False
-        return len(ids) + self._ids == completion_tokens
+        return n_ids + self._ids == completion_tokens
 
     def step(self, payload: dict[str, Any]) -> tuple[str, tuple[int, ...] | None]:
-        """The new text and new token ids (None when the chunk has no ``output_ids``) of one chunk."""
+        """The new text and new token ids (None when the chunk has no ``output_ids``) of one chunk.
+
+        Only the new ids are converted: a cumulative chunk repeats every id so far, and converting them
+        all on each chunk made a stream's cost quadratic in its length."""
         raw_ids = payload.get("output_ids")
-        ids = [int(i) for i in raw_ids] if isinstance(raw_ids, list) else None
+        ids: list[Any] | None = raw_ids if isinstance(raw_ids, list) else None
         meta = payload.get("meta_info") or {}
         text = payload.get("text")
-        self._last_incremental = self._is_incremental(ids, int(meta.get("completion_tokens") or 0))
+        n_ids = None if ids is None else len(ids)
+        self._last_incremental = self._is_incremental(n_ids, int(meta.get("completion_tokens") or 0))
         if self._last_incremental:
-            self._ids += len(ids or ())
-            return (text if isinstance(text, str) else ""), (tuple(ids) if ids is not None else None)
+            self._ids += n_ids or 0
+            new = None if ids is None else tuple([int(i) for i in ids])
+            return (text if isinstance(text, str) else ""), new
         delta = ""
         if isinstance(text, str):
             delta = text[self._text_chars :]
             self._text_chars = max(self._text_chars, len(text))
         new_ids = None
         if ids is not None:
-            new_ids = tuple(ids[self._ids :])
+            new_ids = tuple([int(i) for i in ids[self._ids :]])
             self._ids = max(self._ids, len(ids))
         return delta, new_ids
 

@@ -3,6 +3,7 @@
 The command is built from :class:`service.config.EngineSettings`:
 ``<engine python> -m sglang.launch_server --model-path ... --tp N --dp N --device cpu|cuda
 --enable-priority-scheduling --enable-metrics --enable-cache-report --schedule-policy P --port ...``
+plus ``--incremental-streaming-output`` (``engine.incremental_streaming``, on by default)
 plus, on CPU, ``--attention-backend torch_native --disable-cuda-graph --sleep-on-idle`` and the
 environment SGLang's CPU path needs (``SGLANG_USE_CPU_ENGINE=1``, the ``sgl_kernel`` stand-in on
 ``PYTHONPATH``; see scripts/engine/README.md). Each worker gets its own process group so that stopping
@@ -59,6 +60,8 @@ def build_command(engine: EngineSettings, port: int) -> list[str]:
         "--enable-metrics",
         "--enable-cache-report",
     ]
+    if engine.incremental_streaming:  # O(1) per streamed chunk, for the engine and the gateway
+        cmd.append("--incremental-streaming-output")
     if engine.device == "cpu":
         cmd += ["--attention-backend", "torch_native", "--disable-cuda-graph", "--sleep-on-idle"]
         cmd += ["--mem-fraction-static", str(engine.mem_fraction_static or 0.05)]
