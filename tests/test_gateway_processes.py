@@ -1,5 +1,6 @@
 """Several gateway processes on one host (``RADIXGATE_WORKERS``): ``python -m service serve`` forks uvicorn
-workers from the app factory; they share the port and Redis, so a tenant's quota holds across them."""
+workers from the app factory; they share the port and Redis, so a tenant's quota holds across them, and
+their ``/metrics`` (prometheus_client multiprocess mode, in a directory of the run) shows the whole host."""
 
 from __future__ import annotations
 
