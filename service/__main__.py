@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from service.api.responses_protocol import responses_table
 from service.app import create_app
 from service.config import Settings
 from service.config_doc import settings_table
+from service.host_serve import MULTIPROC_ENV, serve_processes
 from service.logs import configure_logging
 from service.workers.launcher import WorkerProcess
 
@@ -36,6 +38,16 @@ def load_settings() -> Settings:
 @cli.command()
 def serve() -> None:
     """Run the gateway (settings from RADIXGATE_* environment variables); RADIXGATE_WORKERS processes."""
+    # serve owns prometheus_client's multiprocess mode: a fresh directory per run, only with several
+    # processes; an inherited one could hold another run's files (summed in) or slow one process down
+    inherited = [name for name in MULTIPROC_ENV if os.environ.get(name)]
+    if inherited:
+        typer.echo(
+            f"unset {' and '.join(inherited)}: serve creates a fresh metrics directory per run "
+            "itself when RADIXGATE_WORKERS > 1 (and none with one process)",
+            err=True,
+        )
+        raise typer.Exit(2)
     settings = load_settings()
     options: dict[str, Any] = {
         "host": settings.host,
@@ -48,7 +60,8 @@ def serve() -> None:
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **options)
     else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
-        uvicorn.run("service.app:create_app", factory=True, workers=settings.workers, **options)
+        configure_logging(settings.observability.log_level)
+        serve_processes(settings.workers, options, os.environ)
 
 
 @cli.command()

@@ -24,7 +24,7 @@ from service.api.openai_routes import COMPLETION_ROUTES
 from service.config import RedisSettings, Settings
 from service.dispatch import Dispatcher
 from service.logs import configure_logging
-from service.metrics import GatewayMetrics
+from service.metrics import GatewayMetrics, refresh_pool_gauges
 from service.prompting import PromptRenderer
 from service.scheduler import Scheduler
 from service.settlement import Settler
@@ -198,6 +198,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         settler = Settler(quota, settings.redis, metrics)
         dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler, settler)
         registry = WorkerRegistry(redis, prefix)
+        if metrics.multiprocess:
+            background.append(
+                asyncio.create_task(
+                    refresh_pool_gauges(
+                        metrics, lambda: pool.workers, settings.observability.metrics_refresh_s
+                    ),
+                    name="pool-gauges",
+                )
+            )
         background.append(
             asyncio.create_task(sync_loop(pool, registry, up.health_interval_s), name="worker-registry")
         )
@@ -240,7 +249,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     configure_logging(settings.observability.log_level)
     app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan)
     app.state.settings = settings
-    app.state.metrics = GatewayMetrics(CollectorRegistry(), settings.observability.max_tenant_labels)
+    obs = settings.observability
+    app.state.metrics = GatewayMetrics(CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir)
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)

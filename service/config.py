@@ -419,6 +419,19 @@ class ObservabilitySettings(BaseModel):
     max_tenant_labels: int = Field(
         100, ge=1, description="Distinct tenant label values in metrics; the rest report as 'other'."
     )
+    metrics_multiproc_dir: Path | None = Field(
+        None,
+        description="prometheus_client multiprocess directory: /metrics then sums every gateway process "
+        "of the host. `serve` sets it (with PROMETHEUS_MULTIPROC_DIR) to a fresh private temp dir when "
+        "WORKERS > 1 and removes it at exit; set it by hand only under your own process manager (the same, "
+        "empty dir in PROMETHEUS_MULTIPROC_DIR). Unset: this process's in-memory metrics.",
+    )
+    metrics_refresh_s: float = Field(
+        1.0,
+        gt=0,
+        description="With metrics_multiproc_dir: how often each process writes the gauges it otherwise "
+        "sets at scrape time (worker_in_flight_requests, worker_healthy), s.",
+    )
 
 
 class Settings(BaseSettings):
@@ -434,8 +447,8 @@ class Settings(BaseSettings):
         1,
         ge=1,
         description="Gateway processes on this host sharing the port (uvicorn workers); each is one "
-        "replica with its own scheduler and /metrics, all sharing Redis. More than 1 needs "
-        "engine.launch false.",
+        "replica with its own scheduler, all sharing Redis; /metrics sums them (prometheus_client "
+        "multiprocess mode, only when more than 1). More than 1 needs engine.launch false.",
     )
     admin_token: SecretStr = Field(
         SecretStr(""), description="Bearer token for /admin routes (16+ chars); admin API off while empty."

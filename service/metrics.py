@@ -2,19 +2,50 @@
 
 Tenant label cardinality is bounded: the first ``max_tenant_labels`` tenant ids seen keep their own
 label value, later ones report as ``"other"``.
+
+One process (the default) keeps every value in memory and ``/metrics`` serves the app's registry. With
+several gateway processes on a host (``RADIXGATE_WORKERS`` > 1) ``service.host_serve`` runs them with
+prometheus_client's multiprocess mode: each process writes its values to mmap files in a fresh private
+directory (``observability.metrics_multiproc_dir``) and ``/metrics``, whichever process answers it, sums the
+files of every process of the host (:class:`prometheus_client.multiprocess.MultiProcessCollector`):
+counters and histograms add up, and each gauge says how (its ``multiprocess_mode``, see
+:class:`GatewayMetrics`). That mode costs a lock and an mmap write per update, so it is never used with one
+process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import values as prometheus_values
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def multiprocess_values_active() -> bool:
+    """True when prometheus_client keeps metric values in mmap files: ``PROMETHEUS_MULTIPROC_DIR`` was
+    set when it was first imported in this process (it chooses its value class then, once)."""
+    return bool(getattr(prometheus_values.ValueClass, "_multiprocess", False))
+
+
+class PoolWorkerGauges(Protocol):
+    """What the scrape-time gauges read from one pool worker (:class:`service.workers.pool.WorkerState`)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
 
 
 _Family = TypeVar("_Family", bound=MetricWrapperBase)
@@ -57,13 +88,58 @@ class RequestSeries:
 class GatewayMetrics:
     """Every gateway metric, registered in ``registry``.
 
+    Gauges in multiprocess mode (``multiproc_dir`` set; ignored otherwise), each summarised over the
+    host's live processes (a process uvicorn replaced is dropped by ``mark_process_dead``):
+
+    - ``in_flight_requests``, ``queue_depth{band}``, ``settle_pending``, ``worker_in_flight_requests``:
+      ``livesum``, the host's total.
+    - ``worker_window_requests{worker}``: ``livesum``. Each process runs its own scheduler with its own
+      AIMD window per worker; the sum is the concurrency the host as a whole may send that worker, the
+      figure to compare with the summed ``worker_in_flight_requests`` and with the worker's own capacity.
+      Chosen over a ``pid`` label (``liveall``) so that names and labels stay those of one process and
+      dashboards read the same either way; a single process's window is in its logs (``pid``).
+    - ``worker_healthy{worker}``: ``livemin``: 0 as soon as one process has the worker out of rotation
+      (its breaker open or its probes failing), so an alert on 0 fires for a partial outage too.
+
+    The two scrape-time gauges (``worker_in_flight_requests``, ``worker_healthy``) are written by
+    whichever process answers ``/metrics``; in multiprocess mode every process also writes them every
+    ``observability.metrics_refresh_s`` (:func:`refresh_pool_gauges`), so the others are at most that old.
+
     Args:
-        registry: where to register (one per app; ``/metrics`` serves it).
+        registry: where to register the families (one per app).
         max_tenant_labels: the tenant label cap.
+        multiproc_dir: prometheus_client's multiprocess directory, or None for in-memory values.
+
+    Raises:
+        ValueError: ``multiproc_dir`` is set but is not a directory, or prometheus_client is not in
+            multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` unset when the process started) or writes to
+            another directory; or it is in multiprocess mode while ``multiproc_dir`` is unset (``/metrics``
+            would show one process only).
     """
 
-    def __init__(self, registry: CollectorRegistry, max_tenant_labels: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, max_tenant_labels: int, multiproc_dir: Path | None = None
+    ) -> None:
         self.registry = registry
+        #: what ``/metrics`` serves: ``registry`` itself, or every process's files summed
+        self.exposition = registry
+        self.multiprocess = multiproc_dir is not None
+        if multiproc_dir is not None:
+            if not multiproc_dir.is_dir():
+                raise ValueError(f"metrics_multiproc_dir {multiproc_dir} is not a directory")
+            if not multiprocess_values_active():
+                raise ValueError(
+                    "metrics_multiproc_dir is set but prometheus_client keeps values in memory: set "
+                    "PROMETHEUS_MULTIPROC_DIR to the same directory before the process starts"
+                )
+            self.exposition = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(self.exposition, path=str(multiproc_dir))  # type: ignore[no-untyped-call]
+        elif multiprocess_values_active():
+            raise ValueError(
+                "PROMETHEUS_MULTIPROC_DIR is set but observability.metrics_multiproc_dir is not: set "
+                "both to one fresh directory (python -m service serve does it when RADIXGATE_WORKERS > 1) "
+                "or neither"
+            )
         self.tenant = TenantLabels(max_tenant_labels)
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
@@ -110,19 +186,24 @@ class GatewayMetrics:
             "radixgate_upstream_errors_total", "Failed worker calls.", ["worker", "kind"], registry=registry
         )
         self.in_flight = Gauge(
-            "radixgate_in_flight_requests", "Requests being served by this replica.", registry=registry
+            "radixgate_in_flight_requests",
+            "Requests being served by this replica (by the host's processes in multiprocess mode).",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.worker_in_flight = Gauge(
             "radixgate_worker_in_flight_requests",
             "Requests in flight per worker.",
             ["worker"],
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.queue_depth = Gauge(
             "radixgate_queue_depth",
             "Requests waiting in the gateway queue per band.",
             ["band"],
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.queue_wait = Histogram(
             "radixgate_queue_wait_seconds",
@@ -146,9 +227,11 @@ class GatewayMetrics:
         )
         self.worker_window = Gauge(
             "radixgate_worker_window_requests",
-            "Current concurrency window per worker, requests.",
+            "Current concurrency window per worker, requests (summed over the host's processes in "
+            "multiprocess mode).",
             ["worker"],
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.routing_decisions = Counter(
             "radixgate_routing_decisions_total",
@@ -210,10 +293,21 @@ class GatewayMetrics:
             "radixgate_settle_pending",
             "Settles being retried in the background now.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.worker_healthy = Gauge(
-            "radixgate_worker_healthy", "1 if the worker passes health checks.", ["worker"], registry=registry
+            "radixgate_worker_healthy",
+            "1 if the worker passes health checks (in every process of the host, in multiprocess mode).",
+            ["worker"],
+            registry=registry,
+            multiprocess_mode="livemin",
         )
+
+    def record_pool(self, workers: Iterable[PoolWorkerGauges]) -> None:
+        """Set ``worker_healthy`` and ``worker_in_flight_requests`` from the pool's workers now."""
+        for worker in workers:
+            self.child(self.worker_healthy, worker.url).set(1 if worker.healthy else 0)
+            self.child(self.worker_in_flight, worker.url).set(worker.in_flight)
 
     def child(self, family: _Family, *labels: str) -> _Family:
         """``family.labels(*labels)``, looked up once and kept: prometheus-client's ``labels`` takes a lock
@@ -240,3 +334,13 @@ class GatewayMetrics:
                 self.cached_tokens.labels(tenant_label),
             )
         return series
+
+
+async def refresh_pool_gauges(
+    metrics: GatewayMetrics, workers: Callable[[], Iterable[PoolWorkerGauges]], interval_s: float
+) -> None:
+    """Write the scrape-time gauges every ``interval_s`` s until cancelled (multiprocess mode: a scrape
+    answered by another process reads this one's values from its files)."""
+    while True:
+        metrics.record_pool(workers())
+        await asyncio.sleep(interval_s)

@@ -39,4 +39,4 @@ async def metrics(state: StateDep) -> Response:
     for worker in state.pool.workers:
         m.worker_healthy.labels(worker.url).set(1 if worker.healthy else 0)
         m.worker_in_flight.labels(worker.url).set(worker.in_flight)
-    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(m.exposition), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,104 @@
+"""Several gateway processes on one host (``RADIXGATE_WORKERS`` > 1) whose ``/metrics`` sums them all.
+
+The parent process creates a fresh private directory (:func:`tempfile.mkdtemp`, mode 0700) before it
+starts any worker, points prometheus_client's multiprocess mode at it (``PROMETHEUS_MULTIPROC_DIR``) and
+the gateway at it (``RADIXGATE_OBSERVABILITY__METRICS_MULTIPROC_DIR``) in the environment the workers
+inherit, runs uvicorn's worker supervisor, and removes the directory when it exits. Each run has its own
+directory, so files from an earlier run are never summed in (a parent killed with SIGKILL leaves its
+directory in the temp folder, unused by any later run). When uvicorn replaces a worker (it died or hung,
+SIGHUP, SIGTTOU), the parent marks the old process dead: its ``live*`` gauge files are removed, so its
+in-flight requests and queue depths stop counting, while its counters and histograms stay (what it
+served was served, and the replacement writes files of its own pid, so nothing is counted twice).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from pathlib import Path
+from socket import socket
+from typing import Any
+
+import structlog
+import uvicorn
+from prometheus_client.multiprocess import mark_process_dead
+from uvicorn.supervisors import Multiprocess
+
+log = structlog.get_logger("radixgate.host_serve")
+
+#: the environment variables the workers inherit; the first is prometheus_client's own
+MULTIPROC_ENV = ("PROMETHEUS_MULTIPROC_DIR", "RADIXGATE_OBSERVABILITY__METRICS_MULTIPROC_DIR")
+
+
+@contextmanager
+def fresh_multiproc_dir() -> Iterator[Path]:
+    """A new empty directory, readable by this user only, removed (with every file in it) on exit."""
+    path = Path(tempfile.mkdtemp(prefix="radixgate-metrics-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class MetricsMultiprocess(Multiprocess):
+    """uvicorn's worker supervisor that calls ``mark_process_dead`` for every worker it replaces or
+    retires while running (the three places it does: a dead or hung worker, SIGHUP, SIGTTOU).
+
+    Args:
+        config: uvicorn's config (``workers`` > 1, the app as an import string).
+        sockets: the bound listening sockets the workers share.
+        multiproc_dir: the prometheus_client multiprocess directory of this run.
+    """
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket], multiproc_dir: Path) -> None:
+        super().__init__(config, sockets)
+        self._multiproc_dir = multiproc_dir
+
+    def _pids(self) -> set[int]:
+        return {p.pid for p in self.processes if p.pid is not None}
+
+    def _marking_dead(self, step: Callable[[], None]) -> None:
+        before = self._pids()
+        try:
+            step()
+        finally:
+            for pid in before - self._pids():
+                mark_process_dead(pid, str(self._multiproc_dir))  # type: ignore[no-untyped-call]
+                log.info("gateway_process_replaced", dead_pid=pid)
+
+    def keep_subprocess_alive(self) -> None:
+        """uvicorn's check (restart a dead or hung worker), then the replaced pid marked dead."""
+        self._marking_dead(super().keep_subprocess_alive)
+
+    def restart_all(self) -> None:
+        """uvicorn's rolling restart (SIGHUP), then the retired pids marked dead."""
+        self._marking_dead(super().restart_all)
+
+    def handle_ttou(self) -> None:
+        """uvicorn's one-worker-fewer (SIGTTOU), then the retired pid marked dead."""
+        self._marking_dead(super().handle_ttou)
+
+
+def serve_processes(workers: int, options: dict[str, Any], environ: MutableMapping[str, str]) -> None:
+    """Run ``workers`` gateway processes (``service.app:create_app``, each building its own Settings from
+    the environment) on one port until SIGINT/SIGTERM, in prometheus_client's multiprocess mode.
+
+    Args:
+        workers: how many processes (> 1).
+        options: keyword arguments of :class:`uvicorn.Config` (host, port, loop, ...).
+        environ: the process environment the workers inherit (``os.environ``); the two
+            :data:`MULTIPROC_ENV` variables are set in it for the run.
+    """
+    with fresh_multiproc_dir() as multiproc_dir:
+        for name in MULTIPROC_ENV:
+            environ[name] = str(multiproc_dir)
+        config = uvicorn.Config("service.app:create_app", factory=True, workers=workers, **options)
+        sock = config.bind_socket()
+        try:
+            MetricsMultiprocess(config, [sock], multiproc_dir).run()
+        except KeyboardInterrupt:  # as uvicorn.run: a Ctrl-C during start-up ends quietly
+            pass
+        finally:
+            sock.close()
