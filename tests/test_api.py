@@ -278,6 +278,9 @@ def test_admin_rejects_inconsistent_tenants(http: httpx.Client) -> None:
         {"quotas": {"requests_per_min": 1e400}},  # inf: not "unlimited"
         {"quotas": {"requests_per_min": 1e13}},
         {"max_tokens_cap": 10**30},
+        {"weight": 1e-320},  # a denormal weight made WFQ finish tags infinite
+        {"weight": 1e-6},
+        {"quotas": {"requests_per_min": 60, "request_burst": 0.5}},  # a bucket below one request admits none
     ],
 )
 def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(
@@ -298,6 +301,21 @@ def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(
         "/admin/tenants", content=raw({"id": f"{tenant_id}-c", "name": "x", **patch}), headers=headers
     )
     assert created.status_code in (400, 422), created.text
+
+
+def test_request_bucket_below_one_request(http: httpx.Client) -> None:
+    # a rate under 1 request/min with no burst still admits one request (the bucket holds at least one)
+    tenant_id, key = new_tenant(http, quotas={"requests_per_min": 0.5})
+    assert http.post("/v1/chat/completions", json=chat(), headers=auth(key)).status_code == 200
+    resp = http.post("/v1/chat/completions", json=chat(), headers=auth(key))
+    assert_openai_error(resp, 429)
+    assert int(resp.headers["retry-after"]) > 60
+    # an explicit burst below one request is refused at the admin API, on PUT quotas as on create
+    err = assert_openai_error(
+        http.put(f"/admin/tenants/{tenant_id}/quotas", json={"request_burst": 0.5}, headers=ADMIN), 400
+    )
+    assert err["param"] == "quotas.request_burst"
+    assert http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()["quotas"]["requests_per_min"] == 0.5
 
 
 def test_admin_routes_need_the_admin_token(http: httpx.Client) -> None:
