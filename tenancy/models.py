@@ -137,6 +137,14 @@ class Tenant(TenantCreate):
         return self
 
 
+class KeyCreate(BaseModel):
+    """Body of ``POST /admin/tenants/{id}/keys``."""
+
+    model_config = _ADMIN_INPUT
+
+    name: str = Field("", max_length=200, description="A label for the key (not secret).")
+
+
 class ApiKeyRecord(BaseModel):
     """A stored API key: never the key itself, only its HMAC-SHA256 digest."""
 

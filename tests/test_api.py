@@ -356,6 +356,31 @@ def test_admin_tenant_lifecycle(http: httpx.Client) -> None:
     assert_openai_error(http.get("/v1/models", headers=auth(second["api_key"])), 401)
 
 
+def test_key_issue_refuses_fields_it_does_not_serve(http: httpx.Client) -> None:
+    # an ignored "expires_at" would leave an admin believing the key expires
+    tenant_id, _ = new_tenant(http)
+    resp = http.post(f"/admin/tenants/{tenant_id}/keys", json={"name": "k", "expires_at": 1}, headers=ADMIN)
+    assert assert_openai_error(resp, 400, "unknown_parameter")["param"] == "expires_at"
+    err = assert_openai_error(
+        http.post(f"/admin/tenants/{tenant_id}/keys", json={"name": 5}, headers=ADMIN), 400
+    )
+    assert err["param"] == "name"
+    keys = http.get(f"/admin/tenants/{tenant_id}/keys", headers=ADMIN).json()["data"]
+    assert len(keys) == 1  # new_tenant's own: the refused calls issued nothing
+
+
+def test_retrieve_one_model(http: httpx.Client) -> None:
+    # OpenAI's GET /v1/models/{model} (the openai client's models.retrieve)
+    _, key = new_tenant(http)
+    got = http.get(f"/v1/models/{MODEL}", headers=auth(key))
+    assert got.status_code == 200, got.text
+    assert got.json() == {"id": MODEL, "object": "model", "created": 0, "owned_by": "radixgate"}
+    assert_openai_error(http.get("/v1/models/nope", headers=auth(key)), 404, "model_not_found")
+    assert_openai_error(http.get(f"/v1/models/{MODEL}"), 401)
+    _, limited = new_tenant(http, allowed_models=[])
+    assert_openai_error(http.get(f"/v1/models/{MODEL}", headers=auth(limited)), 404, "model_not_found")
+
+
 def test_keys_are_stored_only_as_digests(http: httpx.Client, redis_url: str) -> None:
     _, key = new_tenant(http)
     client = redis.Redis.from_url(redis_url, decode_responses=True)

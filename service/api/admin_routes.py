@@ -14,6 +14,7 @@ from tenancy.models import (
     MIN_REQUEST_BURST,
     ApiKeyInfo,
     IssuedKey,
+    KeyCreate,
     Quotas,
     Tenant,
     TenantCreate,
@@ -159,13 +160,9 @@ async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
 @router.post("/tenants/{tenant_id}/keys", status_code=201)
 async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKey:
     """Issue an API key; the response holds the key, shown this once."""
-    name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > 200:
-        raise APIError(
-            400, "'name' must be a string of at most 200 characters.", code="invalid_value", param="name"
-        )
+    spec = parse(KeyCreate, body)
     try:
-        return await state.tenants.issue_key(tenant_id, name)
+        return await state.tenants.issue_key(tenant_id, spec.name)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
 
