@@ -21,12 +21,26 @@ def redis_url(value: str) -> str:
     return value
 
 
+def worker_url(value: str) -> str:
+    """A worker base URL: ``http://`` or ``https://`` with a host, and no credentials, query or fragment
+    (worker URLs are metric labels on the unauthenticated ``/metrics`` and appear in logs)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("a worker URL must be http:// or https:// with a host")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise ValueError(
+            "a worker URL must not carry credentials, a query or a fragment (it shows in logs and /metrics)"
+        )
+    return value
+
+
 def http_urls(value: list[str]) -> list[str]:
-    """Worker base URLs: each ``http://`` or ``https://`` with a host."""
-    for url in value:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    """Worker base URLs, each checked by :func:`worker_url`."""
+    for i, url in enumerate(value):
+        try:
+            worker_url(url)
+        except ValueError as exc:
+            raise ValueError(f"worker {i}: {exc}") from None
     return value
 
 
