@@ -144,6 +144,7 @@ BAD_INPUTS: list[tuple[str, Any, int, str]] = [
     ("unknown field", chat(frobnicate=True), 400, "unknown_parameter"),
     ("unknown model", {**chat(), "model": "gpt-9"}, 404, "model_not_found"),
     ("unknown priority", chat(priority="urgent"), 400, "invalid_priority"),
+    ("empty priority", chat(priority=""), 400, "invalid_priority"),  # not silently the default class
     ("priority above tenant's", chat(priority="interactive"), 403, "priority_not_allowed"),
     ("body too large", chat("word " * 2000), 413, "request_too_large"),
     (
