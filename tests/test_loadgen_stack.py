@@ -52,10 +52,11 @@ def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: 
         "RADIXGATE_UPSTREAM__WORKERS": json.dumps([f"http://127.0.0.1:{free_port()}"]),
         "RADIXGATE_API__TOKENIZER_PATH": str(stub_model_dir),
         "RADIXGATE_ENGINE__SERVED_MODEL_NAME": "stub",
-        "RADIXGATE_TEST_MARKER": f"stack-{port}-{os.getpid()}",  # ignored by the settings; finds leftovers
     }
+    marker = f"stack-{port}-{os.getpid()}"  # inherited by the stack's processes: finds leftovers
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(port), str(tmp_path), json.dumps(env)],
+        env={**os.environ, "RADIXGATE_TEST_MARKER": marker},  # ignored by the settings
         start_new_session=True,  # its own group, signalled as a terminal signals its foreground job
     )
     healthz = f"http://127.0.0.1:{port}/healthz"
@@ -76,4 +77,4 @@ def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: 
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-        stop_marked(env["RADIXGATE_TEST_MARKER"])
+        stop_marked(marker)
