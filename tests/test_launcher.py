@@ -93,7 +93,9 @@ def test_a_launched_worker_dies_with_the_gateway(tmp_path: Path) -> None:
     line = ""
     while not line.startswith("PID "):  # after the launcher's log line
         line = parent.stdout.readline()
-        assert line, "the launching process ended"
+        if not line:
+            parent.kill()
+            raise AssertionError("the launching process ended")
     worker_pid = int(line.split()[1])
     try:
         os.kill(worker_pid, 0)  # running
@@ -104,6 +106,7 @@ def test_a_launched_worker_dies_with_the_gateway(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the worker outlived the gateway that launched it"
             time.sleep(0.1)
     finally:
+        parent.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker_pid, signal.SIGKILL)
 
