@@ -26,7 +26,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.stack import LocalStack
+from loadgen.stack import LocalStack, terminate_as_exit
 
 CLASSES = ("interactive", "standard", "batch")
 # CPU-sized classes: wait budget and TTFT goal (ms) per class, ranks 2/1/0
@@ -223,7 +223,7 @@ def main() -> None:
     if args.window_max > 0:
         env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))
         env["RADIXGATE_SCHEDULER__WINDOW_MAX"] = str(args.window_max)
-    with LocalStack(Path(".run/priority-overload"), env=env) as stack:
+    with terminate_as_exit(), LocalStack(Path(".run/priority-overload"), env=env) as stack:
         keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
         figures = asyncio.run(run(stack.url, keys, args))
     print_figures(figures)

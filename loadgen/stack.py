@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import httpx
 
@@ -29,6 +31,23 @@ def free_port() -> int:
 
 class StackError(RuntimeError):
     """A process of the stack exited or did not become ready."""
+
+
+@contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """Inside, SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` like Ctrl-C raises
+    ``KeyboardInterrupt``, so ``finally: stack.stop()`` runs (Python's default for both is to die at once,
+    which left the gateway and its SGLang workers, in their own sessions, running). Main thread only."""
+
+    def exit_now(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {sig: signal.signal(sig, exit_now) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class LocalStack:
@@ -76,7 +95,8 @@ class LocalStack:
         """Start Redis and the gateway; return when ``/readyz`` answers 200.
 
         Raises:
-            StackError: redis-server missing, a process exited, or readiness timed out.
+            StackError: redis-server missing, a process exited, or readiness timed out (whatever ends the
+                wait, the stack's processes are stopped first).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         binary = shutil.which("redis-server")
@@ -96,6 +116,7 @@ class LocalStack:
                 str(self.run_dir),
             ],
             "redis.log",
+            group=True,  # its own session: a terminal's Ctrl-C must not stop Redis before the gateway drains
         )
         env = {
             **os.environ,
@@ -111,13 +132,21 @@ class LocalStack:
             **self._env,
         }
         gateway = self._spawn([sys.executable, "-m", "service", "serve"], "gateway.log", env, group=True)
+        try:
+            self._wait_ready(gateway)
+        except BaseException:  # not ready, Ctrl-C or a signal while waiting: leave nothing running
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, gateway: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
             if gateway.poll() is not None:
                 raise StackError(f"gateway exited with {gateway.returncode}; see {self.run_dir}/gateway.log")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(1)

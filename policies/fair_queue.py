@@ -120,7 +120,7 @@ class WeightedFairQueue(Generic[T]):
         self._vtime = item.finish_tag
         self._cost -= item.cost
         if not self._sorted:
-            self._last_finish.clear()  # nobody is backlogged: no tag carries over
+            self._end_busy_period()
         return item
 
     def remove(self, item: QueuedItem[T]) -> bool:
@@ -131,8 +131,15 @@ class WeightedFairQueue(Generic[T]):
         self._sorted.remove((item.finish_tag, item.seq, item))
         self._cost -= item.cost
         if not self._sorted:
-            self._last_finish.clear()
+            self._end_busy_period()
         return True
+
+    def _end_busy_period(self) -> None:
+        """Nobody is backlogged: no tag carries over, and virtual time restarts at 0 (SCFQ resets it at the
+        end of each busy period, Golestani 1994), so one huge tag (a tiny weight) cannot flatten later
+        periods into FIFO order."""
+        self._last_finish.clear()
+        self._vtime = 0.0
 
     def items(self) -> Iterator[QueuedItem[T]]:
         """Queued items in service order."""

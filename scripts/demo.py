@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from loadgen.stack import LocalStack, StackError
+from loadgen.stack import LocalStack, StackError, terminate_as_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / ".run"
@@ -119,26 +119,12 @@ def run_requests(stack: LocalStack) -> None:
     print("\n== 5. a few Prometheus series from /metrics\n  " + "\n  ".join(metrics))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the stack running until Ctrl-C")
-    parser.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
-    args = parser.parse_args()
-    stack = LocalStack(RUN, port=args.port)
-    print(f"starting redis-server, one SGLang CPU worker and the gateway on {stack.url}")
-    print(f"(logs in {RUN}; the worker needs 20-60 s to load the model)")
-    t0 = time.monotonic()
-    try:
-        stack.start()
-    except StackError as exc:
-        stack.stop()
-        sys.exit(str(exc))
+def serve(stack: LocalStack, keep: bool, t0: float) -> None:
+    """Send the demo requests; with ``keep``, wait for Ctrl-C; stop the stack in every case."""
     try:
         print(f"gateway ready after {time.monotonic() - t0:.0f} s")
         run_requests(stack)
-        if args.keep:
+        if keep:
             print(
                 f"\nThe stack keeps running: gateway {stack.url}, admin token {stack.admin_token}\n"
                 "Ctrl-C stops it."
@@ -152,6 +138,27 @@ def main() -> None:
             print("\nstopping (use `make up` to keep the stack running)")
     finally:
         stack.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the stack running until Ctrl-C")
+    parser.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    args = parser.parse_args()
+    stack = LocalStack(RUN, port=args.port)
+    print(f"starting redis-server, one SGLang CPU worker and the gateway on {stack.url}")
+    print(f"(logs in {RUN}; the worker needs 20-60 s to load the model)")
+    t0 = time.monotonic()
+    with terminate_as_exit():  # SIGTERM / SIGHUP (a closed terminal) stop the stack like Ctrl-C
+        try:
+            stack.start()  # stops what it started when the wait ends early
+        except StackError as exc:
+            sys.exit(str(exc))
+        except KeyboardInterrupt:
+            sys.exit("interrupted; the stack is stopped")
+        serve(stack, args.keep, t0)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
 
 import typer
 import uvicorn
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import SettingsError
 
 from service.api.openai_fields import parameters_table
 from service.api.responses_protocol import responses_table
@@ -33,6 +35,30 @@ def load_settings() -> Settings:
             where = "RADIXGATE_" + "__".join(str(p).upper() for p in err["loc"])
             typer.echo(f"invalid setting {where}: {err['msg']}", err=True)
         raise typer.Exit(2) from None
+    except SettingsError as exc:  # a list or map that is not JSON
+        field = re.search(r'field "(\w+)"', str(exc))
+        where = f"RADIXGATE_{field.group(1).upper()}" if field else "RADIXGATE_*"
+        if field and field.group(1) in Settings.model_fields and field.group(1) != "priority_classes":
+            nested = Settings.model_fields[field.group(1)].annotation
+            where += "__*" if isinstance(nested, type) and issubclass(nested, BaseModel) else ""
+        typer.echo(
+            f"invalid setting {where}: not valid JSON ({exc.__cause__}); lists and maps are given as JSON, "
+            """e.g. '["http://10.0.0.5:30000"]'""",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+
+
+def check_tokenizer(settings: Settings) -> None:
+    """Exit with a short message when the tokenizer folder the gateway counts prompts with is missing."""
+    if not (settings.tokenizer_path / "tokenizer.json").is_file():
+        where = "API__TOKENIZER_PATH" if settings.api.tokenizer_path else "ENGINE__MODEL_PATH"
+        typer.echo(
+            f"invalid setting RADIXGATE_{where}: no tokenizer.json in {settings.tokenizer_path} (the gateway "
+            "counts prompt tokens with the model's tokenizer; `make engine` fetches the default model)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 @cli.command()
@@ -49,6 +75,7 @@ def serve() -> None:
         )
         raise typer.Exit(2)
     settings = load_settings()
+    check_tokenizer(settings)
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,

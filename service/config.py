@@ -20,6 +20,7 @@ from policies.cache_aware import CacheAwareConfig
 from policies.classes import ClassPolicy, default_classes
 from policies.routing import RouterName
 from policies.windows import WindowConfig, WindowMode
+from service.config_checks import HttpUrls, LogLevel, RedisUrl
 
 
 def default_home() -> Path:
@@ -36,7 +37,7 @@ def default_cpu_shim() -> Path | None:
 class RedisSettings(BaseModel):
     """Connection to the shared Redis that holds tenants, keys, token buckets and usage."""
 
-    url: str = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
+    url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
     key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
     socket_timeout_s: float = Field(
         2.0, gt=0, description="Longest wait for one Redis reply, s; then 503 (Redis slow or paused)."
@@ -167,7 +168,7 @@ class EngineSettings(BaseModel):
 class UpstreamSettings(BaseModel):
     """Workers the gateway sends requests to, and how it talks to them."""
 
-    workers: list[str] = Field(default_factory=list, description="Base URLs of running SGLang workers.")
+    workers: HttpUrls = Field(default_factory=list, description="Base URLs of running SGLang workers.")
     connect_timeout_s: float = Field(3.0, gt=0, description="TCP connect timeout to a worker, seconds.")
     max_connections: int = Field(
         1024, ge=1, description="HTTP connections to workers per replica (all workers together)."
@@ -415,7 +416,7 @@ class RoutingSettings(BaseModel):
 class ObservabilitySettings(BaseModel):
     """Logs and metrics."""
 
-    log_level: str = Field("INFO", description="Log level of the JSON logs.")
+    log_level: LogLevel = Field("INFO", description="Log level of the JSON logs.")
     max_tenant_labels: int = Field(
         100, ge=1, description="Distinct tenant label values in metrics; the rest report as 'other'."
     )
@@ -480,6 +481,13 @@ class Settings(BaseSettings):
         secret = value.get_secret_value()
         if secret and len(secret) < 16:
             raise ValueError("admin_token must be at least 16 characters")
+        return value
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _some_class(cls, value: dict[str, PriorityClassSettings]) -> dict[str, PriorityClassSettings]:
+        if not value:
+            raise ValueError("at least one priority class is needed")
         return value
 
     @model_validator(mode="after")

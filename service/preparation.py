@@ -193,7 +193,7 @@ class RequestPreparer:
 
     def _priority_class(self, tenant: Tenant, asked: str | None) -> str:
         classes = self._settings.priority_classes
-        name = asked or tenant.priority_class
+        name = tenant.priority_class if asked is None else asked
         if name not in classes:
             raise InvalidRequest(
                 f"Unknown priority class '{name}'; known: {sorted(classes)}.",

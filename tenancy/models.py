@@ -14,6 +14,13 @@ MAX_RATE = 1e12
 """Largest quota rate or burst an admin may set, per minute or tokens (a finite bound: an overflowing
 number such as 1e400 must not turn into "unlimited")."""
 
+MIN_WEIGHT = 1e-3
+"""Smallest fair-queuing weight an admin may set (the largest is 1000): a request's cost over its weight
+is its WFQ finish-tag increment, and a weight such as 1e-320 makes it infinite."""
+
+MIN_REQUEST_BURST = 1.0
+"""Smallest request-bucket capacity, requests: a bucket below one request never admits any."""
+
 _ADMIN_INPUT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 """Admin bodies: no unknown fields, no coercion ("no" is not a bool, "12" not a number), finite numbers."""
 
@@ -38,8 +45,11 @@ class Quotas(BaseModel):
 
     @property
     def effective_request_burst(self) -> float | None:
-        """Capacity of the request bucket, requests."""
-        return self.request_burst or self.requests_per_min
+        """Capacity of the request bucket, requests: ``request_burst``, else ``requests_per_min`` but at
+        least one request (a rate of 0.5/min admits one request every 2 minutes)."""
+        if self.requests_per_min is None and self.request_burst is None:
+            return None
+        return self.request_burst or max(self.requests_per_min or 0.0, MIN_REQUEST_BURST)
 
     @property
     def effective_token_burst(self) -> float | None:
@@ -55,7 +65,9 @@ class TenantSpec(BaseModel):
     name: str = Field(..., min_length=1, max_length=200)
     priority_class: str = Field("standard", min_length=1, max_length=64)
     max_priority_class: str | None = Field(None, max_length=64)
-    weight: float = Field(1.0, gt=0, le=1000, description="Fair-queuing weight inside a priority band.")
+    weight: float = Field(
+        1.0, ge=MIN_WEIGHT, le=1000, description="Fair-queuing weight inside a priority band."
+    )
     quotas: Quotas = Field(default_factory=Quotas)
     max_tokens_cap: int | None = Field(
         None, ge=1, le=10**9, description="Largest max_tokens per request, tokens."
@@ -76,7 +88,7 @@ class TenantPatch(BaseModel):
     name: str | None = Field(None, min_length=1, max_length=200)
     priority_class: str | None = Field(None, min_length=1, max_length=64)
     max_priority_class: str | None = Field(None, max_length=64)
-    weight: float | None = Field(None, gt=0, le=1000)
+    weight: float | None = Field(None, ge=MIN_WEIGHT, le=1000)
     quotas: Quotas | None = None
     max_tokens_cap: int | None = Field(None, ge=1, le=10**9)
     allowed_models: list[str] | None = None
@@ -110,6 +122,7 @@ class Tenant(TenantCreate):
 
     model_config = ConfigDict(extra="ignore")
 
+    weight: float = Field(1.0, gt=0, le=1000, description="As set; records written before MIN_WEIGHT load.")
     created_at: float = Field(default_factory=time.time, description="Unix time, s.")
     epoch: str = Field(
         "",
@@ -122,6 +135,14 @@ class Tenant(TenantCreate):
         if self.max_priority_class is None:
             self.max_priority_class = self.priority_class
         return self
+
+
+class KeyCreate(BaseModel):
+    """Body of ``POST /admin/tenants/{id}/keys``."""
+
+    model_config = _ADMIN_INPUT
+
+    name: str = Field("", max_length=200, description="A label for the key (not secret).")
 
 
 class ApiKeyRecord(BaseModel):

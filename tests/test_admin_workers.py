@@ -74,3 +74,20 @@ def test_add_drain_remove_a_worker_across_replicas(replicas: tuple[httpx.Client,
         wait_for(lambda: workers(r2) == [])
         assert_openai_error(r1.delete(f"/admin/workers/{wid}", headers=ADMIN), 404, "worker_not_found")
         assert_openai_error(r1.get("/admin/workers", headers=auth(key)), 403)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:secret@10.0.0.5:30000",  # credentials would show in /metrics labels (no auth) and logs
+        "http://10.0.0.5:30000/?token=secret",
+        "http://10.0.0.5:30000/#frag",
+    ],
+)
+def test_worker_urls_carry_no_credentials_query_or_fragment(
+    replicas: tuple[httpx.Client, httpx.Client], url: str
+) -> None:
+    r1, _ = replicas
+    err = assert_openai_error(r1.post("/admin/workers", json={"url": url}, headers=ADMIN), 400)
+    assert err["param"] == "url" and "secret" not in err["message"]
+    assert workers(r1) == []

@@ -144,6 +144,7 @@ BAD_INPUTS: list[tuple[str, Any, int, str]] = [
     ("unknown field", chat(frobnicate=True), 400, "unknown_parameter"),
     ("unknown model", {**chat(), "model": "gpt-9"}, 404, "model_not_found"),
     ("unknown priority", chat(priority="urgent"), 400, "invalid_priority"),
+    ("empty priority", chat(priority=""), 400, "invalid_priority"),  # not silently the default class
     ("priority above tenant's", chat(priority="interactive"), 403, "priority_not_allowed"),
     ("body too large", chat("word " * 2000), 413, "request_too_large"),
     (
@@ -278,6 +279,9 @@ def test_admin_rejects_inconsistent_tenants(http: httpx.Client) -> None:
         {"quotas": {"requests_per_min": 1e400}},  # inf: not "unlimited"
         {"quotas": {"requests_per_min": 1e13}},
         {"max_tokens_cap": 10**30},
+        {"weight": 1e-320},  # a denormal weight made WFQ finish tags infinite
+        {"weight": 1e-6},
+        {"quotas": {"requests_per_min": 60, "request_burst": 0.5}},  # a bucket below one request admits none
     ],
 )
 def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(
@@ -298,6 +302,21 @@ def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(
         "/admin/tenants", content=raw({"id": f"{tenant_id}-c", "name": "x", **patch}), headers=headers
     )
     assert created.status_code in (400, 422), created.text
+
+
+def test_request_bucket_below_one_request(http: httpx.Client) -> None:
+    # a rate under 1 request/min with no burst still admits one request (the bucket holds at least one)
+    tenant_id, key = new_tenant(http, quotas={"requests_per_min": 0.5})
+    assert http.post("/v1/chat/completions", json=chat(), headers=auth(key)).status_code == 200
+    resp = http.post("/v1/chat/completions", json=chat(), headers=auth(key))
+    assert_openai_error(resp, 429)
+    assert int(resp.headers["retry-after"]) > 60
+    # an explicit burst below one request is refused at the admin API, on PUT quotas as on create
+    err = assert_openai_error(
+        http.put(f"/admin/tenants/{tenant_id}/quotas", json={"request_burst": 0.5}, headers=ADMIN), 400
+    )
+    assert err["param"] == "quotas.request_burst"
+    assert http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()["quotas"]["requests_per_min"] == 0.5
 
 
 def test_admin_routes_need_the_admin_token(http: httpx.Client) -> None:
@@ -336,6 +355,31 @@ def test_admin_tenant_lifecycle(http: httpx.Client) -> None:
     assert_openai_error(http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN), 404, "tenant_not_found")
     assert_openai_error(http.post("/v1/models", headers=auth(second["api_key"])), 405)
     assert_openai_error(http.get("/v1/models", headers=auth(second["api_key"])), 401)
+
+
+def test_key_issue_refuses_fields_it_does_not_serve(http: httpx.Client) -> None:
+    # an ignored "expires_at" would leave an admin believing the key expires
+    tenant_id, _ = new_tenant(http)
+    resp = http.post(f"/admin/tenants/{tenant_id}/keys", json={"name": "k", "expires_at": 1}, headers=ADMIN)
+    assert assert_openai_error(resp, 400, "unknown_parameter")["param"] == "expires_at"
+    err = assert_openai_error(
+        http.post(f"/admin/tenants/{tenant_id}/keys", json={"name": 5}, headers=ADMIN), 400
+    )
+    assert err["param"] == "name"
+    keys = http.get(f"/admin/tenants/{tenant_id}/keys", headers=ADMIN).json()["data"]
+    assert len(keys) == 1  # new_tenant's own: the refused calls issued nothing
+
+
+def test_retrieve_one_model(http: httpx.Client) -> None:
+    # OpenAI's GET /v1/models/{model} (the openai client's models.retrieve)
+    _, key = new_tenant(http)
+    got = http.get(f"/v1/models/{MODEL}", headers=auth(key))
+    assert got.status_code == 200, got.text
+    assert got.json() == {"id": MODEL, "object": "model", "created": 0, "owned_by": "radixgate"}
+    assert_openai_error(http.get("/v1/models/nope", headers=auth(key)), 404, "model_not_found")
+    assert_openai_error(http.get(f"/v1/models/{MODEL}"), 401)
+    _, limited = new_tenant(http, allowed_models=[])
+    assert_openai_error(http.get(f"/v1/models/{MODEL}", headers=auth(limited)), 404, "model_not_found")
 
 
 def test_keys_are_stored_only_as_digests(http: httpx.Client, redis_url: str) -> None:

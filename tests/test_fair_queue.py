@@ -139,3 +139,18 @@ def test_cost_ahead_counts_higher_bands_and_earlier_tags() -> None:
     assert bands.cost_ahead("standard", "new", 1.0, 100) == 300 + 100
     assert bands.cost_ahead("interactive", "new", 1.0, 100) == 0
     assert bands.cost_ahead("batch", "new", 1.0, 100) == 300 + 200
+
+
+@pytest.mark.parametrize("first_weight", [1e-320, 1e-300, 1.0])
+def test_weights_hold_after_an_idle_queue_whatever_came_before(first_weight: float) -> None:
+    # SCFQ resets virtual time at the end of each busy period (Golestani 1994): a past tag, even a huge or
+    # infinite one from a tiny weight, must not flatten the next busy period into FIFO order
+    queue: WeightedFairQueue[str] = WeightedFairQueue()
+    queue.push(item("tiny", weight=first_weight, cost=36))
+    assert queue.pop() is not None
+    for _ in range(4):
+        queue.push(item("a", weight=1.0))
+    for _ in range(4):
+        queue.push(item("b", weight=4.0))
+    served = [nxt.tenant for nxt in iter(queue.pop, None)]
+    assert served[:3] == ["b", "b", "b"]

@@ -1,7 +1,14 @@
-"""The SGLang launch command and environment built from settings (no process started here)."""
+"""The SGLang launch command and environment built from settings, and a launched worker's lifetime (a
+stand-in process instead of SGLang)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from service.config import EngineSettings
@@ -59,3 +66,53 @@ def test_env_puts_the_cpu_shim_on_the_path_only_on_cpu(tmp_path: Path) -> None:
     assert cpu["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1  # one core set per TP rank
     gpu = build_env(EngineSettings(device="cuda", cpu_shim_path=tmp_path), base={})
     assert "SGLANG_USE_CPU_ENGINE" not in gpu and "PYTHONPATH" not in gpu
+
+
+LAUNCHING_PARENT = """
+import sys, time
+from pathlib import Path
+from service.config import EngineSettings
+from service.workers.launcher import WorkerProcess
+worker = WorkerProcess(EngineSettings(python=Path(sys.argv[1])), 39999)
+worker.start()
+print("PID", worker.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_launched_worker_dies_with_the_gateway(tmp_path: Path) -> None:
+    # a gateway killed while its workers run (SIGKILL after a stop timeout, OOM, a crash) must not leave
+    # them holding the accelerator: workers run in their own session, so only the kernel can tell them
+    fake_engine = tmp_path / "python"
+    fake_engine.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake_engine.chmod(0o755)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHING_PARENT, str(fake_engine)], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    line = ""
+    while not line.startswith("PID "):  # after the launcher's log line
+        line = parent.stdout.readline()
+        if not line:
+            parent.kill()
+            raise AssertionError("the launching process ended")
+    worker_pid = int(line.split()[1])
+    try:
+        os.kill(worker_pid, 0)  # running
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
+            assert time.monotonic() < deadline, "the worker outlived the gateway that launched it"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker_pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -100,12 +100,14 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
     # re-created under the same id: the old request's settle must not touch the new tenant
     fresh = await store.create(TenantCreate(id="racer", name="r", quotas=QUOTAS))
     assert fresh.epoch != seen.epoch
-    assert (await quota.reserve("racer", QUOTAS, 100, epoch=fresh.epoch)).allowed
+    seconds, micros = await redis_client.time()
+    frozen_ms = seconds * 1000 + micros / 1000  # the new bucket's clock, held still: no refill to blur it
+    assert (await quota.reserve("racer", QUOTAS, 100, now_ms=frozen_ms, epoch=fresh.epoch)).allowed
     await quota.refund(held)  # stale epoch: a no-op
     assert not await usage.record("racer", seen.epoch, requests=1)
     assert not await quota.settle(held, 1, {"requests": 1, "completion_tokens": 1})
-    levels = await quota.adjust("racer", QUOTAS, tokens=0.001, epoch=fresh.epoch)
-    assert levels["tokens"] == pytest.approx(5900, abs=1)  # only the new reservation is taken
+    levels = await quota.adjust("racer", QUOTAS, tokens=0.001, now_ms=frozen_ms, epoch=fresh.epoch)
+    assert levels["tokens"] == pytest.approx(5900, abs=0.01)  # only the new reservation is taken
     assert (await usage.get("racer")).requests == 0
 
 

@@ -27,7 +27,8 @@ class TenantSpec:
         weight: fair-queuing weight inside a band (> 0).
         priority_class: class its requests run in unless a request names a lower one.
         requests_per_min, tokens_per_min: bucket rates; None = unlimited.
-        request_burst, token_burst: bucket capacities; None = the per-minute rate (the gateway's default).
+        request_burst, token_burst: bucket capacities; None = the per-minute rate (the gateway's default;
+            the request bucket holds at least one request).
     """
 
     id: str
@@ -42,7 +43,7 @@ class TenantSpec:
         """The request bucket, or None when unlimited."""
         if self.requests_per_min is None:
             return None
-        return BucketLimit(self.requests_per_min, self.request_burst or self.requests_per_min)
+        return BucketLimit(self.requests_per_min, self.request_burst or max(self.requests_per_min, 1.0))
 
     def token_limit(self) -> BucketLimit | None:
         """The token bucket, or None when unlimited."""

@@ -11,8 +11,10 @@ from service.api.errors import APIError
 from service.api.openai_routes import parse
 from service.config import Settings
 from tenancy.models import (
+    MIN_REQUEST_BURST,
     ApiKeyInfo,
     IssuedKey,
+    KeyCreate,
     Quotas,
     Tenant,
     TenantCreate,
@@ -58,11 +60,24 @@ def _check_tenant(
         )
 
 
+def _check_quotas(quotas: Quotas | None) -> None:
+    """Reject a request bucket smaller than one request (it would refuse every request with 413)."""
+    if quotas is not None and quotas.request_burst is not None and quotas.request_burst < MIN_REQUEST_BURST:
+        raise APIError(
+            400,
+            f"Invalid value for 'quotas.request_burst': {quotas.request_burst:g} is below one request; "
+            "such a bucket admits nothing.",
+            code="invalid_value",
+            param="quotas.request_burst",
+        )
+
+
 @router.post("/tenants", status_code=201)
 async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
     """Create a tenant (409 if the id exists)."""
     spec = parse(TenantCreate, body)
     _check_tenant(state.settings, spec.priority_class, spec.max_priority_class, spec.allowed_models)
+    _check_quotas(spec.quotas)
     try:
         return await state.tenants.create(spec)
     except TenantExistsError as exc:
@@ -88,6 +103,7 @@ async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
 async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
     """Partial update (name, class, weight, quotas, caps, models, enabled)."""
     patch = parse(TenantPatch, body)
+    _check_quotas(patch.quotas)
     try:
         current = await state.tenants.get(tenant_id)
     except TenantNotFoundError as exc:
@@ -124,6 +140,7 @@ async def set_quotas(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
 
 async def update_tenant_fields(state: StateDep, tenant_id: str, patch: TenantPatch) -> Tenant:
     """Apply a patch built by a route."""
+    _check_quotas(patch.quotas)
     try:
         return await state.tenants.update(tenant_id, patch)
     except TenantNotFoundError as exc:
@@ -143,13 +160,9 @@ async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
 @router.post("/tenants/{tenant_id}/keys", status_code=201)
 async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKey:
     """Issue an API key; the response holds the key, shown this once."""
-    name = body.get("name", "")
-    if not isinstance(name, str) or len(name) > 200:
-        raise APIError(
-            400, "'name' must be a string of at most 200 characters.", code="invalid_value", param="name"
-        )
+    spec = parse(KeyCreate, body)
     try:
-        return await state.tenants.issue_key(tenant_id, name)
+        return await state.tenants.issue_key(tenant_id, spec.name)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
 

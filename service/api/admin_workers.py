@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, Field, HttpUrl
+from pydantic import BaseModel, Field, HttpUrl, field_validator
 
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
 from service.api.openai_routes import parse
+from service.config_checks import worker_url
 from service.state import GatewayState
 from service.workers.registry import WorkerMode, worker_id
 
@@ -20,6 +21,12 @@ class WorkerAdd(BaseModel):
     """Body of ``POST /admin/workers``."""
 
     url: HttpUrl = Field(..., description="Base URL of an SGLang worker, e.g. http://10.0.0.5:30000")
+
+    @field_validator("url")
+    @classmethod
+    def _plain_url(cls, value: HttpUrl) -> HttpUrl:
+        worker_url(str(value))
+        return value
 
 
 async def _find(state: GatewayState, wid: str) -> tuple[str, WorkerMode | None]:

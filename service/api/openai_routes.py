@@ -20,7 +20,7 @@ from service.api.errors import FastJSONResponse, validation_error
 from service.api.openai_fields import screen_chat, screen_completion
 from service.api.protocol import ChatCompletionRequest, CompletionRequest, now_s
 from service.api.responses_protocol import parse_responses, responses_param, to_chat
-from service.errors import GatewayError
+from service.errors import GatewayError, NotFound
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
 from service.preparation import PreparedRequest
@@ -130,16 +130,29 @@ COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
 """``POST`` path -> handler of the routes served without dependency solving."""
 
 
+def _models_of(tenant: Tenant, state: GatewayState) -> list[dict[str, Any]]:
+    """OpenAI model objects of the models ``tenant`` may use."""
+    allowed = tenant.allowed_models
+    return [
+        {"id": m, "object": "model", "created": 0, "owned_by": "radixgate"}
+        for m in state.settings.served_models
+        if allowed is None or m in allowed
+    ]
+
+
 @router.get("/models")
 async def list_models(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
     """``GET /v1/models``: the models this tenant may use."""
-    models = [
-        m for m in state.settings.served_models if tenant.allowed_models is None or m in tenant.allowed_models
-    ]
-    return {
-        "object": "list",
-        "data": [{"id": m, "object": "model", "created": 0, "owned_by": "radixgate"} for m in models],
-    }
+    return {"object": "list", "data": _models_of(tenant, state)}
+
+
+@router.get("/models/{model_id:path}")
+async def retrieve_model(model_id: str, tenant: TenantDep, state: StateDep) -> dict[str, Any]:
+    """``GET /v1/models/{model}`` (ids may hold '/'): one model, 404 when unknown or not this tenant's."""
+    for model in _models_of(tenant, state):
+        if model["id"] == model_id:
+            return model
+    raise NotFound(f"The model '{model_id}' does not exist.", code="model_not_found", param="model")
 
 
 @router.get("/usage")

@@ -7,16 +7,20 @@ plus ``--incremental-streaming-output`` (``engine.incremental_streaming``, on by
 plus, on CPU, ``--attention-backend torch_native --disable-cuda-graph --sleep-on-idle`` and the
 environment SGLang's CPU path needs (``SGLANG_USE_CPU_ENGINE=1``, the ``sgl_kernel`` stand-in on
 ``PYTHONPATH``; see scripts/engine/README.md). Each worker gets its own process group so that stopping
-it also stops the scheduler and detokenizer processes it forks.
+it also stops the scheduler and detokenizer processes it forks, and (on Linux) is sent SIGTERM by the
+kernel when the gateway dies without stopping it (``prctl(PR_SET_PDEATHSIG)``, prctl(2)): SGLang then takes
+its own process tree down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import BinaryIO
@@ -27,6 +31,17 @@ import structlog
 from service.config import EngineSettings
 
 log = structlog.get_logger("radixgate.launcher")
+
+_PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process gets when the thread that forked it ends (linux/prctl.h)."""
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+"""Loaded before any fork: the child only calls into it between fork and exec."""
+
+
+def _die_with_gateway() -> None:
+    """Runs in the forked worker before exec: SIGTERM it when the gateway dies, even by SIGKILL."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def build_command(engine: EngineSettings, port: int) -> list[str]:
@@ -153,6 +168,8 @@ class WorkerProcess:
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
+            # started from the event loop's thread, which lives as long as the gateway process
+            preexec_fn=_die_with_gateway,  # one libc call between fork and exec: no Python lock taken
         )
         log.info("worker_starting", worker=self.url, pid=self.proc.pid, tp=self.engine.tp)
 

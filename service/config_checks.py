@@ -1,0 +1,56 @@
+"""Value types of the Settings tree whose checks are more than a bound: URLs and log levels.
+
+Each raises ``ValueError`` with a short reason, which ``python -m service`` prints as ``invalid setting
+RADIXGATE_...: ...`` (no traceback).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def redis_url(value: str) -> str:
+    """A URL redis-py connects to (``redis://``, ``rediss://``, ``unix://``)."""
+    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def worker_url(value: str) -> str:
+    """A worker base URL: ``http://`` or ``https://`` with a host, and no credentials, query or fragment
+    (worker URLs are metric labels on the unauthenticated ``/metrics`` and appear in logs)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("a worker URL must be http:// or https:// with a host")
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise ValueError(
+            "a worker URL must not carry credentials, a query or a fragment (it shows in logs and /metrics)"
+        )
+    return value
+
+
+def http_urls(value: list[str]) -> list[str]:
+    """Worker base URLs, each checked by :func:`worker_url`."""
+    for i, url in enumerate(value):
+        try:
+            worker_url(url)
+        except ValueError as exc:
+            raise ValueError(f"worker {i}: {exc}") from None
+    return value
+
+
+def log_level(value: str) -> str:
+    """A stdlib log level name, upper-cased (``info`` -> ``INFO``)."""
+    if value.upper() not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+    return value.upper()
+
+
+RedisUrl = Annotated[str, AfterValidator(redis_url)]
+HttpUrls = Annotated[list[str], AfterValidator(http_urls)]
+LogLevel = Annotated[str, AfterValidator(log_level)]

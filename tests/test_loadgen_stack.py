@@ -1,0 +1,80 @@
+"""The local stack (``make demo`` / ``make up``, experiments) leaves nothing running when it is interrupted:
+Ctrl-C, SIGTERM or SIGHUP while it waits for readiness or while it serves. The gateway runs in its own
+session, so a stack that dies without stopping it would leave it (and the SGLang workers it launched)
+running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.servers import free_port
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from loadgen.stack import LocalStack, terminate_as_exit
+port, run_dir, env = int(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+with terminate_as_exit():
+    LocalStack(run_dir, port=port, env=env, launch_workers=False).start()  # never ready: no worker answers
+"""
+
+
+def stop_marked(marker: str) -> None:
+    """SIGKILL the process groups whose environment holds ``marker`` (what a failing run left behind)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes():
+                os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
+        except OSError:
+            continue
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: Path, sig: int) -> None:
+    port = free_port()
+    env = {
+        "RADIXGATE_UPSTREAM__WORKERS": json.dumps([f"http://127.0.0.1:{free_port()}"]),
+        "RADIXGATE_API__TOKENIZER_PATH": str(stub_model_dir),
+        "RADIXGATE_ENGINE__SERVED_MODEL_NAME": "stub",
+    }
+    marker = f"stack-{port}-{os.getpid()}"  # inherited by the stack's processes: finds leftovers
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(port), str(tmp_path), json.dumps(env)],
+        env={**os.environ, "RADIXGATE_TEST_MARKER": marker},  # ignored by the settings
+        start_new_session=True,  # its own group, signalled as a terminal signals its foreground job
+    )
+    healthz = f"http://127.0.0.1:{port}/healthz"
+    try:
+        deadline = time.monotonic() + 60
+        while not answers(healthz):
+            assert child.poll() is None and time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.2)
+        os.killpg(child.pid, sig)
+        child.wait(timeout=60)
+        assert child.returncode != 0
+        deadline = time.monotonic() + 10
+        while answers(healthz):
+            assert time.monotonic() < deadline, "the gateway kept running after its stack was interrupted"
+            time.sleep(0.2)
+        redis_log = (tmp_path / "redis.log").read_text()
+        assert "ready to exit" in redis_log or "Redis is now ready to exit" in redis_log, redis_log[-500:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        stop_marked(marker)

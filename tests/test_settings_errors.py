@@ -1,0 +1,53 @@
+"""Bad ``RADIXGATE_*`` values stop ``python -m service serve`` with one short line per fault (exit 2), never a
+traceback, before anything listens or connects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service import __main__ as service_main
+from service.__main__ import cli
+
+
+def refuse_to_serve(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the gateway started with a bad setting")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("RADIXGATE_PORT", "abc", "RADIXGATE_PORT"),
+        ("RADIXGATE_REDIS__URL", "http://127.0.0.1:6379/0", "RADIXGATE_REDIS__URL"),
+        ("RADIXGATE_REDIS__URL", "127.0.0.1:6379", "RADIXGATE_REDIS__URL"),
+        ("RADIXGATE_UPSTREAM__WORKERS", "notjson", "RADIXGATE_UPSTREAM"),
+        ("RADIXGATE_UPSTREAM__WORKERS", "http://w:30000", "not valid JSON"),
+        ("RADIXGATE_UPSTREAM__WORKERS", '["ftp://w:30000"]', "RADIXGATE_UPSTREAM__WORKERS"),
+        ("RADIXGATE_UPSTREAM__WORKERS", '["w:30000"]', "RADIXGATE_UPSTREAM__WORKERS"),
+        ("RADIXGATE_UPSTREAM__WORKERS", '["http://u:pw@w:30000"]', "RADIXGATE_UPSTREAM__WORKERS"),
+        ("RADIXGATE_EXTRA_MODELS", "alias", "RADIXGATE_EXTRA_MODELS"),
+        ("RADIXGATE_PRIORITY_CLASSES", "{}", "RADIXGATE_PRIORITY_CLASSES"),
+        ("RADIXGATE_OBSERVABILITY__LOG_LEVEL", "LOUD", "RADIXGATE_OBSERVABILITY__LOG_LEVEL"),
+        ("RADIXGATE_API__TOKENIZER_PATH", "/nonexistent/model", "RADIXGATE_API__TOKENIZER_PATH"),
+    ],
+)
+def test_a_bad_setting_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path, name: str, value: str, says: str
+) -> None:
+    monkeypatch.setattr(service_main.uvicorn, "run", refuse_to_serve)
+    monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
+    monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.splitlines()) <= 3, result.output
+    assert result.output.startswith("invalid setting") and says in result.output, result.output
+
+
+@pytest.mark.parametrize("level", ["debug", "WARNING", "error"])
+def test_good_log_levels_pass(monkeypatch: pytest.MonkeyPatch, level: str) -> None:
+    from service.config import Settings
+
+    monkeypatch.setenv("RADIXGATE_OBSERVABILITY__LOG_LEVEL", level)
+    assert Settings().observability.log_level == level.upper()
