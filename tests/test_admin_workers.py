@@ -91,3 +91,34 @@ def test_worker_urls_carry_no_credentials_query_or_fragment(
     err = assert_openai_error(r1.post("/admin/workers", json={"url": url}, headers=ADMIN), 400)
     assert err["param"] == "url" and "secret" not in err["message"]
     assert workers(r1) == []
+
+
+def test_a_worker_from_the_settings_cannot_be_taken_over_by_the_admin_api(
+    redis_url: str, stub_model_dir: Path
+) -> None:
+    fake = FakeWorker()
+    with ThreadedServer(fake.app) as upstream:
+        settings = Settings.model_validate(
+            {
+                "admin_token": ADMIN_TOKEN,
+                "redis": {"url": redis_url, "key_prefix": "aw-settings:"},
+                "engine": {"served_model_name": MODEL},
+                "upstream": {"workers": [upstream.url], "health_interval_s": 0.1},
+                "api": {"tokenizer_path": str(stub_model_dir)},
+            }
+        )
+        with ThreadedServer(create_app(settings)) as gw, httpx.Client(base_url=gw.url, timeout=30) as http:
+            err = assert_openai_error(
+                http.post("/admin/workers", json={"url": upstream.url}, headers=ADMIN), 409
+            )
+            assert err["code"] == "worker_exists" and err["param"] == "url"
+            (listed,) = workers(http)
+            assert listed["url"] == upstream.url.rstrip("/") and listed["source"] == "settings"
+            # an admin-added worker may still be registered (and registered again) as before
+            other = "http://127.0.0.1:9"
+            assert http.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201
+            assert http.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201
+            assert {w["url"]: w["source"] for w in workers(http)} == {
+                upstream.url.rstrip("/"): "settings",
+                other: "admin",
+            }

@@ -70,8 +70,21 @@ async def list_workers(state: StateDep) -> dict[str, Any]:
 
 @router.post("", status_code=201)
 async def add_worker(body: JsonBody, state: StateDep) -> dict[str, Any]:
-    """Register a worker for every replica (it takes traffic after its first good health probe)."""
+    """Register a worker for every replica (it takes traffic after its first good health probe).
+
+    Raises:
+        APIError: 409 ``worker_exists`` when the URL is a worker from this replica's settings (registering
+            it would hand it to the admin API, and a later DELETE would remove it from every replica).
+    """
     url = str(parse(WorkerAdd, body).url).rstrip("/")
+    if state.pool.get(url) is not None and url not in await state.registry.entries():
+        raise APIError(
+            409,
+            f"Worker '{url}' comes from the gateway's settings (RADIXGATE_UPSTREAM__WORKERS or a launched "
+            "engine); it is managed there.",
+            code="worker_exists",
+            param="url",
+        )
     await state.registry.add(url)
     state.pool.add(url)  # this replica at once; the others at their next sync
     return {"id": worker_id(url), "url": url, "mode": "active"}
