@@ -9,8 +9,9 @@ is sent alone, so an unloaded gateway pays nothing for it.
 The EVALSHA commands are packed here (RESP arrays of bulk strings, https://redis.io/docs/latest/develop/
 reference/protocol-spec/) and written on a connection of redis-py's pool with ``send_packed_command``;
 redis-py still owns the connections, the reply parser, timeouts and the retry policy. Its generic path
-(``execute_command``/``Pipeline``) costs about 4x as much CPU per script call: an encoder call per
-argument, observability hooks and pipeline bookkeeping on every call (``python -m loadgen bench-gateway``).
+(``execute_command``/``Pipeline``) spends an encoder call per argument, observability hooks and pipeline
+bookkeeping on every call: measured on the 2-core development machine, 16 batched EVALSHAs cost 26 µs of
+CPU per call through a redis-py ``Pipeline`` against 16 µs packed here.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 from loadgen.sim.profiles import SimProfile, get_profile
 from policies.admission_types import CoreConfig
 from policies.token_bucket import BucketLimit
+from tenancy.models import Quotas
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +40,28 @@ class TenantSpec:
     request_burst: float | None = None
     token_burst: float | None = None
 
+    def quotas(self) -> Quotas:
+        """The same limits as the gateway's tenant record holds them."""
+        return Quotas(
+            requests_per_min=self.requests_per_min,
+            tokens_per_min=self.tokens_per_min,
+            request_burst=self.request_burst,
+            token_burst=self.token_burst,
+        )
+
     def request_limit(self) -> BucketLimit | None:
-        """The request bucket, or None when unlimited."""
-        if self.requests_per_min is None:
+        """The request bucket, or None when unlimited (capacity as the gateway derives it)."""
+        burst = self.quotas().effective_request_burst
+        if self.requests_per_min is None or burst is None:
             return None
-        return BucketLimit(self.requests_per_min, self.request_burst or max(self.requests_per_min, 1.0))
+        return BucketLimit(self.requests_per_min, burst)
 
     def token_limit(self) -> BucketLimit | None:
-        """The token bucket, or None when unlimited."""
-        if self.tokens_per_min is None:
+        """The token bucket, or None when unlimited (capacity as the gateway derives it)."""
+        burst = self.quotas().effective_token_burst
+        if self.tokens_per_min is None or burst is None:
             return None
-        return BucketLimit(self.tokens_per_min, self.token_burst or self.tokens_per_min)
+        return BucketLimit(self.tokens_per_min, burst)
 
 
 @dataclass(frozen=True, slots=True)
