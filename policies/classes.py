@@ -23,8 +23,10 @@ class ClassPolicy:
 
     Attributes:
         rank: higher rank is served first (strict priority between bands).
-        sglang_priority: ``priority`` sent to SGLang (higher runs first; a gap of at least SGLang's
-            ``--priority-scheduling-preemption-threshold``, default 10, lets it preempt lower work).
+        sglang_priority: ``priority`` sent to SGLang (higher runs first; a gap *greater* than SGLang's
+            ``--priority-scheduling-preemption-threshold`` lets it preempt lower work: SGLang's default 10
+            never does for gaps of 10 or less, so launched workers get
+            ``engine.priority_preemption_threshold``, 0 by default).
         ttft_goal_s: time-to-first-token goal (SLO), s; enforced at arrival and at dispatch.
         serve_late: True when an answer after the goal is still useful: such requests are queued even when
             predicted late, and wait up to ``max_wait_s``.
@@ -63,7 +65,9 @@ def default_classes() -> dict[str, ClassPolicy]:
 
     Goals 500 ms / 2 s / 30 s (the SLOs of ``loadgen/scenarios/mixed-classes.yaml``: chat, API and offline
     traffic on a GPU fleet); batch answers stay useful late (queued up to 5 min). SGLang priorities 10/5/0:
-    a gap of 10 lets interactive preempt batch inside the engine.
+    with ``--priority-scheduling-preemption-threshold 0`` (what the launcher passes) a higher class preempts
+    lower running work inside the engine when its batch is full; with SGLang's default threshold of 10 none
+    of these gaps would (it preempts only on a gap greater than the threshold).
     """
     return {
         "interactive": ClassPolicy(rank=2, sglang_priority=10, ttft_goal_s=0.5, max_queue_len=1000),

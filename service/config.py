@@ -128,6 +128,13 @@ class EngineSettings(BaseModel):
     )
     mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
     max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
+    priority_preemption_threshold: int = Field(
+        0,
+        ge=0,
+        description="--priority-scheduling-preemption-threshold: a waiting request preempts running ones "
+        "whose SGLang priority is lower by more than this (SGLang's default 10 never lets the default "
+        "classes' gaps of 5 and 10 preempt).",
+    )
     context_length: int | None = Field(None, ge=1, description="--context-length override.")
     incremental_streaming: bool = Field(
         True,

@@ -165,3 +165,13 @@ def test_empty_and_repeated_stop_sequences_answer_as_without_stop(
             stopped = http.post(route, json={**base, "stop": stop}).json()
             assert stopped["choices"] == plain["choices"], (route, stop)
             assert stopped["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"] > 1
+
+
+def test_launched_worker_runs_with_the_launchers_scheduling_flags(engine_worker: WorkerProcess) -> None:
+    """The real engine took the launcher's flags: priority scheduling, preemption on any priority gap
+    (SGLang's default threshold of 10 would never preempt for the default classes' gaps), incremental
+    streaming."""
+    info = httpx.get(f"{engine_worker.url}/server_info", timeout=30).json()
+    assert info["enable_priority_scheduling"] is True
+    assert info["priority_scheduling_preemption_threshold"] == 0
+    assert info["incremental_streaming_output"] is True

@@ -46,6 +46,8 @@ def test_cpu_worker_command_with_tensor_parallel() -> None:
     ):
         assert flag in f
     assert (f["--attention-backend"], f["--max-running-requests"]) == ("torch_native", "8")
+    # SGLang preempts only on a priority gap greater than this (its default 10 never does for 10/5/0)
+    assert f["--priority-scheduling-preemption-threshold"] == "0"
 
 
 def test_gpu_worker_command_has_no_cpu_workarounds() -> None:

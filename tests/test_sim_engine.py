@@ -136,6 +136,30 @@ def test_high_priority_request_sent_after_many_low_ones_finishes_first() -> None
     assert order[1:] == [f"low{i}" for i in range(6)]  # the preempted one resumes first (FCFS)
 
 
+@pytest.mark.parametrize(
+    ("gap", "threshold", "preempts"),
+    [
+        (10, 0, True),
+        (1, 0, True),
+        (0, 0, False),
+        (10, 10, False),  # SGLang's default threshold: the default classes' gap of 10 does not preempt
+        (11, 10, True),
+        (5, 4, True),
+    ],
+)
+def test_preemption_needs_a_priority_gap_greater_than_the_threshold(
+    gap: int, threshold: int, preempts: bool
+) -> None:
+    """SGLang's rule (``preempt_to_schedule``: ``priority_diff > threshold``)."""
+    engine = SimEngine(dataclasses.replace(CPU, max_running_requests=1), preemption_threshold=threshold)
+    engine.submit(SimRequest("low", prompt(1, 20), 24, priority=0), 0.0)
+    engine.advance(0.3)
+    engine.submit(SimRequest("high", prompt(5000, 20), 24, priority=gap), 0.3)
+    order = [e.rid for e in run(engine) if e.finish_reason]
+    assert (order[0] == "high") is preempts
+    assert engine.stats().preemptions_total == int(preempts)
+
+
 def test_high_priority_preempts_when_kv_is_full() -> None:
     tight = dataclasses.replace(CPU, kv_capacity_tokens=700, new_token_ratio=1.0)
 

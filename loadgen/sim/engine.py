@@ -27,7 +27,8 @@ the prefill chunks and the decode tokens in one step whose cost is the decode co
   even after eviction, the lowest-priority, latest request is retracted to the queue (SGLang's
   ``retract_decode``); it resumes later by prefilling its prompt plus the tokens it had generated.
 - Priority preemption: if the best waiting request cannot be admitted (slots or KV), running requests
-  with a priority lower by at least ``preemption_threshold`` are retracted, lowest first.
+  with a priority lower by more than ``preemption_threshold`` are retracted, lowest first (SGLang's rule in
+  ``schedule_policy.py``, ``preempt_to_schedule``: ``priority_diff > threshold``).
 - Prefix cache: a :class:`~loadgen.sim.radix.RadixCache` in the same pool. A request's prompt is matched
   at admission (``cached_tokens``, capped at prompt length − 1 as SGLang does), inserted when its prefill
   ends and locked while it runs; prompt + output are inserted when it finishes.
@@ -181,10 +182,11 @@ class SimEngine:
     Args:
         profile: step-time and capacity parameters.
         seed: seeds the step-duration jitter; equal seeds and inputs give equal events.
-        preemption_threshold: least priority gap for a waiting request to preempt a running one.
+        preemption_threshold: a waiting request preempts running ones whose priority is lower by more than
+            this (SGLang's ``--priority-scheduling-preemption-threshold``; 0 as the launcher sets it).
     """
 
-    def __init__(self, profile: SimProfile, seed: int = 0, preemption_threshold: int = 1) -> None:
+    def __init__(self, profile: SimProfile, seed: int = 0, preemption_threshold: int = 0) -> None:
         self.profile = profile
         self.preemption_threshold = preemption_threshold
         self.slowdown = 1.0  # multiplies step durations (fault injection: "slow")
@@ -364,7 +366,7 @@ class SimEngine:
         need = len(target) - matched + self._reserve(r)
         while not self._fits(need):
             victims = [
-                v for v in self._running if r.req.priority - v.req.priority >= self.preemption_threshold
+                v for v in self._running if r.req.priority - v.req.priority > self.preemption_threshold
             ]
             if not victims:
                 self.cache.unlock(node)

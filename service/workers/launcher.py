@@ -74,6 +74,10 @@ def build_command(engine: EngineSettings, port: int) -> list[str]:
         "--enable-priority-scheduling",
         "--enable-metrics",
         "--enable-cache-report",
+        # strict bands inside the engine too: SGLang preempts only when the priority gap is *greater* than
+        # this (schedule_policy.py, preempt_to_schedule), 10 by default
+        "--priority-scheduling-preemption-threshold",
+        str(engine.priority_preemption_threshold),
     ]
     if engine.incremental_streaming:  # O(1) per streamed chunk, for the engine and the gateway
         cmd.append("--incremental-streaming-output")
