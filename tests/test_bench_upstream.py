@@ -21,11 +21,13 @@ from tests.support.servers import ThreadedServer, free_port
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def fake_upstream() -> Iterator[str]:
+@pytest.fixture(scope="module", params=["cumulative", "incremental"])
+def fake_upstream(request: pytest.FixtureRequest) -> Iterator[tuple[str, bool]]:
+    """(URL, incremental?) of a fake streaming `/generate` cumulatively (SGLang default) or incrementally."""
     port = free_port()
+    flags = ["--incremental"] if request.param == "incremental" else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadgen.bench.upstream", "--port", str(port)],
+        [sys.executable, "-m", "loadgen.bench.upstream", "--port", str(port), *flags],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -41,7 +43,7 @@ def fake_upstream() -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError("fake upstream exited")
             time.sleep(0.05)
-        yield url
+        yield url, request.param == "incremental"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -51,9 +53,10 @@ def sse_payloads(text: str) -> list[str]:
     return [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
 
 
-def test_generate_answers_like_sglang(fake_upstream: str) -> None:
+def test_generate_answers_like_sglang(fake_upstream: tuple[str, bool]) -> None:
+    url, incremental = fake_upstream
     body = {"text": "hello there world", "sampling_params": {"max_new_tokens": 3}, "rid": "r-1"}
-    with httpx.Client(base_url=fake_upstream) as http:
+    with httpx.Client(base_url=url) as http:
         plain = http.post("/generate", json=body).json()
         assert plain["text"] == "alpha beta gamma" and plain["output_ids"] == [1000, 1001, 1002]
         meta = plain["meta_info"]
@@ -64,8 +67,13 @@ def test_generate_answers_like_sglang(fake_upstream: str) -> None:
         events = sse_payloads(streamed.text)
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
-        assert [c["text"] for c in chunks] == ["alpha", "alpha beta", "alpha beta gamma"]  # cumulative
-        assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3]
+        assert http.get("/server_info").json()["incremental_streaming_output"] is incremental
+        if incremental:  # each event its own token, as --incremental-streaming-output
+            assert [c["text"] for c in chunks] == ["alpha", " beta", " gamma"]
+            assert [c["output_ids"] for c in chunks] == [[1000], [1001], [1002]]
+        else:
+            assert [c["text"] for c in chunks] == ["alpha", "alpha beta", "alpha beta gamma"]
+            assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3]
         assert [c["meta_info"]["finish_reason"] for c in chunks[:2]] == [None, None]
         assert all(c["meta_info"]["id"] == "a-much-longer-request-id" for c in chunks)
         # a shorter answer than max_new_tokens ends with "stop"; unknown routes answer 404
@@ -79,13 +87,15 @@ def test_generate_answers_like_sglang(fake_upstream: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_url: str, stub_model_dir: Path, fake_upstream: str) -> Iterator[tuple[str, str]]:
+def gateway(
+    redis_url: str, stub_model_dir: Path, fake_upstream: tuple[str, bool]
+) -> Iterator[tuple[str, str]]:
     settings = Settings.model_validate(
         {
             "admin_token": ADMIN_TOKEN,
-            "redis": {"url": redis_url, "key_prefix": "bench-up:"},
+            "redis": {"url": redis_url, "key_prefix": f"bench-up-{fake_upstream[1]}:"},
             "engine": {"served_model_name": "bench-model"},
-            "upstream": {"workers": [fake_upstream], "health_interval_s": 0.2},
+            "upstream": {"workers": [fake_upstream[0]], "health_interval_s": 0.2},
             "api": {"tokenizer_path": str(stub_model_dir)},
         }
     )

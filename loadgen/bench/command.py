@@ -79,6 +79,14 @@ def bench_gateway(
         bool, typer.Option(help="Pin the target alone on one CPU, load and upstream on another.")
     ] = True,
     png: Annotated[bool, typer.Option(help="Write bench.png.")] = True,
+    upstream_streaming: Annotated[
+        str,
+        typer.Option(
+            help="How the fake upstream's /generate streams: incremental (deltas, as workers run with "
+            "--incremental-streaming-output: the gateway's launched ones and the README's command) or "
+            "cumulative (SGLang's default)."
+        ),
+    ] = "incremental",
 ) -> None:
     """Benchmark radixgate against sglang-router, LiteLLM and a direct call on an instant fake SGLang.
 
@@ -93,6 +101,9 @@ def bench_gateway(
     try:
         names = _split(targets, TARGETS, "--targets") if targets else None
         mode_names = _split(modes, tuple(MODES), "--modes")
+        if upstream_streaming not in ("incremental", "cumulative"):
+            wanted = "--upstream-streaming: incremental or cumulative"
+            raise typer.BadParameter(f"{wanted} (got {upstream_streaming!r})")
         extra_env = _env_pairs(radixgate_env or [])
     except typer.BadParameter as err:
         console.print(f"[red]{err}[/]")
@@ -127,6 +138,7 @@ def bench_gateway(
         radixgate_env=extra_env,
         profile_s=profile_s,
         pin=pin,
+        upstream_streaming="cumulative" if upstream_streaming == "cumulative" else "incremental",
     )
     try:
         report = run_bench(cfg, lambda line: console.print(line, highlight=False))

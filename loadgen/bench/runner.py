@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import redis
@@ -96,6 +96,9 @@ class BenchConfig:
         radixgate_env: extra ``RADIXGATE_*`` settings for radixgate.
         profile_s: if > 0, py-spy records radixgate for this long under c64 load after the runs.
         pin: pin processes to CPUs (when there are two or more).
+        upstream_streaming: how the fake's ``/generate`` streams: ``incremental`` (each event its own
+            tokens, as workers the gateway launches and the README's command run) or ``cumulative``
+            (SGLang's default: each event the whole answer so far, parsed again by the gateway).
     """
 
     targets: list[str]
@@ -111,6 +114,7 @@ class BenchConfig:
     radixgate_env: dict[str, str] = field(default_factory=dict)
     profile_s: int = 0
     pin: bool = True
+    upstream_streaming: Literal["incremental", "cumulative"] = "incremental"
 
 
 def resolve_tokenizer(cfg: BenchConfig) -> Path:
@@ -175,8 +179,10 @@ class _Bench:
         if self.cores.load:
             os.sched_setaffinity(0, self.cores.load)
         tokenizer = resolve_tokenizer(cfg)
-        self.say(f"upstream: instant fake SGLang; tokenizer {tokenizer}")
-        self.fake_url, self.fake_pid = start_fake(self.procs, tokenizer, self.cores.aux)
+        self.say(f"upstream: instant fake SGLang ({cfg.upstream_streaming} streaming); tokenizer {tokenizer}")
+        self.fake_url, self.fake_pid = start_fake(
+            self.procs, tokenizer, self.cores.aux, cfg.upstream_streaming == "incremental"
+        )
         versions: dict[str, str | None] = {"python": platform.python_version()}
         for name in cfg.targets:
             t0 = time.monotonic()
@@ -374,6 +380,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
             "warmup_s": cfg.warmup_s,
             "idle_s": cfg.idle_s,
             "chunks": cfg.chunks,
+            "upstream_streaming": cfg.upstream_streaming,
         },
         "machine": {**machine, "argv": sys.argv, "started": started, "wall_s": time.time() - started},
         "idle_cpu_ms_per_s": idle,

@@ -207,11 +207,15 @@ def base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RADIXGATE_")}
 
 
-def start_fake(procs: Processes, model_dir: Path, cpus: frozenset[int] | None) -> tuple[str, int]:
-    """Start the instant fake SGLang upstream; returns (base URL, pid). Its reported model path is the
-    local tokenizer folder, so sglang-router loads that tokenizer instead of asking a model hub."""
+def start_fake(
+    procs: Processes, model_dir: Path, cpus: frozenset[int] | None, incremental: bool = False
+) -> tuple[str, int]:
+    """Start the instant fake SGLang upstream (``incremental``: its ``/generate`` streams deltas, as
+    ``--incremental-streaming-output``); returns (base URL, pid). Its reported model path is the local
+    tokenizer folder, so sglang-router loads that tokenizer instead of asking a model hub."""
     port = free_port()
     argv = [sys.executable, "-m", "loadgen.bench.upstream", "--port", str(port), "--model", str(model_dir)]
+    argv += ["--incremental"] if incremental else []
     proc = procs.spawn("upstream", argv, base_env(), cpus)
     url = f"http://127.0.0.1:{port}"
     procs.wait_until(proc, "upstream", lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, 30)

@@ -4,8 +4,9 @@ Not a model and not the simulator (:mod:`loadgen.sim` models engine time; this a
 speaks just enough of SGLang's HTTP API for radixgate, sglang-router and LiteLLM:
 
 - ``POST /generate`` (SGLang native): non-streamed ``{"text", "output_ids", "meta_info"}``; streamed as
-  SSE ``data: {...}`` events, one per token, with cumulative ``text`` and ``output_ids`` as SGLang sends
-  them (``incremental_streaming_output`` off), ended by ``data: [DONE]``. ``meta_info`` carries ``id``,
+  SSE ``data: {...}`` events, one per token, ended by ``data: [DONE]``: with cumulative ``text`` and
+  ``output_ids`` as SGLang sends them by default, or only each token's own (``--incremental``, as SGLang's
+  ``--incremental-streaming-output``, which ``/server_info`` then reports). ``meta_info`` carries ``id``,
   ``finish_reason`` (``{"type": "length", "length": n}`` or ``{"type": "stop", "matched": 2}``),
   ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``, ``e2e_latency``
   (``sglang/srt/managers/tokenizer_manager.py``).
@@ -21,7 +22,7 @@ default 16). A stream writes all its events in one ``write`` (HTTP/1.1 chunked, 
 Prompt tokens are counted as ``len(text) // 4 + 1`` (no tokenizer). Bodies of repeated shapes are
 rendered once and cached, so a request costs a JSON parse and a few byte joins.
 
-Run: ``python -m loadgen.bench.upstream --port 31000`` (uses uvloop when installed).
+Run: ``python -m loadgen.bench.upstream --port 31000 [--incremental]`` (uses uvloop when installed).
 """
 
 from __future__ import annotations
@@ -86,10 +87,19 @@ class FakeSGLang:
         model: model id reported by ``/get_model_info`` and ``/v1/models``.
         max_tokens_cap: most tokens one answer has.
         default_max_tokens: tokens of an OpenAI request that gives no ``max_tokens``.
+        incremental: stream ``/generate`` as ``--incremental-streaming-output`` does (each event only its
+            new text and ids) and say so in ``/server_info``.
     """
 
-    def __init__(self, model: str = "bench-model", max_tokens_cap: int = 4096, default_max_tokens: int = 16):
+    def __init__(
+        self,
+        model: str = "bench-model",
+        max_tokens_cap: int = 4096,
+        default_max_tokens: int = 16,
+        incremental: bool = False,
+    ):
         self.model = model
+        self.incremental = incremental
         self.max_tokens_cap = max_tokens_cap
         self.default_max_tokens = default_max_tokens
         self.requests: Counter[str] = Counter()
@@ -158,6 +168,7 @@ class FakeSGLang:
             "tp_size": 1,
             "dp_size": 1,
             "max_total_num_tokens": 1 << 20,
+            "incremental_streaming_output": self.incremental,
             "internal_states": [{"last_gen_throughput": 0.0}],
         }
         return _response(200, _dumps(info))
@@ -215,9 +226,12 @@ class FakeSGLang:
         texts, ids = _tokens(n)
         events = []
         for i in range(1, n + 1):
+            text, new_ids = texts[i - 1], ids[:i]
+            if self.incremental:
+                text, new_ids = text[len(texts[i - 2]) if i > 1 else 0 :], ids[i - 1 : i]
             payload = {
-                "text": texts[i - 1],
-                "output_ids": ids[:i],
+                "text": text,
+                "output_ids": new_ids,
                 "meta_info": self._meta(i, n, limit, prompt_tokens),
             }
             events.append(b"data: " + _dumps(payload) + b"\n\n")
@@ -375,8 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="bench-model")
     parser.add_argument("--max-tokens-cap", type=int, default=4096)
+    parser.add_argument("--incremental", action="store_true", help="stream /generate as deltas")
     args = parser.parse_args(argv)
-    app = FakeSGLang(args.model, args.max_tokens_cap)
+    app = FakeSGLang(args.model, args.max_tokens_cap, incremental=args.incremental)
 
     async def run() -> None:
         server = await serve(app, args.host, args.port)
