@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -28,6 +29,7 @@ from service.metrics import GatewayMetrics, refresh_pool_gauges
 from service.prompting import PromptRenderer
 from service.scheduler import Scheduler
 from service.settlement import Settler
+from service.startup_signals import StartupInterrupted, interruptible_startup
 from service.state import GatewayState
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
@@ -138,13 +140,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     supervisors: list[WorkerSupervisor] = []
     try:
         if settings.engine.launch:
-            # one after another: SGLang sizes its KV cache from the memory left after loading the
-            # weights, which a second worker loading at the same time would distort
-            for i in range(settings.engine.num_workers):
-                worker = WorkerProcess(settings.engine, settings.engine.base_port + i)
-                worker.start()
-                launched.append(worker)
-                await worker.wait_ready()
+            await launch_workers(settings, launched)
         pool = WorkerPool(
             [w.url for w in launched] + list(up.workers),
             client,
@@ -234,6 +230,31 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await subscriber.aclose()
         for worker in launched:
             worker.stop()
+
+
+async def launch_workers(settings: Settings, launched: list[WorkerProcess]) -> None:
+    """Start ``engine.num_workers`` SGLang workers one after another (SGLang sizes its KV cache from the
+    memory left after loading the weights, which a second worker loading at the same time would distort),
+    appending each to ``launched`` (the caller stops them), and wait until each is ready.
+
+    Raises:
+        StartupInterrupted: SIGINT/SIGTERM arrived meanwhile (loading a model can take minutes).
+        WorkerStartError: a worker exited or did not become healthy in time.
+    """
+    with interruptible_startup() as received:
+        try:
+            for i in range(settings.engine.num_workers):
+                worker = WorkerProcess(settings.engine, settings.engine.base_port + i)
+                worker.start()
+                launched.append(worker)
+                await worker.wait_ready()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not received or task is None:
+                raise
+            task.uncancel()
+            name = signal.Signals(received[0]).name
+            raise StartupInterrupted(f"{name} while waiting for launched workers: stopping them") from None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -4,6 +4,7 @@ stand-in process instead of SGLang)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,8 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from service.config import EngineSettings
 from service.workers.launcher import build_command, build_env
+from tests.support.model_stub import write_stub_model
+from tests.support.servers import free_port
 
 
 def flags(cmd: list[str]) -> dict[str, str | None]:
@@ -118,3 +123,52 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_gateway_waits_for_its_worker_stops_both_at_once(
+    tmp_path: Path, redis_url: str, sig: signal.Signals
+) -> None:
+    # loading a model takes minutes; uvicorn looks at SIGTERM/SIGINT only after start-up, so `docker stop`
+    # or Ctrl-C used to wait out engine.startup_timeout_s (300 s by default)
+    fake_engine = tmp_path / "python"
+    fake_engine.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake_engine.chmod(0o755)
+    env = {
+        **os.environ,
+        "RADIXGATE_PORT": str(free_port()),
+        "RADIXGATE_REDIS__URL": redis_url,
+        "RADIXGATE_ENGINE__LAUNCH": "true",
+        "RADIXGATE_ENGINE__PYTHON": str(fake_engine),
+        "RADIXGATE_ENGINE__BASE_PORT": str(free_port()),
+        "RADIXGATE_ENGINE__LOG_DIR": str(tmp_path),
+        "RADIXGATE_API__TOKENIZER_PATH": str(write_stub_model(tmp_path / "model")),
+    }
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "service", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert gateway.stdout is not None
+    worker_pid = 0
+    try:
+        for line in gateway.stdout:  # the launcher's log line names the worker's pid
+            if '"worker_starting"' in line:
+                worker_pid = json.loads(line)["pid"]
+                break
+        assert worker_pid, "the gateway did not launch its worker"
+        time.sleep(0.5)
+        gateway.send_signal(sig)
+        rest = gateway.communicate(timeout=20)[0]  # not startup_timeout_s
+        assert f"{sig.name} while waiting for launched workers" in rest, rest[-3000:]
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
+            assert time.monotonic() < deadline, "the launched worker outlived the interrupted start-up"
+            time.sleep(0.1)
+    finally:
+        gateway.kill()
+        if worker_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker_pid, signal.SIGKILL)
