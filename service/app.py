@@ -22,6 +22,7 @@ from service.api import admin_routes, admin_workers, health_routes, openai_route
 from service.api.deps import new_request_id
 from service.api.errors import install_error_handlers, response_for
 from service.api.openai_routes import COMPLETION_ROUTES
+from service.api.openapi_bodies import install_body_schemas
 from service.config import RedisSettings, Settings
 from service.dispatch import Dispatcher
 from service.logs import configure_logging
@@ -277,5 +278,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin_routes.router)
     app.include_router(admin_workers.router)
     app.include_router(health_routes.router)
+    install_body_schemas(app, list(openai_routes.BODY_MODELS))
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -304,3 +304,19 @@ def test_the_official_clients_stream_helper_accumulates_the_events(
     assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
     assert final.usage is not None and whole.usage is not None
     assert final.usage.total_tokens == whole.usage.total_tokens
+
+
+def test_integers_beyond_64_bits_in_a_tool_schema_are_echoed_exactly(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    # found by tests/test_api_fuzz.py: orjson refuses such integers, and rendering the echoed tools was a 500
+    tenant_id, key = new_tenant(http)
+    big = 2**70 + 1
+    tool = {**WEATHER, "parameters": {**WEATHER["parameters"], "maxProperties": big}}
+    req = {"model": MODEL, "input": "Weather?", "tools": [tool], "max_output_tokens": 4}
+    plain = http.post("/v1/responses", json=req, headers=auth(key))
+    assert plain.status_code == 200, plain.text
+    assert plain.json()["tools"][0]["parameters"]["maxProperties"] == big
+    final = events_of(http, key, req)[-1][1]["response"]  # incomplete: 4 tokens, cut at the limit
+    assert final["tools"][0]["parameters"]["maxProperties"] == big
+    assert usage_of(http, tenant_id)["requests"] == 2

@@ -18,8 +18,9 @@ from service.api.cancellation import ClientDisconnected, until_disconnect
 from service.api.deps import StateDep, TenantDep, authenticate, gateway_state, read_json, request_id
 from service.api.errors import FastJSONResponse, validation_error
 from service.api.openai_fields import screen_chat, screen_completion
+from service.api.openapi_bodies import json_body
 from service.api.protocol import ChatCompletionRequest, CompletionRequest, now_s
-from service.api.responses_protocol import parse_responses, responses_param, to_chat
+from service.api.responses_protocol import ResponsesRequest, parse_responses, responses_param, to_chat
 from service.errors import GatewayError, NotFound
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
@@ -82,7 +83,7 @@ async def _serve(
     )
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     state = gateway_state(request)
@@ -91,7 +92,7 @@ async def chat_completions(request: Request) -> Response:
     return await _serve(request, state, tenant, parse(ChatCompletionRequest, screen_chat(body)))
 
 
-@router.post("/completions")
+@router.post("/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     """``POST /v1/completions`` (one prompt; stream and non-stream)."""
     state = gateway_state(request)
@@ -100,7 +101,7 @@ async def completions(request: Request) -> Response:
     return await _serve(request, state, tenant, parse(CompletionRequest, screen_completion(body)))
 
 
-@router.post("/responses")
+@router.post("/responses", openapi_extra=json_body(ResponsesRequest))
 async def responses(request: Request) -> Response:
     """``POST /v1/responses`` (stateless Responses API, stream and non-stream; see
     :mod:`service.api.responses_protocol`)."""
@@ -121,6 +122,9 @@ async def responses(request: Request) -> Response:
         err.param = responses_param(err.param)
         raise
 
+
+BODY_MODELS = (ChatCompletionRequest, CompletionRequest, ResponsesRequest)
+"""JSON bodies of the routes below, in the OpenAPI document (:mod:`service.api.openapi_bodies`)."""
 
 COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
     "/v1/chat/completions": chat_completions,

@@ -8,14 +8,12 @@ A shaper is made per request (its id, model and creation time) and turns the cho
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from service.api.errors import sse_error_event
 from service.api.protocol import UsageInfo
+from service.compact_json import compact_json
 from service.errors import GatewayError
 from service.openai.choices import ChoiceState, ChoiceStep
 from service.openai.logprobs import chat_logprobs, legacy_logprobs
@@ -25,11 +23,7 @@ DONE = b"data: [DONE]\n\n"
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One ``data:`` server-sent event (compact JSON; orjson, Python's json for what it refuses)."""
-    try:
-        body = orjson.dumps(payload)
-    except TypeError:  # integers beyond 64 bits, lone surrogates
-        body = json.dumps(payload, separators=(",", ":")).encode()
-    return b"data: " + body + b"\n\n"
+    return b"data: " + compact_json(payload) + b"\n\n"
 
 
 def named_sse(payload: dict[str, Any]) -> bytes:

@@ -19,6 +19,7 @@ import orjson
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.compact_json import compact_json
 from service.config import UpstreamSettings
 from service.workers.transport import TransportFailure, WorkerHTTP
 from service.workers.upstream_errors import UpstreamError as UpstreamError  # re-exported
@@ -338,7 +339,7 @@ class SGLangClient:
         """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""
         try:
             status, raw = await self._http.call(
-                "POST", worker, "/generate", orjson.dumps({**body, "stream": False})
+                "POST", worker, "/generate", compact_json({**body, "stream": False})
             )
         except TransportFailure as exc:
             raise self._transport_error(worker, exc) from exc
@@ -362,7 +363,7 @@ class SGLangClient:
         done = finished = False
         try:
             async with await self._http.stream(
-                worker, "/generate", orjson.dumps({**body, "stream": True})
+                worker, "/generate", compact_json({**body, "stream": True})
             ) as resp:
                 if resp.status != 200:
                     raise http_error(worker, resp.status, await resp.body())
