@@ -186,10 +186,22 @@ def test_history_with_calls_and_results_is_rendered(http: httpx.Client, worker: 
     assert '<|im_start|>tool\n<tool_response>\n{"celsius": 21}\n</tool_response><|im_end|>' in text
 
 
+def _arrays(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 BAD_TOOLS: list[tuple[str, dict[str, Any], str]] = [
     (
         "schema not a schema",
         body(tools=[{**WEATHER, "function": {"name": "f", "parameters": {"type": 5}}}]),
+        "tools.0.function.parameters",
+    ),
+    (
+        "parameters nested 300 deep (was a 500: the meta-schema check hit the recursion limit)",
+        body(tools=[{**WEATHER, "function": {"name": "f", "parameters": _arrays(300)}}]),
         "tools.0.function.parameters",
     ),
     ("required without tools", {"model": MODEL, "messages": ASK, "tool_choice": "required"}, "tool_choice"),
