@@ -293,3 +293,21 @@ def test_a_template_with_tools_gets_them_the_hugging_face_way(tools_gateway: str
     # arguments reach the template as an object (Hugging Face's convention), results as tool messages
     assert '<|im_start|>assistant\n<call>get_weather {"city": "Paris"}</call><|im_end|>' in text
     assert "<|im_start|>tool\n21<|im_end|>" in text
+
+
+def test_history_arguments_nested_too_deep_reach_the_template_as_text(
+    tools_gateway: str, worker: FakeWorker
+) -> None:
+    """Arguments Python's parser cannot read (RecursionError: was a 500) reach the template as text."""
+    deep = "[" * 3000 + "]" * 3000
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": deep}}
+    history = [
+        *ASK,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21"},
+    ]
+    with httpx.Client(base_url=tools_gateway, timeout=30) as http:
+        _, key = new_tenant(http)
+        resp = http.post("/v1/chat/completions", json=body(messages=history), headers=auth(key))
+    assert resp.status_code == 200, resp.text
+    assert f"<call>get_weather {json.dumps(deep)}</call>" in worker.received[-1]["text"]
