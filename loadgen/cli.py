@@ -27,7 +27,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loadgen.bench.command import bench_gateway
 from loadgen.plots import write_plots
 from loadgen.report import build_report, print_report
-from loadgen.runner import MissingKeyError, RequestRecord, load_results, resolve_keys, run_plan, save_results
+from loadgen.runner import (
+    MissingKeyError,
+    RequestRecord,
+    ResultsError,
+    load_results,
+    resolve_keys,
+    run_plan,
+    save_results,
+)
 from loadgen.scenario import Scenario, ScenarioError, generate_requests, load_scenario, parse_scenario
 
 app = typer.Typer(
@@ -39,6 +47,19 @@ app = typer.Typer(
 app.command("bench-gateway")(bench_gateway)
 
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario file (.yaml, .yml, .toml or .json).")]
+
+
+def _read_keys(path: Path, console: Console) -> dict[str, str]:
+    """The ``{tenant: key}`` JSON that ``loadgen tenants`` writes; exit 2 with the reason when it is not."""
+    try:
+        keys = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        console.print(f"[red]{path}: cannot read the keys file: {err}[/]")
+        raise typer.Exit(2) from err
+    if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+        console.print(f'[red]{path}: a keys file is a JSON object {{"tenant": "key", ...}}[/]')
+        raise typer.Exit(2)
+    return keys
 
 
 def _load(path: Path, console: Console) -> Scenario:
@@ -156,7 +177,7 @@ def run(
     if model:
         scenario = scenario.model_copy(update={"target": scenario.target.model_copy(update={"model": model})})
     try:
-        key_map = resolve_keys(scenario, json.loads(keys.read_text()) if keys else None, api_key)
+        key_map = resolve_keys(scenario, _read_keys(keys, console) if keys else None, api_key)
     except MissingKeyError as err:
         console.print(f"[red]{err}[/]")
         raise typer.Exit(2) from err
@@ -192,8 +213,13 @@ def report(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
 ) -> None:
     """Recompute the report (table, report.json, plots) from a results file."""
-    scenario_data, run_data, records = load_results(results)
-    scenario = parse_scenario(scenario_data, str(results))
+    console = Console()
+    try:
+        scenario_data, run_data, records = load_results(results)
+        scenario = parse_scenario(scenario_data, str(results))
+    except (ResultsError, ScenarioError) as err:
+        console.print(f"[red]{err}[/]")
+        raise typer.Exit(2) from err
     _finish(scenario, records, run_data, out or results.parent, plots)
 
 

@@ -39,6 +39,10 @@ class MissingKeyError(LookupError):
     """A tenant has no API key (scenario ``api_key``/``api_key_env``, keys file, or ``--api-key``)."""
 
 
+class ResultsError(ValueError):
+    """A results file that cannot be read, or that ``loadgen run`` did not write."""
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """The outcome of one planned request. Times: ``*_s`` seconds from the run's start, ``*_ms`` milliseconds.
@@ -335,6 +339,16 @@ def save_results(path: Path, scenario: Scenario, result: RunResult) -> None:
 
 
 def load_results(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[RequestRecord]]:
-    """Read a results JSON: (scenario dict, run dict, records)."""
-    data = json.loads(path.read_text())
-    return data["scenario"], data["run"], [RequestRecord.from_json(r) for r in data["records"]]
+    """Read a results JSON: (scenario dict, run dict, records).
+
+    Raises:
+        ResultsError: the file is missing, not JSON, or not in the shape :func:`save_results` writes.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path}: cannot read: {exc}") from exc
+    try:
+        return data["scenario"], data["run"], [RequestRecord.from_json(r) for r in data["records"]]
+    except (KeyError, TypeError) as exc:
+        raise ResultsError(f"{path}: not a results file written by `loadgen run` ({exc!r})") from exc

@@ -183,7 +183,7 @@ class PromptRenderer:
                 bos_token=self._bos,
                 eos_token=self._eos,
             )
-        except (TemplateError, TypeError, ValueError, KeyError) as exc:
+        except (TemplateError, TypeError, ValueError, KeyError, RecursionError) as exc:
             raise PromptError(f"chat template failed: {exc}") from exc
         rendered = RenderedPrompt(text=text, num_tokens=self.count(text))
         if key is not None:

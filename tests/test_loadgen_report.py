@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from loadgen.cli import app
 from loadgen.report import build_report, group_figures, jain_index, meets_slo, percentile, print_report
 from loadgen.runner import RequestRecord
 from loadgen.scenario import ClassSLO, parse_scenario
@@ -129,3 +132,40 @@ def test_build_report_excludes_warmup_and_computes_fairness() -> None:
     print_report(report, console)
     text = console.export_text()
     assert "requests (measured)" in text and "Jain fairness, interactive" in text and "0.05" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "cannot read"),
+        ("{not json", "cannot read"),
+        ("[]", "not a results file"),
+        ('{"scenario": {}}', "not a results file"),
+        ('{"scenario": {}, "run": {}, "records": [{"bogus": 1}]}', "not a results file"),
+        ('{"scenario": {"duration_s": "x"}, "run": {}, "records": []}', "invalid scenario"),
+    ],
+    ids=["missing", "not json", "a list", "no run", "bad record", "bad scenario"],
+)
+def test_report_on_a_file_that_is_not_results_exits_2_with_the_reason(
+    tmp_path: Path, text: str | None, message: str
+) -> None:
+    """``loadgen report`` of a wrong file was a traceback (KeyError, TypeError) instead of a clear line."""
+    path = tmp_path / "results.json"
+    if text is not None:
+        path.write_text(text)
+    result = CliRunner().invoke(app, ["report", str(path), "--no-plots"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("text", [None, "{oops", '["k"]', '{"smoke-a": 5}'])
+def test_run_with_a_bad_keys_file_exits_2_before_sending(tmp_path: Path, text: str | None) -> None:
+    keys = tmp_path / "keys.json"
+    if text is not None:
+        keys.write_text(text)
+    scenario = Path(__file__).parent.parent / "loadgen" / "scenarios" / "smoke.toml"
+    result = CliRunner().invoke(
+        app, ["run", str(scenario), "--keys", str(keys), "--base-url", "http://127.0.0.1:9"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "keys file" in " ".join(result.output.split())

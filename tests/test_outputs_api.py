@@ -91,6 +91,14 @@ def test_response_format_becomes_the_engines_json_schema_grammar(
         assert json.loads(sampling["json_schema"]) == grammar
 
 
+def _arrays(levels: int) -> dict[str, Any]:
+    """Arrays of arrays ``levels`` deep (the meta-schema check recursed past Python's limit at ~125)."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize(
     ("fmt", "param"),
     [
@@ -107,9 +115,12 @@ def test_response_format_becomes_the_engines_json_schema_grammar(
          "response_format.json_schema.schema"),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "https://e.com/s.json"}}},
          "response_format.json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": _arrays(300)}},
+         "response_format.json_schema.schema"),
     ],
     ids=[
-        "bad schema", "no json_schema", "bad name", "unknown type", "ref cycle", "ref dangling", "ref remote"
+        "bad schema", "no json_schema", "bad name", "unknown type", "ref cycle", "ref dangling", "ref remote",
+        "nested 300 deep",
     ],
 )  # fmt: skip
 def test_a_bad_response_format_gets_400_naming_it_and_costs_nothing(
@@ -225,6 +236,10 @@ def _nested(levels: int) -> dict[str, Any]:
         (_objects(5001), "5000 object properties"),
         (_nested(10), None),
         (_nested(11), "deeper than 10"),
+        (_arrays(63), None),
+        (_arrays(64), "deeper than 64"),
+        (_arrays(300), "deeper than 64"),
+        ({"not": {"anyOf": [{"not": {}}]}}, None),
         ({"type": "string", "enum": [str(i) for i in range(1000)]}, None),
         ({"type": "object", "properties": {k: {"enum": list(range(501))} for k in "ab"}}, "1000 enum"),
     ],

@@ -230,3 +230,23 @@ def test_forced_constraint_names_each_allowed_function_and_its_schema(fmt: str) 
     assert '\\"get_weather\\"' in one and '\\"get_time\\"' in one and '"required": ["city"]' in one
     assert '"at_least_one": true' in one and '"stop_after_first": true' in one
     assert '"stop_after_first": false' in json.dumps(FORMATS[fmt].forced_constraint(functions, parallel=True))
+
+
+DEEP = "[" * 3000 + "]" * 3000
+"""JSON nested past what Python's recursive parser takes (~1,000 levels: RecursionError, which was a 500)."""
+DEEP_ARGS = f'"arguments": {{"a": {DEEP}}}'
+DEEP_CALLS = {
+    "hermes": [f"<tool_call>{DEEP}</tool_call>", f'<tool_call>{{"name": "f", {DEEP_ARGS}}}</tool_call>'],
+    "llama3_json": [f'{{"name": "f", "parameters": {DEEP}}}', f'{{"name": "f", {DEEP_ARGS}}}'],
+    "mistral": [f"[TOOL_CALLS] {DEEP}", f'[TOOL_CALLS] [{{"name": "f", {DEEP_ARGS}}}]'],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", sorted(DEEP_CALLS))
+def test_a_call_nested_too_deep_to_parse_stays_content(fmt: str) -> None:
+    for text in DEEP_CALLS[fmt]:
+        parser = CallParser(FORMATS[fmt], frozenset({"f"}))
+        step = parser.feed(text)
+        end = parser.finish()
+        assert step.calls == end.calls == []
+        assert (step.text + end.text).strip() == text.strip()

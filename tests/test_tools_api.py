@@ -186,10 +186,22 @@ def test_history_with_calls_and_results_is_rendered(http: httpx.Client, worker: 
     assert '<|im_start|>tool\n<tool_response>\n{"celsius": 21}\n</tool_response><|im_end|>' in text
 
 
+def _arrays(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 BAD_TOOLS: list[tuple[str, dict[str, Any], str]] = [
     (
         "schema not a schema",
         body(tools=[{**WEATHER, "function": {"name": "f", "parameters": {"type": 5}}}]),
+        "tools.0.function.parameters",
+    ),
+    (
+        "parameters nested 300 deep (was a 500: the meta-schema check hit the recursion limit)",
+        body(tools=[{**WEATHER, "function": {"name": "f", "parameters": _arrays(300)}}]),
         "tools.0.function.parameters",
     ),
     ("required without tools", {"model": MODEL, "messages": ASK, "tool_choice": "required"}, "tool_choice"),
@@ -281,3 +293,21 @@ def test_a_template_with_tools_gets_them_the_hugging_face_way(tools_gateway: str
     # arguments reach the template as an object (Hugging Face's convention), results as tool messages
     assert '<|im_start|>assistant\n<call>get_weather {"city": "Paris"}</call><|im_end|>' in text
     assert "<|im_start|>tool\n21<|im_end|>" in text
+
+
+def test_history_arguments_nested_too_deep_reach_the_template_as_text(
+    tools_gateway: str, worker: FakeWorker
+) -> None:
+    """Arguments Python's parser cannot read (RecursionError: was a 500) reach the template as text."""
+    deep = "[" * 3000 + "]" * 3000
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": deep}}
+    history = [
+        *ASK,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21"},
+    ]
+    with httpx.Client(base_url=tools_gateway, timeout=30) as http:
+        _, key = new_tenant(http)
+        resp = http.post("/v1/chat/completions", json=body(messages=history), headers=auth(key))
+    assert resp.status_code == 200, resp.text
+    assert f"<call>get_weather {json.dumps(deep)}</call>" in worker.received[-1]["text"]

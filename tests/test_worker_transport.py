@@ -90,3 +90,26 @@ async def test_sse_lines_longer_than_the_read_buffer_are_parsed() -> None:
         async with SGLangClient() as client:
             text = "".join([c.text async for c in client.stream(server.url, BODY)])
     assert text == "a" * 300_000 + " b"
+
+
+async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked() -> None:
+    """SGLang serves /metrics with prometheus_client's ASGI app, which gzips the text for a client that
+    accepts gzip; aiohttp sends ``Accept-Encoding: gzip`` by default and the pool does not decompress, so
+    every load poll read gzip bytes as text and failed (windows never left window_initial)."""
+    from prometheus_client import CollectorRegistry, Gauge, make_asgi_app
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from service.workers.client import WorkerLoad
+
+    registry = CollectorRegistry()
+    for name, value in [
+        ("sglang:num_running_reqs", 3),
+        ("sglang:num_queue_reqs", 2),
+        ("sglang:token_usage", 0.5),
+    ]:
+        Gauge(name, name, registry=registry).set(value)
+    app = Starlette(routes=[Mount("/metrics", make_asgi_app(registry=registry))])
+    with ThreadedServer(app) as server:
+        async with SGLangClient() as client:
+            assert await client.load(server.url) == WorkerLoad(running=3, queued=2, kv_usage=0.5)

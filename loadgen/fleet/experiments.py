@@ -311,7 +311,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "overload": exp_overload,
         "fairness": exp_fairness,
     }
-    ap = argparse.ArgumentParser(prog="python -m loadgen.fleet.experiments", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m loadgen.fleet.experiments",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the list of experiments a list
+    )
     ap.add_argument("name", choices=[*experiments, "all"])
     ap.add_argument("--json", action="store_true", help="print one JSON object per line and experiment")
     args = ap.parse_args(argv)

@@ -31,16 +31,38 @@ MAX_SCHEMA_ENUM_VALUES = 1000
 structured-outputs limits). The engine compiles a grammar from the schema before it decodes a token, and
 that cost grows with its size (3,000 properties held a CPU worker for 87 s)."""
 
+MAX_SCHEMA_NESTING = 64
+"""Deepest nesting of objects and arrays in one JSON schema document (any keyword: ``items``, ``anyOf``,
+``not``, ``$defs``...). The meta-schema check (jsonschema) recurses about ten Python frames per level and
+hit Python's recursion limit at ~125 levels of ``items`` (a 500); OpenAI's 10 levels of objects take ~21."""
+
 
 def check_schema(schema: Any) -> str | None:
     """Why ``schema`` is not a usable JSON schema (Draft 2020-12 meta-schema), or None when it is."""
     if not isinstance(schema, dict):
         return "a JSON schema must be an object"
+    problem = _nesting_problem(schema)
+    if problem is not None:
+        return problem
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         return f"not a valid JSON schema: {exc.message}"
+    except RecursionError:  # a second guard: the stack the check runs on is not all its own
+        return "the schema nests too deeply to be checked"
     return _size_problem(schema) or _ref_problem(schema)
+
+
+def _nesting_problem(schema: dict[str, Any]) -> str | None:
+    """Why ``schema`` nests objects and arrays deeper than :data:`MAX_SCHEMA_NESTING` (iterative)."""
+    stack: list[tuple[Any, int]] = [(schema, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_SCHEMA_NESTING:
+            return f"objects and arrays nest deeper than {MAX_SCHEMA_NESTING} levels"
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
+    return None
 
 
 def _size_problem(schema: dict[str, Any]) -> str | None:

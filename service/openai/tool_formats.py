@@ -74,6 +74,19 @@ class ParseStep:
     calls: list[ParsedCall] = field(default_factory=list)
 
 
+def load_json(text: str) -> Any:
+    """``json.loads``, where JSON nested deeper than Python's recursive parser takes (~1,000 levels:
+    RecursionError) is a ValueError like any other text that is not JSON.
+
+    Raises:
+        ValueError: ``text`` is not JSON, or nests too deeply.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nests too deeply") from exc
+
+
 def json_value_end(text: str, start: int) -> int | None:
     """Index just past the JSON object or array that starts at ``text[start]``; None while incomplete.
 
@@ -105,13 +118,13 @@ def json_value_end(text: str, start: int) -> int | None:
 
 def _arguments_text(value: Any) -> str | None:
     """Arguments as OpenAI's JSON text: an object is serialised; a string holding a JSON object is kept."""
-    if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, str):
-        try:
-            return value if isinstance(json.loads(value), dict) else None
-        except ValueError:
-            return None
+    try:
+        if isinstance(value, dict):
+            return json.dumps(value, ensure_ascii=False)
+        if isinstance(value, str):
+            return value if isinstance(load_json(value), dict) else None
+    except (ValueError, RecursionError):  # the encoder recurses as the parser does
+        return None
     return None
 
 
@@ -240,7 +253,7 @@ class HermesFormat(ToolCallFormat):
         consumed = stop + len(self.end) if stop >= 0 else len(buffer)
         inner = buffer[len(self.markers[0]) : inner_end].strip()
         try:
-            value = json.loads(inner)
+            value = load_json(inner)
         except ValueError:
             return Extraction(consumed, None)
         return Extraction(consumed, calls_from_json(value, names, self.argument_keys))
@@ -299,7 +312,7 @@ class Llama3JsonFormat(ToolCallFormat):
             if end is None:
                 return Extraction(len(buffer), None) if final else Extraction(0, None)
             try:
-                found = calls_from_json(json.loads(buffer[pos:end]), names, self.argument_keys)
+                found = calls_from_json(load_json(buffer[pos:end]), names, self.argument_keys)
             except ValueError:
                 found = None
             if found is None:
@@ -364,9 +377,7 @@ class MistralFormat(ToolCallFormat):
             if end is None:
                 return Extraction(len(buffer), None) if final else Extraction(0, None)
             try:
-                return Extraction(
-                    end, calls_from_json(json.loads(buffer[pos:end]), names, self.argument_keys)
-                )
+                return Extraction(end, calls_from_json(load_json(buffer[pos:end]), names, self.argument_keys))
             except ValueError:
                 return Extraction(end, None)
         args_at = buffer.find("[ARGS]", pos)
@@ -382,7 +393,7 @@ class MistralFormat(ToolCallFormat):
         if end is None:
             return Extraction(len(buffer), None) if final else Extraction(0, None)
         try:
-            arguments = json.loads(buffer[start:end])
+            arguments = load_json(buffer[start:end])
         except ValueError:
             return Extraction(end, None)
         found = calls_from_json({"name": name, "arguments": arguments}, names, self.argument_keys)
@@ -548,4 +559,5 @@ __all__ = [
     "ParsedCall",
     "ToolCallFormat",
     "json_value_end",
+    "load_json",
 ]

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 from service.api.protocol import ChatCompletionRequest, ChatMessage
 from service.api.protocol_features import NamedToolChoice, check_schema
 from service.errors import InvalidRequest
-from service.openai.tool_formats import CallParser, FunctionSpec, ParsedCall, ToolCallFormat
+from service.openai.tool_formats import CallParser, FunctionSpec, ParsedCall, ToolCallFormat, load_json
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 """Parameters of a function declared without any (OpenAI: a function that takes no arguments)."""
@@ -121,7 +120,7 @@ def _arguments_object(arguments: str) -> Any:
     """A call's arguments as the template takes them: the object when the text is a JSON object (Hugging
     Face's convention), else the text itself."""
     try:
-        value = json.loads(arguments)
+        value = load_json(arguments)
     except ValueError:
         return arguments
     return value if isinstance(value, dict) else arguments

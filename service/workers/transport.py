@@ -32,8 +32,11 @@ from yarl import URL
 from service.config import UpstreamSettings
 
 _JSON = "application/json"
-_KEEP = {"Content-Type": _JSON}
-_CLOSE = {"Content-Type": _JSON, "Connection": "close"}
+_KEEP = {"Content-Type": _JSON, "Accept-Encoding": "identity"}
+"""Headers of every call. ``identity``: the session does not decompress (``auto_decompress=False``, cheaper
+on streams), and aiohttp otherwise asks for gzip, which SGLang's /metrics (prometheus_client) then sends:
+every load poll failed to parse and no worker's window ever left its initial size."""
+_CLOSE = {**_KEEP, "Connection": "close"}
 _MAX_URLS = 4096
 
 
