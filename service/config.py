@@ -127,7 +127,20 @@ class EngineSettings(BaseModel):
         "fcfs", description="--schedule-policy; SGLang allows only fcfs or lof with priority scheduling."
     )
     mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
-    max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
+    max_running_requests: int | None = Field(
+        None,
+        ge=1,
+        description="--max-running-requests; unset: SGLang's own (from the KV pool) on GPUs, "
+        "cpu_max_running_requests on CPU.",
+    )
+    cpu_max_running_requests: int = Field(
+        8,
+        ge=1,
+        description="--max-running-requests of CPU workers when max_running_requests is unset: SGLang "
+        "derives 2048 from the KV pool, but a CPU's decode throughput stops growing at a small batch, and a "
+        "larger one only lengthens every step (TTFT and ITL): measured on 2 cores, 16-token answers, 3.1 "
+        "req/s at 8 running, 2.9 at 16, 3.2 at 32 (1.6 at 4).",
+    )
     priority_preemption_threshold: int = Field(
         0,
         ge=0,

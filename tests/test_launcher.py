@@ -63,7 +63,19 @@ def test_gpu_worker_command_has_no_cpu_workarounds() -> None:
     f = flags(cmd)
     assert f["--tp"] == "8" and f["--device"] == "cuda" and f["--dtype"] == "auto"
     assert "--sleep-on-idle" not in f and "--attention-backend" not in f and "--disable-cuda-graph" not in f
+    assert "--max-running-requests" not in f  # SGLang sizes it from the KV pool on a GPU
     assert cmd[-2:] == ["--foo", "1"]
+
+
+@pytest.mark.parametrize(
+    ("device", "configured", "expected"),
+    [("cpu", None, "8"), ("cpu", 32, "32"), ("cuda", None, None), ("cuda", 256, "256")],
+)
+def test_max_running_requests_defaults_to_a_small_batch_on_cpu_only(
+    device: str, configured: int | None, expected: str | None
+) -> None:
+    engine = EngineSettings(device=device, model_path=Path("/m"), max_running_requests=configured)
+    assert flags(build_command(engine, 30000)).get("--max-running-requests") == expected
 
 
 def test_env_puts_the_cpu_shim_on_the_path_only_on_cpu(tmp_path: Path) -> None:

@@ -86,8 +86,11 @@ def build_command(engine: EngineSettings, port: int) -> list[str]:
         cmd += ["--mem-fraction-static", str(engine.mem_fraction_static or 0.05)]
     elif engine.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(engine.mem_fraction_static)]
-    if engine.max_running_requests is not None:
-        cmd += ["--max-running-requests", str(engine.max_running_requests)]
+    max_running = engine.max_running_requests
+    if max_running is None and engine.device == "cpu":
+        max_running = engine.cpu_max_running_requests
+    if max_running is not None:
+        cmd += ["--max-running-requests", str(max_running)]
     if engine.context_length is not None:
         cmd += ["--context-length", str(engine.context_length)]
     return cmd + list(engine.extra_args)
