@@ -218,9 +218,9 @@ def main() -> None:
     parser.add_argument(
         "--window-max",
         type=int,
-        default=8,
+        default=0,
         help="largest window per worker, requests (0: the gateway's default, the engine's own "
-        "max_running_requests, 2048 on the CPU worker)",
+        "max_running_requests: engine.cpu_max_running_requests, 8, on a launched CPU worker)",
     )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument(
@@ -249,7 +249,7 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
     from loadgen.fleet.doc import table, write_section
 
     which = f"w{args.window_max}" if args.window_max else "engine"
-    flag = f" --window-max {args.window_max}" if args.window_max != 8 else ""
+    flag = f" --window-max {args.window_max}" if args.window_max else ""
     window = (
         f"windows of at most {args.window_max} requests"
         if args.window_max
