@@ -6,6 +6,7 @@ The worker is started once per session by the ``engine_worker`` fixture (20-60 s
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import openai
 import pytest
 
 from service.app import create_app
-from service.config import Settings
+from service.config import EngineSettings, Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
 from tests.support.servers import ThreadedServer
@@ -175,3 +176,27 @@ def test_launched_worker_runs_with_the_launchers_scheduling_flags(engine_worker:
     assert info["enable_priority_scheduling"] is True
     assert info["priority_scheduling_preemption_threshold"] == 0
     assert info["incremental_streaming_output"] is True
+
+
+def test_the_gateways_window_follows_what_the_real_engine_reports(
+    redis_url: str, worker: WorkerProcess
+) -> None:
+    """Load polls parse the real engine's /metrics (it gzips them when asked: they once never parsed, and
+    every window stayed at window_initial): a window that starts at 2 becomes the engine's
+    max_running_requests, which the launcher set to engine.cpu_max_running_requests on this CPU worker."""
+    engine_max = httpx.get(f"{worker.url}/server_info", timeout=30).json()["max_running_requests"]
+    assert engine_max == EngineSettings().cpu_max_running_requests > 2
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": "e2e-window:"},
+            "upstream": {"workers": [worker.url]},
+            "scheduler": {"window_initial": 2, "load_poll_interval_s": 0.2},
+        }
+    )
+    line = f'radixgate_worker_window_requests{{worker="{worker.url}"}} {float(engine_max)}'
+    with ThreadedServer(create_app(settings)) as server:
+        deadline = time.monotonic() + 30
+        while line not in (text := httpx.get(f"{server.url}/metrics", timeout=10).text):
+            assert time.monotonic() < deadline, [ln for ln in text.splitlines() if "window" in ln]
+            time.sleep(0.2)
