@@ -32,8 +32,12 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         for err in exc.errors():
-            where = "RADIXGATE_" + "__".join(str(p).upper() for p in err["loc"])
-            typer.echo(f"invalid setting {where}: {err['msg']}", err=True)
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["loc"]:
+                where = "RADIXGATE_" + "__".join(str(p).upper() for p in err["loc"])
+                typer.echo(f"invalid setting {where}: {msg}", err=True)
+            else:  # a rule across settings (e.g. workers and engine.launch)
+                typer.echo(f"invalid settings: {msg}", err=True)
         raise typer.Exit(2) from None
     except SettingsError as exc:  # a list or map that is not JSON
         field = re.search(r'field "(\w+)"', str(exc))

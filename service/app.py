@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -32,6 +31,7 @@ from service.scheduler import Scheduler
 from service.settlement import Settler
 from service.startup_signals import StartupInterrupted, interruptible_startup
 from service.state import GatewayState
+from service.task_stop import stop_tasks
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
@@ -220,10 +220,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
                 await settler.drain()
     finally:
-        for task in background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(background)  # each may be in a Redis call, which can swallow one cancel
         for supervisor in supervisors:  # before stopping the workers, so none is restarted
             await supervisor.stop()
         await client.aclose()

@@ -533,8 +533,8 @@ class Settings(BaseSettings):
 
     @property
     def served_models(self) -> list[str]:
-        """Model ids the gateway answers for (``/v1/models``)."""
-        return [self.engine.served_model_name, *self.extra_models]
+        """Model ids the gateway answers for (``/v1/models``), each once, the served name first."""
+        return list(dict.fromkeys([self.engine.served_model_name, *self.extra_models]))
 
     @property
     def tokenizer_path(self) -> Path:

@@ -30,6 +30,7 @@ import structlog
 
 from service.config import RedisSettings
 from service.metrics import GatewayMetrics
+from service.task_stop import stop_tasks
 from tenancy.errors import StoreUnavailable
 from tenancy.quota import QuotaLimiter, Reservation
 
@@ -173,11 +174,7 @@ class Settler:
         if not self._tasks:
             return
         _, pending = await asyncio.wait(set(self._tasks), timeout=self._cfg.settle_drain_s)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(pending)  # they call Redis, which can swallow one cancel
 
 
 __all__ = ["SettleResult", "Settlement", "Settler"]

@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -297,3 +298,27 @@ def test_serve_refuses_an_inherited_multiproc_dir(name: str, tmp_path: Path) -> 
     result = CliRunner().invoke(cli, ["serve"], env={name: str(tmp_path), "RADIXGATE_WORKERS": "0"})
     assert result.exit_code == 2
     assert f"unset {name}" in result.output
+
+
+def test_a_gateway_whose_port_is_taken_exits(redis_url: str, stub_model_dir: Path, tmp_path: Path) -> None:
+    """uvicorn binds after the lifespan started; when the bind fails it runs the lifespan's shutdown and
+    exits. A background task in a Redis call could swallow its cancel there (redis-py), and the process
+    then hung for ever (ignoring SIGTERM: uvicorn holds the signal). Run a few times: it was a race."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = gateway_env(redis_url, stub_model_dir, "http://127.0.0.1:9", port, 1, "rg-port-taken:")
+        for attempt in range(3):
+            log = tmp_path / f"gateway-{attempt}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "service", "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+                )
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"attempt {attempt}: running 60 s after it could not bind") from None
+            assert code != 0 and "address already in use" in log.read_text(), log.read_text()[-2000:]

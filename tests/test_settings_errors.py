@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from service import __main__ as service_main
 from service.__main__ import cli
+from service.config import Settings
 
 
 def refuse_to_serve(*args: object, **kwargs: object) -> None:
@@ -51,3 +52,24 @@ def test_good_log_levels_pass(monkeypatch: pytest.MonkeyPatch, level: str) -> No
 
     monkeypatch.setenv("RADIXGATE_OBSERVABILITY__LOG_LEVEL", level)
     assert Settings().observability.log_level == level.upper()
+
+
+def test_an_alias_repeating_a_served_name_is_listed_once() -> None:
+    """RADIXGATE_EXTRA_MODELS='["<served name>"]' made /v1/models list the model twice."""
+    settings = Settings.model_validate(
+        {"engine": {"served_model_name": "m"}, "extra_models": ["m", "alias", "alias", "other"]}
+    )
+    assert settings.served_models == ["m", "alias", "other"]
+
+
+def test_a_rule_across_settings_names_no_empty_variable(
+    monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path
+) -> None:
+    """It printed 'invalid setting RADIXGATE_: Value error, workers > 1 needs ...'."""
+    monkeypatch.setattr(service_main.uvicorn, "run", refuse_to_serve)
+    monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
+    monkeypatch.setenv("RADIXGATE_WORKERS", "2")
+    monkeypatch.setenv("RADIXGATE_ENGINE__LAUNCH", "true")
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("invalid settings: workers > 1 needs engine.launch false"), result.output
