@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -168,8 +169,18 @@ def test_burst_on_a_one_connection_pool_charges_every_served_request(
 
         with redis.Redis.from_url(redis_url) as r:
             # Redis stalls for 0.6 s while the burst's answers come back (as a loaded Redis does): the
-            # one connection's holder times out and everyone else finds the pool exhausted
-            pauser = threading.Timer(0.15, lambda: r.execute_command("CLIENT", "PAUSE", "600"))
+            # one connection's holder times out and everyone else finds the pool exhausted. The stall
+            # starts once 10 of the burst's requests reached the worker (admitted: their answers and
+            # settles are still to come), not after a fixed time: a slow start would stall admission.
+            dispatched_before = len(fake[0].received)
+
+            def pause_once_dispatched() -> None:
+                deadline = time.monotonic() + 20
+                while len(fake[0].received) < dispatched_before + 10 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                r.execute_command("CLIENT", "PAUSE", "600")
+
+            pauser = threading.Thread(target=pause_once_dispatched)
             pauser.start()
             answers = asyncio.run(burst())
             pauser.join()
