@@ -45,6 +45,7 @@ CLASS_ENV = {
     ),
 }
 HEADER = ("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
+DEFAULT_DURATION_S = 40.0
 GOAL_MS = {"interactive": 1500.0, "standard": 4000.0, "batch": 15000.0}
 
 
@@ -210,7 +211,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--overload", type=float, default=2.0, help="offered load / measured capacity")
-    parser.add_argument("--duration-s", type=float, default=40.0)
+    parser.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S)
     parser.add_argument("--probe-s", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -250,6 +251,8 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
 
     which = f"w{args.window_max}" if args.window_max else "engine"
     flag = f" --window-max {args.window_max}" if args.window_max else ""
+    if args.duration_s != DEFAULT_DURATION_S:
+        flag += f" --duration-s {args.duration_s:g}"
     window = (
         f"windows of at most {args.window_max} requests"
         if args.window_max

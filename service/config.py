@@ -138,8 +138,8 @@ class EngineSettings(BaseModel):
         ge=1,
         description="--max-running-requests of CPU workers when max_running_requests is unset: SGLang "
         "derives 2048 from the KV pool, but a CPU's decode throughput stops growing at a small batch, and a "
-        "larger one only lengthens every step (TTFT and ITL): measured on 2 cores, 16-token answers, 3.1 "
-        "req/s at 8 running, 2.9 at 16, 3.2 at 32 (1.6 at 4).",
+        "larger one only lengthens every step (TTFT and ITL): measured on 2 cores, 16-token answers, 3.3 "
+        "req/s at 8 running, 3.4 at 16, 3.6 at 32 (2.2 at 4).",
     )
     priority_preemption_threshold: int = Field(
         0,
