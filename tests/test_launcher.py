@@ -120,14 +120,19 @@ def test_a_launched_worker_dies_with_the_gateway(tmp_path: Path) -> None:
         os.kill(worker_pid, 0)  # running
         parent.kill()
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
-            assert time.monotonic() < deadline, "the worker outlived the gateway that launched it"
-            time.sleep(0.1)
+        assert_gone(worker_pid, "the worker outlived the gateway that launched it")
     finally:
         parent.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker_pid, signal.SIGKILL)
+
+
+def assert_gone(pid: int, why: str, within_s: float = 10.0) -> None:
+    """Wait until process ``pid`` has exited (gone, or a zombie); fail with ``why`` after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
 
 
 def _state(pid: int) -> str:
@@ -175,10 +180,7 @@ def test_a_signal_while_the_gateway_waits_for_its_worker_stops_both_at_once(
         gateway.send_signal(sig)
         rest = gateway.communicate(timeout=20)[0]  # not startup_timeout_s
         assert f"{sig.name} while waiting for launched workers" in rest, rest[-3000:]
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{worker_pid}").exists() and "Z" not in _state(worker_pid):
-            assert time.monotonic() < deadline, "the launched worker outlived the interrupted start-up"
-            time.sleep(0.1)
+        assert_gone(worker_pid, "the launched worker outlived the interrupted start-up")
     finally:
         gateway.kill()
         if worker_pid:
