@@ -16,6 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+PREEMPTION_THRESHOLD = 0
+"""SGLang's ``--priority-scheduling-preemption-threshold`` the gateway's workers run with (the launcher's
+default, ``engine.priority_preemption_threshold``) and the simulated engine models: a waiting request
+preempts running ones whose ``priority`` is lower by *more* than this (SGLang,
+``schedule_policy.py::preempt_to_schedule``). SGLang's own default, 10, never preempts for gaps of 10 or less,
+so not for the default classes' 5 and 10."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClassPolicy:

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies.admission_types import CoreConfig
 from policies.cache_aware import CacheAwareConfig
-from policies.classes import ClassPolicy, default_classes
+from policies.classes import PREEMPTION_THRESHOLD, ClassPolicy, default_classes
 from policies.routing import RouterName
 from policies.windows import WindowConfig, WindowMode
 from service.config_checks import HttpUrls, LogLevel, RedisUrl
@@ -142,7 +142,7 @@ class EngineSettings(BaseModel):
         "req/s at 8 running, 3.4 at 16, 3.6 at 32 (2.2 at 4).",
     )
     priority_preemption_threshold: int = Field(
-        0,
+        PREEMPTION_THRESHOLD,
         ge=0,
         description="--priority-scheduling-preemption-threshold: a waiting request preempts running ones "
         "whose SGLang priority is lower by more than this (SGLang's default 10 never lets the default "

@@ -83,6 +83,7 @@ class RequestPreparer:
         worker_limits: Callable[[], TokenLimits | None] = lambda: None,
     ) -> None:
         self._settings = settings
+        self._served = frozenset(settings.served_models)
         self._renderer = renderer
         self._worker_limits = worker_limits
 
@@ -103,7 +104,7 @@ class RequestPreparer:
             InvalidRequest: bad max_tokens, unknown priority class, context length exceeded or template
                 failure.
         """
-        if req.model not in self._settings.served_models:
+        if req.model not in self._served:
             raise NotFound(f"The model '{req.model}' does not exist.", code="model_not_found", param="model")
         if tenant.allowed_models is not None and req.model not in tenant.allowed_models:
             raise PermissionDenied(

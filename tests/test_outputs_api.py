@@ -239,6 +239,8 @@ def _nested(levels: int) -> dict[str, Any]:
         (_arrays(63), None),
         (_arrays(64), "deeper than 64"),
         (_arrays(300), "deeper than 64"),
+        ({"enum": [_arrays(70)]}, "deeper than 64"),  # enum values are data: only their nesting counts
+        ({"enum": [{"properties": {"a": {}}, "enum": list(range(2000))}]}, None),
         ({"not": {"anyOf": [{"not": {}}]}}, None),
         ({"type": "string", "enum": [str(i) for i in range(1000)]}, None),
         ({"type": "object", "properties": {k: {"enum": list(range(501))} for k in "ab"}}, "1000 enum"),

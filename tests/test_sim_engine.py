@@ -234,3 +234,10 @@ def test_flush_cache_only_when_idle() -> None:
     assert not engine.flush_cache()
     run(engine)
     assert engine.cache.total_tokens > 0 and engine.flush_cache() and engine.cache.total_tokens == 0
+
+
+def test_the_simulated_engine_preempts_as_launched_workers_do() -> None:
+    """One threshold for both: what the launcher passes SGLang and what the simulation models."""
+    from service.config import EngineSettings
+
+    assert SimEngine(CPU).preemption_threshold == EngineSettings().priority_preemption_threshold == 0

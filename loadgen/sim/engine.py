@@ -46,6 +46,7 @@ from typing import Literal
 from loadgen.sim.profiles import SimProfile
 from loadgen.sim.radix import RadixCache, RadixNode
 from loadgen.sim.tokens import output_token_id, prompt_key
+from policies.classes import PREEMPTION_THRESHOLD
 
 FinishReason = Literal["length", "stop", "abort"]
 StepKind = Literal["prefill", "decode", "mixed"]
@@ -183,10 +184,12 @@ class SimEngine:
         profile: step-time and capacity parameters.
         seed: seeds the step-duration jitter; equal seeds and inputs give equal events.
         preemption_threshold: a waiting request preempts running ones whose priority is lower by more than
-            this (SGLang's ``--priority-scheduling-preemption-threshold``; 0 as the launcher sets it).
+            this (SGLang's ``--priority-scheduling-preemption-threshold``; the launcher's default).
     """
 
-    def __init__(self, profile: SimProfile, seed: int = 0, preemption_threshold: int = 0) -> None:
+    def __init__(
+        self, profile: SimProfile, seed: int = 0, preemption_threshold: int = PREEMPTION_THRESHOLD
+    ) -> None:
         self.profile = profile
         self.preemption_threshold = preemption_threshold
         self.slowdown = 1.0  # multiplies step durations (fault injection: "slow")

@@ -41,7 +41,7 @@ def check_schema(schema: Any) -> str | None:
     """Why ``schema`` is not a usable JSON schema (Draft 2020-12 meta-schema), or None when it is."""
     if not isinstance(schema, dict):
         return "a JSON schema must be an object"
-    problem = _nesting_problem(schema)
+    problem = _size_problem(schema)  # iterative, first: the meta-schema check recurses per level
     if problem is not None:
         return problem
     try:
@@ -50,45 +50,38 @@ def check_schema(schema: Any) -> str | None:
         return f"not a valid JSON schema: {exc.message}"
     except RecursionError:  # a second guard: the stack the check runs on is not all its own
         return "the schema nests too deeply to be checked"
-    return _size_problem(schema) or _ref_problem(schema)
-
-
-def _nesting_problem(schema: dict[str, Any]) -> str | None:
-    """Why ``schema`` nests objects and arrays deeper than :data:`MAX_SCHEMA_NESTING` (iterative)."""
-    stack: list[tuple[Any, int]] = [(schema, 1)]
-    while stack:
-        node, level = stack.pop()
-        if level > MAX_SCHEMA_NESTING:
-            return f"objects and arrays nest deeper than {MAX_SCHEMA_NESTING} levels"
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
-    return None
+    return _ref_problem(schema)
 
 
 def _size_problem(schema: dict[str, Any]) -> str | None:
-    """Why ``schema`` is larger than :data:`MAX_SCHEMA_PROPERTIES` / ``_DEPTH`` / ``_ENUM_VALUES`` allow."""
+    """Why ``schema`` is larger than :data:`MAX_SCHEMA_PROPERTIES` / ``_DEPTH`` / ``_ENUM_VALUES`` /
+    ``_NESTING`` allow (one iterative walk; ``enum`` values are data: only their nesting counts)."""
     properties = enums = 0
-    stack: list[tuple[Any, int]] = [(schema, 0)]
+    # node, object depth, nesting level, whether it is data inside an enum
+    stack: list[tuple[Any, int, int, bool]] = [(schema, 0, 1, False)]
     while stack:
-        node, depth = stack.pop()
+        node, depth, level, data = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        if level > MAX_SCHEMA_NESTING:
+            return f"objects and arrays nest deeper than {MAX_SCHEMA_NESTING} levels"
         if isinstance(node, list):
-            stack.extend((item, depth) for item in node)
+            stack.extend((item, depth, level + 1, data) for item in node)
             continue
-        if not isinstance(node, dict):
-            continue
-        props = node.get("properties")
-        if isinstance(props, dict):
-            properties += len(props)
-            depth += 1
-            if depth > MAX_SCHEMA_DEPTH:
-                return f"objects nest deeper than {MAX_SCHEMA_DEPTH} levels"
-        if isinstance(node.get("enum"), list):
-            enums += len(node["enum"])
-        if properties > MAX_SCHEMA_PROPERTIES:
-            return f"more than {MAX_SCHEMA_PROPERTIES} object properties in all"
-        if enums > MAX_SCHEMA_ENUM_VALUES:
-            return f"more than {MAX_SCHEMA_ENUM_VALUES} enum values in all"
-        stack.extend((value, depth) for key, value in node.items() if key != "enum")
+        if not data:
+            props = node.get("properties")
+            if isinstance(props, dict):
+                properties += len(props)
+                depth += 1
+                if depth > MAX_SCHEMA_DEPTH:
+                    return f"objects nest deeper than {MAX_SCHEMA_DEPTH} levels"
+            if isinstance(node.get("enum"), list):
+                enums += len(node["enum"])
+            if properties > MAX_SCHEMA_PROPERTIES:
+                return f"more than {MAX_SCHEMA_PROPERTIES} object properties in all"
+            if enums > MAX_SCHEMA_ENUM_VALUES:
+                return f"more than {MAX_SCHEMA_ENUM_VALUES} enum values in all"
+        stack.extend((value, depth, level + 1, data or key == "enum") for key, value in node.items())
     return None
 
 
