@@ -66,6 +66,8 @@ def configure_logging(level: str, stream: TextIO | None = None) -> None:
             structlog.processors.JSONRenderer(serializer=_dumps),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        # one write (and flush) per line: print() writes the line and its newline apart, and several gateway
+        # processes share this output
+        logger_factory=structlog.WriteLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
