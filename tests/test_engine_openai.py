@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -89,8 +90,16 @@ def client(gateway: str, key: str) -> openai.OpenAI:
 
 def assert_settled(redis_url: str, gateway: str, tenant_id: str, totals: list[int]) -> None:
     """The tenant was charged exactly the worker-reported tokens of its answers (``totals``), and its usage
-    counters hold them."""
-    level = float(redis.Redis.from_url(redis_url).hget(f"{PREFIX}bucket:{tenant_id}:tokens", "level") or 0)
+    counters hold them.
+
+    A streamed answer settles after its last chunk was sent (the client may return first), so this waits up
+    to 10 s for the level to come into range; a wrong charge still fails, at the deadline."""
+    store, deadline = redis.Redis.from_url(redis_url), time.monotonic() + 10.0
+    while True:
+        level = float(store.hget(f"{PREFIX}bucket:{tenant_id}:tokens", "level") or 0)
+        if 0 <= level - (BURST - sum(totals)) < 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert 0 <= level - (BURST - sum(totals)) < 2, (level, totals)  # < 2: refill at 1 token/min
     with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
         usage = http.get(f"/admin/tenants/{tenant_id}/usage").json()
