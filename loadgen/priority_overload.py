@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -186,6 +187,8 @@ async def run(stack_url: str, keys: dict[str, str], args: argparse.Namespace) ->
 def print_figures(figures: dict[str, Any]) -> None:
     """A rich table of the per-class figures."""
     console = Console()
+    cores = figures.get("engine_cores")
+    console.print(f"engine cores: {cores if cores else 'shared with the load generator and the gateway'}")
     console.print(
         f"capacity (closed loop): {figures['capacity_rps']:.2f} req/s; offered {figures['offered_rps']:.2f} "
         f"req/s ({figures['overload']:g}x); served {figures['served_rps']:.2f} req/s under that load, "
@@ -223,6 +226,14 @@ def main() -> None:
         help="largest window per worker, requests (0: the gateway's default, the engine's own "
         "max_running_requests: engine.cpu_max_running_requests, 8, on a launched CPU worker)",
     )
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="give the SGLang worker the last core to itself and this process, Redis and the gateway the "
+        "others (engine.cpu_affinity), so the load generator does not take the engine's CPU as load "
+        "grows, and the capacity measured is the capacity under load (default: on with 2+ cores)",
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument(
         "--write-doc",
@@ -234,14 +245,33 @@ def main() -> None:
     if args.window_max > 0:
         env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))
         env["RADIXGATE_SCHEDULER__WINDOW_MAX"] = str(args.window_max)
+    engine_cores = pin_engine(args.pin)
+    if engine_cores is not None:
+        env["RADIXGATE_ENGINE__CPU_AFFINITY"] = json.dumps(sorted(engine_cores))
     with terminate_as_exit(), LocalStack(Path(".run/priority-overload"), env=env) as stack:
         keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
         figures = asyncio.run(run(stack.url, keys, args))
+    figures["engine_cores"] = sorted(engine_cores) if engine_cores is not None else None
     print_figures(figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     if args.write_doc:
         write_doc(figures, args)
+
+
+def pin_engine(pin: bool | None) -> set[int] | None:
+    """With ``pin`` (None: when 2+ cores are usable), confine this process, and so Redis and the gateway it
+    starts, to every usable core but the last, and return ``{last}`` for the engine; else None."""
+    usable = os.sched_getaffinity(0)
+    if pin is None:
+        pin = len(usable) >= 2
+    if not pin:
+        return None
+    if len(usable) < 2:
+        raise SystemExit("--pin needs 2 or more usable cores")
+    last = max(usable)
+    os.sched_setaffinity(0, usable - {last})
+    return {last}
 
 
 def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
@@ -251,6 +281,16 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
 
     which = f"w{args.window_max}" if args.window_max else "engine"
     flag = f" --window-max {args.window_max}" if args.window_max else ""
+    cores = figures.get("engine_cores")
+    if not cores:
+        which += "-shared"
+        flag += " --no-pin"
+    placement = (
+        f"the worker pinned to core {', '.join(map(str, cores))} alone, the load generator, Redis and the "
+        "gateway on the other core"
+        if cores
+        else "the load generator shares the cores"
+    )
     if args.duration_s != DEFAULT_DURATION_S:
         flag += f" --duration-s {args.duration_s:g}"
     window = (
@@ -275,8 +315,8 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
         [
             f"## Real CPU worker: three classes at {args.overload:g}x overload, {window}",
             f"Command: `python -m loadgen.priority_overload{flag} --write-doc` (real Redis, gateway and one "
-            "SGLang CPU worker with SmolLM2-135M-Instruct on this 2-core machine, wall-clock time; the load "
-            "generator shares the cores). Capacity (closed loop of "
+            "SGLang CPU worker with SmolLM2-135M-Instruct on this 2-core machine, wall-clock time; "
+            f"{placement}). Capacity (closed loop of "
             f"{args.concurrency} clients): {figures['capacity_rps']:.2f} req/s; offered "
             f"{figures['offered_rps']:.2f} req/s for {args.duration_s:g} s; the worker served "
             f"{figures['served_rps']:.2f} req/s under that load, and interactive alone asked "

@@ -20,7 +20,7 @@ from policies.cache_aware import CacheAwareConfig
 from policies.classes import PREEMPTION_THRESHOLD, ClassPolicy, default_classes
 from policies.routing import RouterName
 from policies.windows import WindowConfig, WindowMode
-from service.config_checks import HttpUrls, LogLevel, RedisUrl
+from service.config_checks import CpuCores, HttpUrls, LogLevel, RedisUrl
 
 
 def default_home() -> Path:
@@ -140,6 +140,11 @@ class EngineSettings(BaseModel):
         "derives 2048 from the KV pool, but a CPU's decode throughput stops growing at a small batch, and a "
         "larger one only lengthens every step (TTFT and ITL): measured on 2 cores, 16-token answers, 3.3 "
         "req/s at 8 running, 3.4 at 16, 3.6 at 32 (2.2 at 4).",
+    )
+    cpu_affinity: CpuCores = Field(
+        None,
+        description="CPU core ids a launched CPU worker's processes run on (sched_setaffinity before exec, "
+        "OMP_NUM_THREADS to match), e.g. [1] keeps the engine off the gateway's core 0; unset: every core.",
     )
     priority_preemption_threshold: int = Field(
         PREEMPTION_THRESHOLD,

@@ -1,4 +1,4 @@
-"""Value types of the Settings tree whose checks are more than a bound: URLs and log levels.
+"""Value types of the Settings tree whose checks are more than a bound: URLs, log levels and CPU cores.
 
 Each raises ``ValueError`` with a short reason, which ``python -m service`` prints as ``invalid setting
 RADIXGATE_...: ...`` (no traceback).
@@ -6,6 +6,7 @@ RADIXGATE_...: ...`` (no traceback).
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -51,6 +52,20 @@ def log_level(value: str) -> str:
     return value.upper()
 
 
+def cpu_cores(value: list[int] | None) -> list[int] | None:
+    """CPU core ids this process may run on (``os.sched_getaffinity``), none twice; None passes."""
+    if value is None:
+        return None
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    if not value or len(set(value)) != len(value):
+        raise ValueError("a non-empty list of distinct core ids")
+    outside = sorted(set(value) - usable)
+    if outside:
+        raise ValueError(f"cores {outside} are not among this machine's usable cores {sorted(usable)}")
+    return value
+
+
 RedisUrl = Annotated[str, AfterValidator(redis_url)]
 HttpUrls = Annotated[list[str], AfterValidator(http_urls)]
 LogLevel = Annotated[str, AfterValidator(log_level)]
+CpuCores = Annotated[list[int] | None, AfterValidator(cpu_cores)]

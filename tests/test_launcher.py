@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from service.config import EngineSettings
-from service.workers.launcher import build_command, build_env
+from service.workers.launcher import WorkerProcess, build_command, build_env
 from tests.support.model_stub import write_stub_model
 from tests.support.servers import free_port
 
@@ -186,3 +186,30 @@ def test_a_signal_while_the_gateway_waits_for_its_worker_stops_both_at_once(
         if worker_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker_pid, signal.SIGKILL)
+
+
+def test_a_cpu_worker_runs_on_the_cores_it_is_given(tmp_path: Path) -> None:
+    # engine.cpu_affinity keeps a CPU engine off the gateway's cores: the worker process (and what it
+    # starts) may run on those cores only, and OpenMP sizes its pool to them
+    last = max(os.sched_getaffinity(0))
+    fake_engine = tmp_path / "python"
+    fake_engine.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake_engine.chmod(0o755)
+    worker = WorkerProcess(EngineSettings(python=fake_engine, device="cpu", cpu_affinity=[last]), free_port())
+    worker.start()
+    try:
+        assert worker.proc is not None
+        assert os.sched_getaffinity(worker.proc.pid) == {last}
+        assert worker.environment()["OMP_NUM_THREADS"] == "1"
+    finally:
+        assert worker.proc is not None
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait()
+    unpinned = WorkerProcess(EngineSettings(python=fake_engine, device="cpu"), free_port())
+    assert unpinned.cpu_cores() is None and "OMP_NUM_THREADS" not in build_env(unpinned.engine, base={})
+
+
+@pytest.mark.parametrize("cores", [[], [0, 0], [100_000], [-1]])
+def test_cpu_affinity_outside_the_machine_is_refused(cores: list[int]) -> None:
+    with pytest.raises(ValueError, match="cpu_affinity"):
+        EngineSettings(cpu_affinity=cores)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,6 +43,19 @@ def _die_with_gateway() -> None:
     """Runs in the forked worker before exec: SIGTERM it when the gateway dies, even by SIGKILL."""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _before_exec(cores: frozenset[int] | None) -> Callable[[], None]:
+    """The forked worker's steps before exec: :func:`_die_with_gateway`, then, with ``cores``, confine it
+    (and every process and thread it starts, which inherit the mask) to those CPU cores
+    (sched_setaffinity(2))."""
+
+    def run() -> None:
+        _die_with_gateway()
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+
+    return run
 
 
 def build_command(engine: EngineSettings, port: int) -> list[str]:
@@ -116,6 +130,9 @@ def build_env(engine: EngineSettings, base: dict[str, str] | None = None) -> dic
                     f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per) for r in range(engine.tp)
                 ),
             )
+        if engine.cpu_affinity is not None:
+            # OpenMP sizes its pool from the cores at start; more threads than cores spin against each other
+            env["OMP_NUM_THREADS"] = str(len(engine.cpu_affinity))
         shim = engine.cpu_shim_path
         if shim is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH", "")) if p)
@@ -158,6 +175,11 @@ class WorkerProcess:
         """The environment of the worker process (:func:`build_env`)."""
         return build_env(self.engine)
 
+    def cpu_cores(self) -> frozenset[int] | None:
+        """The cores a CPU worker is confined to (``engine.cpu_affinity``); None: not confined."""
+        cores = self.engine.cpu_affinity
+        return frozenset(cores) if cores is not None and self.engine.device == "cpu" else None
+
     @property
     def exit_code(self) -> int | None:
         """The launch_server process's exit status once it ended (negative: killed by that signal)."""
@@ -176,7 +198,8 @@ class WorkerProcess:
             stderr=subprocess.STDOUT if out else None,
             start_new_session=True,
             # started from the event loop's thread, which lives as long as the gateway process
-            preexec_fn=_die_with_gateway,  # one libc call between fork and exec: no Python lock taken
+            # two system calls between fork and exec, no Python lock taken
+            preexec_fn=_before_exec(self.cpu_cores()),
         )
         log.info("worker_starting", worker=self.url, pid=self.proc.pid, tp=self.engine.tp)
 
