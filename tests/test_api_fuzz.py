@@ -56,9 +56,12 @@ def test_the_openai_bodies_are_in_the_document(served: tuple[str, str]) -> None:
     assert body["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ChatCompletionRequest"
     }
+    schemas = document["components"]["schemas"]
+    assert "messages" in schemas["ChatCompletionRequest"]["properties"]
+    assert "prompt" in schemas["CompletionRequest"]["properties"]
+    assert "input" in schemas["ResponsesRequest"]["properties"]
     for name in BODIES:
-        assert "messages" in document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
-        assert document["components"]["schemas"][name]["additionalProperties"] is False
+        assert schemas[name]["additionalProperties"] is False
 
 
 def fuzz(operation: Any, url: str, token: str, examples: int) -> None:

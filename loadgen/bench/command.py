@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,13 @@ from loadgen.bench.report import json_lines, plot_report, print_report
 from loadgen.bench.runner import MODES, BenchConfig, check_targets, run_bench
 from loadgen.bench.targets import TARGETS, BenchSetupError, default_peers_dir
 from loadgen.bench.wrk import WrkError, wrk_binary
+
+
+class UpstreamStreaming(StrEnum):
+    """How the fake upstream's ``/generate`` streams (``--upstream-streaming``)."""
+
+    incremental = "incremental"
+    cumulative = "cumulative"
 
 
 def _split(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
@@ -80,13 +88,13 @@ def bench_gateway(
     ] = True,
     png: Annotated[bool, typer.Option(help="Write bench.png.")] = True,
     upstream_streaming: Annotated[
-        str,
+        UpstreamStreaming,
         typer.Option(
             help="How the fake upstream's /generate streams: incremental (deltas, as workers run with "
             "--incremental-streaming-output: the gateway's launched ones and the README's command) or "
             "cumulative (SGLang's default)."
         ),
-    ] = "incremental",
+    ] = UpstreamStreaming.incremental,
 ) -> None:
     """Benchmark radixgate against sglang-router, LiteLLM and a direct call on an instant fake SGLang.
 
@@ -101,9 +109,6 @@ def bench_gateway(
     try:
         names = _split(targets, TARGETS, "--targets") if targets else None
         mode_names = _split(modes, tuple(MODES), "--modes")
-        if upstream_streaming not in ("incremental", "cumulative"):
-            wanted = "--upstream-streaming: incremental or cumulative"
-            raise typer.BadParameter(f"{wanted} (got {upstream_streaming!r})")
         extra_env = _env_pairs(radixgate_env or [])
     except typer.BadParameter as err:
         console.print(f"[red]{err}[/]")
@@ -138,7 +143,9 @@ def bench_gateway(
         radixgate_env=extra_env,
         profile_s=profile_s,
         pin=pin,
-        upstream_streaming="cumulative" if upstream_streaming == "cumulative" else "incremental",
+        upstream_streaming=(
+            "cumulative" if upstream_streaming is UpstreamStreaming.cumulative else "incremental"
+        ),
     )
     try:
         report = run_bench(cfg, lambda line: console.print(line, highlight=False))
