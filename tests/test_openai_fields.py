@@ -340,6 +340,28 @@ def test_malformed_values_of_accepted_or_off_fields_get_invalid_value(http: http
         assert err["param"] == name
 
 
+@pytest.mark.parametrize(
+    ("route", "name", "value", "says"),
+    [
+        ("chat", "metadata", {"k" * 65: "v"}, "at most 16 string pairs, keys up to 64"),
+        ("chat", "prompt_cache_key", "x" * 10_000, "a string of at most"),
+        ("chat", "prompt_cache_retention", "forever", '"in_memory" or "24h"'),
+        ("responses", "metadata", {str(i): "v" for i in range(17)}, "at most 16 string pairs"),
+    ],
+)
+def test_an_invalid_accepted_field_says_what_is_expected(
+    http: httpx.Client, route: str, name: str, value: Any, says: str
+) -> None:
+    _, key = new_tenant(http)
+    if route == "chat":
+        answer = post(http, key, route, {**base_body("chat"), name: value})
+    else:
+        body = {"model": MODEL, "input": "hi", name: value}
+        answer = http.post("/v1/responses", json=body, headers=auth(key))
+    err = assert_openai_error(answer, 400, "invalid_value")
+    assert err["param"] == name and says in err["message"], err
+
+
 def test_the_clients_issue_8_listed_are_all_accepted(
     http: httpx.Client, fake: tuple[FakeWorker, str]
 ) -> None:

@@ -102,6 +102,7 @@ class FieldRule:
             ``unsupported_value``.
         note: what a reader of the README needs to know.
         off_text: the off values in words (README).
+        expect: the valid values in words, for the 400 ``invalid_value`` message ("" : none given).
     """
 
     support: Support
@@ -110,6 +111,7 @@ class FieldRule:
     served: Check = _anything
     note: str = ""
     off_text: str = "null"
+    expect: str = ""
 
     def describe(self) -> str:
         """The README cell: ``served``, ``accepted, no effect``, ``off only (null, false)``, ``refused``."""
@@ -126,8 +128,12 @@ def _served(note: str = "", served: Check = _anything, valid: Check = _anything)
     return FieldRule(Support.SERVED, served=served, valid=valid, note=note)
 
 
-def _accepted(valid: Check, note: str = "") -> FieldRule:
-    return FieldRule(Support.ACCEPTED, valid=valid, note=note)
+def _accepted(valid: Check, note: str = "", expect: str = "") -> FieldRule:
+    return FieldRule(Support.ACCEPTED, valid=valid, note=note, expect=expect)
+
+
+METADATA_EXPECTED = "an object of at most 16 string pairs, keys up to 64 and values up to 512 characters"
+TEXT_EXPECTED = f"a string of at most {limits.MAX_USER_CHARS} characters"
 
 
 def _off_only(
@@ -181,7 +187,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         "join to the content"
     ),
     "top_logprobs": _served("0-20 alternatives per token; needs logprobs: true"),
-    "metadata": _accepted(_typed(dict, check=_metadata), "not stored"),
+    "metadata": _accepted(_typed(dict, check=_metadata), "not stored", METADATA_EXPECTED),
     "modalities": _off_only(
         lambda v: v is None or (isinstance(v, list) and all(m == "text" for m in v)),
         _typed(list, check=lambda v: all(m in ("text", "audio") for m in v)),
@@ -191,10 +197,14 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "parallel_tool_calls": _served("default true; false: at most one call"),
     "prediction": _off_only(valid=_typed(dict)),
     "prompt_cache_key": _accepted(
-        _short_text(limits.MAX_USER_CHARS), "prefix caching and cache-aware routing need no key"
+        _short_text(limits.MAX_USER_CHARS),
+        "prefix caching and cache-aware routing need no key",
+        TEXT_EXPECTED,
     ),
     "prompt_cache_options": _accepted(_typed(dict), "prefix caching is automatic"),
-    "prompt_cache_retention": _accepted(_one_of("in_memory", "24h"), "the engine's cache decides"),
+    "prompt_cache_retention": _accepted(
+        _one_of("in_memory", "24h"), "the engine's cache decides", '"in_memory" or "24h"'
+    ),
     "reasoning_effort": _off_only(
         _one_of("none"),
         _typed(str, check=lambda v: v in ("none", "minimal", "low", "medium", "high", "xhigh")),
@@ -206,7 +216,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         "schema); schemas checked before the engine",
         valid=_typed(dict, check=_text_format),
     ),
-    "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS)),
+    "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS), expect=TEXT_EXPECTED),
     "service_tier": _off_only(
         _one_of("auto", "default"),
         _typed(str, check=lambda v: v in ("auto", "default", "flex", "scale", "priority", "fast")),
@@ -316,7 +326,8 @@ def screen(body: Mapping[str, Any], table: Mapping[str, FieldRule], prefix: str 
         elif rule.support is Support.OFF_ONLY and rule.off(value):
             continue
         elif not rule.valid(value):
-            raise APIError(400, f"Invalid value for '{param}'.", code="invalid_value", param=param)
+            expected = f": expected {rule.expect}" if rule.expect else ""
+            raise APIError(400, f"Invalid value for '{param}'{expected}.", code="invalid_value", param=param)
         elif rule.support is Support.OFF_ONLY:
             raise _unsupported(param)
     return kept

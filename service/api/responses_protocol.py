@@ -22,7 +22,9 @@ from pydantic import BaseModel, Discriminator, Field, StrictBool, Tag, Validatio
 from service.api import limits
 from service.api.errors import APIError, validation_error
 from service.api.openai_fields import (
+    METADATA_EXPECTED,
     STREAM_OPTION_FIELDS,
+    TEXT_EXPECTED,
     FieldRule,
     _accepted,
     _metadata,
@@ -75,10 +77,10 @@ RESPONSES_FIELDS: dict[str, FieldRule] = {
     "store": _served(f"false only: {STATELESS}", served=_one_of(False), valid=_typed(bool)),
     "user": _served(f"up to {limits.MAX_USER_CHARS} characters; keys consistent-hash routing"),
     "priority": _served("radixgate: a priority class name, at most the tenant's own"),
-    "metadata": _accepted(_typed(dict, check=_metadata), "not stored"),
-    "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS)),
-    "prompt_cache_key": _accepted(_short_text(limits.MAX_USER_CHARS)),
-    "prompt_cache_retention": _accepted(_one_of("in_memory", "24h")),
+    "metadata": _accepted(_typed(dict, check=_metadata), "not stored", METADATA_EXPECTED),
+    "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS), expect=TEXT_EXPECTED),
+    "prompt_cache_key": _accepted(_short_text(limits.MAX_USER_CHARS), expect=TEXT_EXPECTED),
+    "prompt_cache_retention": _accepted(_one_of("in_memory", "24h"), expect='"in_memory" or "24h"'),
     "prompt_cache_options": _accepted(_typed(dict)),
     "truncation": _off_only(_one_of("disabled"), _one_of("disabled", "auto"), 'null, "disabled"'),
     "service_tier": _off_only(_one_of("auto", "default"), _typed(str), 'null, "auto", "default"'),
