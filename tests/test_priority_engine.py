@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -165,13 +167,18 @@ def test_non_streamed_request_left_while_running_is_charged_what_the_worker_comp
     # SGLang answers a running request aborted through /abort_request with its counts so far: the
     # gateway waits for that answer after the client left and charges it
     tenant_id, key = tenant(gateway, "standard")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            f"{gateway}/v1/chat/completions",
-            json=body("Count to one thousand.", 400),
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=4.0,
+    # the client leaves once the worker is decoding its answer (a fixed wait could find it still queued
+    # in a loaded engine, which then has no counts to give)
+    address = urlsplit(gateway)
+    assert address.hostname is not None and address.port is not None
+    with socket.create_connection((address.hostname, address.port), timeout=30) as client:
+        payload = json.dumps(body("Count to one thousand.", 400)).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         )
+        client.sendall(head.encode() + payload)
+        wait_until_decoding(engine_worker)
     deadline = time.monotonic() + 10
     with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
         usage = http.get(f"/admin/tenants/{tenant_id}/usage").json()
@@ -181,6 +188,23 @@ def test_non_streamed_request_left_while_running_is_charged_what_the_worker_comp
     assert usage["requests"] == 1 and usage["errors"] == 0, usage
     assert usage["prompt_tokens"] > 5 and 0 < usage["completion_tokens"] < 400, usage
     assert running_on_worker(engine_worker) == 0  # aborted long before its 400 tokens
+
+
+def wait_until_decoding(worker: WorkerProcess, tokens: int = 5, within_s: float = 120.0) -> None:
+    """Wait until a request runs on ``worker`` and its KV cache grew by ``tokens`` since (decode steps
+    made)."""
+    deadline = time.monotonic() + within_s
+    start: int | None = None
+    while True:
+        loads = httpx.get(f"{worker.url}/v1/loads", timeout=10).json()["loads"]
+        running = sum(int(load["num_running_reqs"]) for load in loads)
+        used = sum(int(load["num_used_tokens"]) for load in loads)
+        if running and start is None:
+            start = used
+        if start is not None and used >= start + tokens:
+            return
+        assert time.monotonic() < deadline, "the request never ran on the worker"
+        time.sleep(0.1)
 
 
 def test_disconnect_while_queued_refunds_the_reservation(gateway: str) -> None:
