@@ -207,7 +207,7 @@ def wait_until_decoding(worker: WorkerProcess, tokens: int = 5, within_s: float 
         time.sleep(0.1)
 
 
-def test_disconnect_while_queued_refunds_the_reservation(gateway: str) -> None:
+def test_disconnect_while_queued_refunds_the_reservation(gateway: str, engine_worker: WorkerProcess) -> None:
     # 'hog' fills the 2-request window; 'waiter' queues behind it, gives up, and must get its tokens back
     _, hog_key = tenant(gateway, "standard")
     tenant_id, key = tenant(gateway, "standard", quotas={"tokens_per_min": 1, "token_burst": 200})
@@ -225,7 +225,10 @@ def test_disconnect_while_queued_refunds_the_reservation(gateway: str) -> None:
     ]
     for t in hogs:
         t.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 60
+    while running_on_worker(engine_worker) < 2:  # the window is full: the waiter will queue
+        assert time.monotonic() < deadline, "the hogs never ran"
+        time.sleep(0.1)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             f"{gateway}/v1/chat/completions",
