@@ -7,10 +7,15 @@ channel, so a client that goes away cancels the upstream call and the pipeline u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
+import structlog
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Message, Send
+
+log = structlog.get_logger("radixgate.api")
 
 T = TypeVar("T")
 
@@ -53,3 +58,42 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         raise ClientDisconnected from None
     finally:
         watcher.cancel()
+
+
+class SendBoundedStreamingResponse(StreamingResponse):
+    """A streaming response that gives up on a client that stops reading.
+
+    Once the socket buffers are full, each write waits for the client to take data (uvicorn's flow
+    control); a write that waits longer than ``send_timeout_s`` ends the stream: the body generator is
+    closed (its ``GeneratorExit`` is a client that left: abort at the worker, charge what was generated,
+    499), a ``stream_stalled`` warning is logged, and the handler returns with the response incomplete,
+    so the server closes the connection. The bound covers the writes only, not the waits for the
+    worker's next chunk. Same rule as nginx's ``send_timeout`` (time between two successive writes).
+
+    Args:
+        content: the SSE body (an async generator: it is closed when the client stalls).
+        send_timeout_s: longest wait for one write, s.
+        request_id: logged with the warning.
+    """
+
+    def __init__(
+        self, content: AsyncGenerator[bytes, None], send_timeout_s: float, request_id: str, **kwargs: object
+    ) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        self._content = content
+        self._send_timeout_s = send_timeout_s
+        self._request_id = request_id
+
+    async def stream_response(self, send: Send) -> None:
+        """Stream the body with every write bounded by ``send_timeout_s``."""
+        timeout_s = self._send_timeout_s
+
+        async def bounded_send(message: Message) -> None:
+            async with asyncio.timeout(timeout_s):
+                await send(message)
+
+        try:
+            await super().stream_response(bounded_send)
+        except TimeoutError:
+            log.warning("stream_stalled", request_id=self._request_id, send_timeout_s=timeout_s)
+            await self._content.aclose()
