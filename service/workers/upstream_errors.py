@@ -113,6 +113,17 @@ def stream_error(worker: str, payload: dict[str, Any]) -> UpstreamError:
     return UpstreamError(worker, error_text(payload), status=500)
 
 
+MALFORMED_ANSWER: tuple[type[Exception], ...] = (ValueError, TypeError, AttributeError, KeyError)
+"""What reading a 200 answer that is not SGLang's raises: not JSON (``orjson.JSONDecodeError`` is a
+``ValueError``), JSON that is not an object, fields of the wrong type."""
+
+
+def malformed_error(worker: str, cause: Exception) -> UpstreamError:
+    """A 200 answer (whole, or one SSE event) that is not SGLang's: the worker failed (retryable, held
+    against its breaker, a 502/503 for the tenant once attempts are spent), not a gateway bug (500)."""
+    return UpstreamError(worker, f"malformed answer from the worker: {type(cause).__name__}: {cause}")
+
+
 def json_or_none(raw: bytes) -> Any:
     """``raw`` parsed as JSON, or None when it is not JSON."""
     try:
@@ -122,11 +133,13 @@ def json_or_none(raw: bytes) -> Any:
 
 
 __all__ = [
+    "MALFORMED_ANSWER",
     "UpstreamError",
     "abort_error",
     "abort_status",
     "error_text",
     "http_error",
     "json_or_none",
+    "malformed_error",
     "stream_error",
 ]
