@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from service.app import create_app
-from tests.conftest import gateway_settings
+from tests.conftest import ADMIN_TOKEN, gateway_settings
 from tests.support.fake_worker import TOKENS, FakeWorker
 from tests.support.servers import ThreadedServer
 from tests.test_api import auth, chat, new_tenant, usage_of
@@ -178,3 +179,31 @@ def test_stream_whose_client_stops_reading_is_given_up_and_its_worker_slot_freed
             assert b"[DONE]" not in rest
     finally:
         worker.server_info, worker.tokens = None, list(TOKENS)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/admin/tenants"])
+def test_client_that_leaves_before_its_body_is_complete_is_no_error(
+    gateways: dict[str, httpx.Client], worker: FakeWorker, path: str
+) -> None:
+    """A client that closes its connection halfway through sending the body is a client that left (499,
+    nothing logged as an error), not an unhandled ``ClientDisconnect`` (an ``unhandled_error`` traceback
+    and a 500 in the logs for every such client)."""
+    http = gateways["counts"]
+    tenant_id, key = new_tenant(http)
+    port = int(str(http.base_url).rsplit(":", 1)[1].rstrip("/"))
+    body = json.dumps(chat(max_tokens=8)).encode()
+    with capture_logs() as logs:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                auth_key = ADMIN_TOKEN if path.startswith("/admin") else key
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {auth_key}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                )
+                sock.sendall(head.encode() + body[: len(body) // 2])
+                time.sleep(0.2)
+        time.sleep(0.5)
+    assert http.get("/healthz").status_code == 200
+    assert [e for e in logs if e["log_level"] in ("error", "critical")] == []
+    assert usage_of(http, tenant_id)["requests"] == 0  # nothing was reserved or charged
+    assert worker.received == []
