@@ -11,7 +11,7 @@ import secrets
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from tenancy.auth_cache import AuthCache, invalidation_channel
 from tenancy.errors import (
@@ -99,11 +99,30 @@ class TenantStore:
 
     @store_operation
     async def update(self, tenant_id: str, patch: TenantPatch) -> Tenant:
-        """Apply a partial update. Raises :class:`TenantNotFoundError`."""
-        current = await self.get(tenant_id)
+        """Apply a partial update. Raises :class:`TenantNotFoundError`.
+
+        Optimistic concurrency (Redis ``WATCH``/``MULTI``/``EXEC``): the record is read and written back
+        only if nobody changed it in between, else read again; so two patches of different fields that
+        race both land (a quota change racing a disable cannot re-enable the tenant), and a patch racing
+        a delete and re-creation never writes the old record (with its old epoch) over the new one.
+        """
+        key = self._tenant_key(tenant_id)
         changes = patch.model_dump(exclude_unset=True)
-        merged = Tenant.model_validate({**current.model_dump(), **changes})
-        await self._redis.set(self._tenant_key(tenant_id), merged.model_dump_json(), xx=True)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        raise TenantNotFoundError(tenant_id)
+                    current = Tenant.model_validate_json(raw)
+                    merged = Tenant.model_validate({**current.model_dump(), **changes})
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, merged.model_dump_json(), xx=True)
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue  # changed since it was read: read it again
         await self._invalidate(f"tenant:{tenant_id}")
         return merged
 

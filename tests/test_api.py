@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -527,3 +528,26 @@ def test_one_json_log_line_per_request_without_prompt_or_key(http: httpx.Client,
     assert worker.received[-1]["rid"] == rid  # the same id reaches SGLang
     text = buf.getvalue()
     assert secret_prompt not in text and key not in text and key.split(".")[1] not in text
+
+
+def test_concurrent_admin_patches_of_one_tenant_lose_no_update(gateway: str) -> None:
+    """Two operators (or a script and an operator) patching different fields of one tenant at once both
+    land: a PATCH of the quotas racing a disable must not re-enable the tenant (read-modify-write without
+    a check lost one of them in 16 of 20 rounds)."""
+    with httpx.Client(base_url=gateway, timeout=30) as a, httpx.Client(base_url=gateway, timeout=30) as b:
+        tenant_id, _ = new_tenant(a, quotas={"requests_per_min": 5})
+        url = f"/admin/tenants/{tenant_id}"
+        lost = []
+        with ThreadPoolExecutor(2) as pool:
+            for i in range(20):
+                assert a.post(f"{url}/enable", headers=ADMIN).status_code == 200
+                quotas = {"requests_per_min": 100 + i}
+                done = [
+                    pool.submit(a.post, f"{url}/disable", headers=ADMIN),
+                    pool.submit(b.patch, url, json={"quotas": quotas}, headers=ADMIN),
+                ]
+                assert [f.result().status_code for f in done] == [200, 200]
+                tenant = a.get(url, headers=ADMIN).json()
+                if tenant["enabled"] or tenant["quotas"]["requests_per_min"] != 100 + i:
+                    lost.append((i, tenant["enabled"], tenant["quotas"]))
+        assert lost == []
