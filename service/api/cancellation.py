@@ -64,11 +64,16 @@ class SendBoundedStreamingResponse(StreamingResponse):
     """A streaming response that gives up on a client that stops reading.
 
     Once the socket buffers are full, each write waits for the client to take data (uvicorn's flow
-    control); a write that waits longer than ``send_timeout_s`` ends the stream: the body generator is
+    control); a write still waiting after ``send_timeout_s`` ends the stream: the body generator is
     closed (its ``GeneratorExit`` is a client that left: abort at the worker, charge what was generated,
     499), a ``stream_stalled`` warning is logged, and the handler returns with the response incomplete,
     so the server closes the connection. The bound covers the writes only, not the waits for the
     worker's next chunk. Same rule as nginx's ``send_timeout`` (time between two successive writes).
+
+    One watchdog timer per stream checks every ``send_timeout_s / 4`` whether the write in progress
+    started longer than ``send_timeout_s`` ago (a stall is cut after 1 to 1.25 x ``send_timeout_s``); a
+    timeout around each write cost 9 us per chunk against 0.2 us (micro-benchmark under uvloop on the
+    2-core development machine).
 
     Args:
         content: the SSE body (an async generator: it is closed when the client stalls).
@@ -85,15 +90,40 @@ class SendBoundedStreamingResponse(StreamingResponse):
         self._request_id = request_id
 
     async def stream_response(self, send: Send) -> None:
-        """Stream the body with every write bounded by ``send_timeout_s``."""
+        """Stream the body; cancel it when one write waits longer than ``send_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
         timeout_s = self._send_timeout_s
+        period_s = timeout_s / 4
+        writing_since: float | None = None
+        stalled = False
+        timer: asyncio.TimerHandle
 
-        async def bounded_send(message: Message) -> None:
-            async with asyncio.timeout(timeout_s):
+        async def timed_send(message: Message) -> None:
+            nonlocal writing_since
+            writing_since = loop.time()
+            try:
                 await send(message)
+            finally:
+                writing_since = None
 
+        def watch() -> None:
+            nonlocal stalled, timer
+            if writing_since is not None and loop.time() - writing_since >= timeout_s:
+                stalled = True
+                task.cancel()
+                return
+            timer = loop.call_later(period_s, watch)
+
+        timer = loop.call_later(period_s, watch)
         try:
-            await super().stream_response(bounded_send)
-        except TimeoutError:
+            await super().stream_response(timed_send)
+        except asyncio.CancelledError:
+            if not stalled:
+                raise
+            task.uncancel()
             log.warning("stream_stalled", request_id=self._request_id, send_timeout_s=timeout_s)
             await self._content.aclose()
+        finally:
+            timer.cancel()
