@@ -7,6 +7,7 @@ deleted tenant leaves nothing behind and a re-created one (same id) starts clean
 
 from __future__ import annotations
 
+import bisect
 import secrets
 
 import structlog
@@ -91,11 +92,23 @@ class TenantStore:
     @store_operation
     async def list_all(self) -> list[Tenant]:
         """All tenants, sorted by id."""
+        return (await self.list_page())[0]
+
+    @store_operation
+    async def list_page(
+        self, after: str | None = None, limit: int | None = None
+    ) -> tuple[list[Tenant], bool]:
+        """Tenants sorted by id: those after id ``after`` (None: from the first), at most ``limit`` (None:
+        all); and whether more follow. Only the page's records are read."""
         ids = sorted(str(i) for i in await self._redis.smembers(self._index))
+        if after is not None:
+            ids = ids[bisect.bisect_right(ids, after) :]
+        more = limit is not None and len(ids) > limit
+        ids = ids[:limit]
         if not ids:
-            return []
+            return [], False
         raws = await self._redis.mget([self._tenant_key(i) for i in ids])
-        return [Tenant.model_validate_json(r) for r in raws if r is not None]
+        return [Tenant.model_validate_json(r) for r in raws if r is not None], more
 
     @store_operation
     async def update(self, tenant_id: str, patch: TenantPatch) -> Tenant:

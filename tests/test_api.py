@@ -551,3 +551,30 @@ def test_concurrent_admin_patches_of_one_tenant_lose_no_update(gateway: str) -> 
                 if tenant["enabled"] or tenant["quotas"]["requests_per_min"] != 100 + i:
                     lost.append((i, tenant["enabled"], tenant["quotas"]))
         assert lost == []
+
+
+def test_admin_lists_tenants_page_by_page(http: httpx.Client) -> None:
+    """``GET /admin/tenants?limit=&after=`` pages through the tenants in id order (OpenAI's list shape:
+    ``has_more``, ``first_id``, ``last_id``); without ``limit`` the whole list, as before."""
+    for _ in range(5):
+        new_tenant(http)
+    everything = http.get("/admin/tenants", headers=ADMIN).json()
+    assert everything["has_more"] is False
+    ids = [t["id"] for t in everything["data"]]
+    assert len(ids) >= 5 and ids == sorted(ids)
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 2} | ({"after": after} if after else {})
+        page = http.get("/admin/tenants", params=params, headers=ADMIN).json()
+        assert 1 <= len(page["data"]) <= 2
+        seen += [t["id"] for t in page["data"]]
+        assert page["first_id"] == page["data"][0]["id"] and page["last_id"] == page["data"][-1]["id"]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == ids
+    past_the_end = http.get("/admin/tenants", params={"after": ids[-1]}, headers=ADMIN).json()
+    assert past_the_end["data"] == [] and past_the_end["has_more"] is False
+    for bad in ({"limit": 0}, {"limit": "many"}, {"limit": 10**6}):
+        assert_openai_error(http.get("/admin/tenants", params=bad, headers=ADMIN), 400)

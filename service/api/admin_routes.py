@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
@@ -84,10 +84,26 @@ async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
         raise APIError(409, f"Tenant '{spec.id}' already exists.", code="tenant_exists") from exc
 
 
+MAX_PAGE = 1000
+"""Largest ``limit`` of one page of tenants."""
+
+
 @router.get("/tenants")
-async def list_tenants(state: StateDep) -> dict[str, Any]:
-    """All tenants."""
-    return {"object": "list", "data": [t.model_dump() for t in await state.tenants.list_all()]}
+async def list_tenants(
+    state: StateDep,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
+    after: Annotated[str | None, Query(max_length=256)] = None,
+) -> dict[str, Any]:
+    """Tenants in id order, OpenAI's list shape: the ``limit`` (1-1000; none: all) after id ``after``,
+    with ``first_id``, ``last_id`` and ``has_more`` (pass ``last_id`` as ``after`` for the next page)."""
+    tenants, more = await state.tenants.list_page(after, limit)
+    return {
+        "object": "list",
+        "data": [t.model_dump() for t in tenants],
+        "first_id": tenants[0].id if tenants else None,
+        "last_id": tenants[-1].id if tenants else None,
+        "has_more": more,
+    }
 
 
 @router.get("/tenants/{tenant_id}")
