@@ -266,7 +266,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     configure_logging(settings.observability.log_level)
-    app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan)
+    # no redirect_slashes: "/admin/tenants/" (an empty id) is a 404, not a 307 to the list of every tenant
+    app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan, redirect_slashes=False)
     app.state.settings = settings
     obs = settings.observability
     app.state.metrics = GatewayMetrics(CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir)

@@ -578,3 +578,12 @@ def test_admin_lists_tenants_page_by_page(http: httpx.Client) -> None:
     assert past_the_end["data"] == [] and past_the_end["has_more"] is False
     for bad in ({"limit": 0}, {"limit": "many"}, {"limit": 10**6}):
         assert_openai_error(http.get("/admin/tenants", params=bad, headers=ADMIN), 400)
+
+
+@pytest.mark.parametrize("method", ["GET", "PATCH", "DELETE"])
+@pytest.mark.parametrize("path", ["/admin/tenants/", "/admin/tenants/%2F%2F", "/admin/tenants//usage"])
+def test_admin_empty_or_slash_ids_are_404_not_a_redirect(http: httpx.Client, method: str, path: str) -> None:
+    """An empty tenant id (a script's unset variable: ``/admin/tenants/$ID``) or one of slashes gets 404 in
+    OpenAI's shape, not a 307 to ``/admin/tenants`` (whose GET is the list of every tenant)."""
+    resp = http.request(method, path, headers=ADMIN, json={} if method == "PATCH" else None)
+    assert_openai_error(resp, 404)
