@@ -39,7 +39,7 @@ from service.workers.registry import WorkerRegistry, sync_loop
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.quota import QuotaLimiter
-from tenancy.store import TenantStore
+from tenancy.store import TenantStore, eviction_policy
 from tenancy.usage import UsageRecorder
 
 log = structlog.get_logger("radixgate.app")
@@ -176,6 +176,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "no_workers_configured",
                 hint="set RADIXGATE_UPSTREAM__WORKERS, "
                 "RADIXGATE_ENGINE__LAUNCH=true, or add workers with POST /admin/workers",
+            )
+        policy = await eviction_policy(redis)
+        if policy not in (None, "noeviction"):
+            log.warning(
+                "redis_evicts_keys",
+                maxmemory_policy=policy,
+                hint="a full Redis may drop tenants, API keys, quota buckets and settle markers; "
+                "set maxmemory-policy noeviction (a full Redis then answers 503 and loses nothing)",
             )
         prefix = settings.redis.key_prefix
         auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)

@@ -37,6 +37,19 @@ __all__ = ["KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "Tena
 log = structlog.get_logger("radixgate.tenants")
 
 
+async def eviction_policy(redis: Redis) -> str | None:
+    """Redis's ``maxmemory_policy`` (``INFO memory``, allowed where ``CONFIG`` is not), or None when Redis
+    cannot be asked now. Anything but ``noeviction`` lets a full Redis drop this project's keys: tenant
+    records and API keys (no TTL: ``allkeys-*``), buckets (a quota starts over) and ``settled:`` markers
+    (a retried settle could land twice) (``volatile-*`` too)."""
+    try:
+        info = await redis.info("memory")
+    except (RedisError, OSError):
+        return None
+    policy = info.get("maxmemory_policy")
+    return str(policy) if policy is not None else None
+
+
 class TenantStore:
     """CRUD for tenants and their API keys.
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from service.app import create_app
 from service.config import Settings
@@ -319,3 +320,28 @@ def test_redis_at_maxmemory_gives_503_and_the_served_answer_is_charged_once_it_f
         assert "radixgate_settle_failures_total 0.0" in metrics
         assert 'status="500"' not in metrics
         assert ask(http, key).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("policy", "warned"), [("allkeys-lru", True), ("volatile-ttl", True), ("noeviction", False)]
+)
+def test_a_redis_that_evicts_keys_is_named_at_startup(
+    own_redis: tuple[str, int, Path],
+    stub_model_dir: Path,
+    fake: tuple[FakeWorker, str],
+    worker: FakeWorker,
+    policy: str,
+    warned: bool,
+) -> None:
+    """Under a maxmemory policy that evicts keys, a full Redis silently drops tenants, API keys, buckets
+    (a quota starts over) or settle markers (a settle retried after its reply was lost lands twice):
+    the gateway says so at startup (``redis_evicts_keys``) so the operator can set ``noeviction``, under
+    which a full Redis refuses writes (503) and loses nothing."""
+    url = own_redis[0]
+    with redis.Redis.from_url(url) as r:
+        r.config_set("maxmemory-policy", policy)
+    app = create_app(settings_for(url, stub_model_dir, fake[1], "evict:"))  # configures the logs
+    with capture_logs() as logs, ThreadedServer(app) as gw:
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200
+    lines = [e for e in logs if e["event"] == "redis_evicts_keys"]
+    assert [e["maxmemory_policy"] for e in lines] == ([policy] if warned else [])
