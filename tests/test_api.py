@@ -587,3 +587,12 @@ def test_admin_empty_or_slash_ids_are_404_not_a_redirect(http: httpx.Client, met
     OpenAI's shape, not a 307 to ``/admin/tenants`` (whose GET is the list of every tenant)."""
     resp = http.request(method, path, headers=ADMIN, json={} if method == "PATCH" else None)
     assert_openai_error(resp, 404)
+
+
+def test_admin_404_does_not_echo_a_huge_id(http: httpx.Client) -> None:
+    """An id of thousands of characters is cut in the 404's message (it echoed the whole id, twice for
+    a key), as ids of 1-63 characters are the only ones that can exist."""
+    huge = "x" * 5000
+    for method, path in (("GET", f"/admin/tenants/{huge}"), ("DELETE", f"/admin/tenants/{huge}/keys/{huge}")):
+        err = assert_openai_error(http.request(method, path, headers=ADMIN), 404)
+        assert len(err["message"]) < 300, len(err["message"])

@@ -26,8 +26,13 @@ from tenancy.store import KeyNotFoundError, TenantExistsError, TenantNotFoundErr
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 
 
+def _shown(value: str, limit: int = 80) -> str:
+    """An id from the path as a message may echo it: at most ``limit`` characters (tenant ids have 1-63)."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
 def _not_found(tenant_id: str) -> APIError:
-    return APIError(404, f"Tenant '{tenant_id}' does not exist.", code="tenant_not_found")
+    return APIError(404, f"Tenant '{_shown(tenant_id)}' does not exist.", code="tenant_not_found")
 
 
 def _check_tenant(
@@ -200,7 +205,9 @@ async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo
         return await state.tenants.revoke_key(tenant_id, key_id)
     except KeyNotFoundError as exc:
         raise APIError(
-            404, f"Key '{key_id}' does not exist for tenant '{tenant_id}'.", code="key_not_found"
+            404,
+            f"Key '{_shown(key_id)}' does not exist for tenant '{_shown(tenant_id)}'.",
+            code="key_not_found",
         ) from exc
 
 
