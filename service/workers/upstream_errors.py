@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from service.workers.client import UpstreamChunk
 
 
+WORKER_FAULT_4XX = frozenset({401, 403, 404, 405, 407})
+"""4xx answers to ``/generate`` that are the worker's (or its URL's) fault whatever the input: SGLang's
+API-key check (401, 403: ``sglang/srt/utils/auth.py``), no such route or method (404, 405: not an SGLang
+server, a wrong URL or port), a proxy that wants credentials (407). Retried elsewhere and held against
+the worker's breaker; every other 4xx is the input's fault."""
+
+
 class UpstreamError(Exception):
     """A worker call failed.
 
@@ -57,7 +64,7 @@ class UpstreamError(Exception):
     @property
     def rejected(self) -> bool:
         """The worker answered 4xx: the request's input is at fault, not the worker."""
-        return self.status is not None and 400 <= self.status < 500
+        return self.status is not None and 400 <= self.status < 500 and self.status not in WORKER_FAULT_4XX
 
 
 def abort_status(meta: dict[str, Any]) -> int | None:
@@ -99,8 +106,10 @@ def error_text(payload: Any, raw: bytes = b"") -> str:
 
 
 def http_error(worker: str, status: int, raw: bytes) -> UpstreamError:
-    """A non-200 answer to ``/generate``: retried elsewhere when 5xx, the input's fault when 4xx."""
-    return UpstreamError(worker, error_text(json_or_none(raw), raw), status=status, retryable=status >= 500)
+    """A non-200 answer to ``/generate``: retried elsewhere when 5xx or a worker's fault
+    (:data:`WORKER_FAULT_4XX`), the input's fault when another 4xx."""
+    retryable = status >= 500 or status in WORKER_FAULT_4XX
+    return UpstreamError(worker, error_text(json_or_none(raw), raw), status=status, retryable=retryable)
 
 
 def stream_error(worker: str, payload: dict[str, Any]) -> UpstreamError:
@@ -134,6 +143,7 @@ def json_or_none(raw: bytes) -> Any:
 
 __all__ = [
     "MALFORMED_ANSWER",
+    "WORKER_FAULT_4XX",
     "UpstreamError",
     "abort_error",
     "abort_status",
