@@ -39,7 +39,7 @@ from service.workers.registry import WorkerRegistry, sync_loop
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.quota import QuotaLimiter
-from tenancy.store import TenantStore
+from tenancy.store import TenantStore, eviction_policy
 from tenancy.usage import UsageRecorder
 
 log = structlog.get_logger("radixgate.app")
@@ -177,6 +177,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 hint="set RADIXGATE_UPSTREAM__WORKERS, "
                 "RADIXGATE_ENGINE__LAUNCH=true, or add workers with POST /admin/workers",
             )
+        policy = await eviction_policy(redis)
+        if policy not in (None, "noeviction"):
+            log.warning(
+                "redis_evicts_keys",
+                maxmemory_policy=policy,
+                hint="a full Redis may drop tenants, API keys, quota buckets and settle markers; "
+                "set maxmemory-policy noeviction (a full Redis then answers 503 and loses nothing)",
+            )
         prefix = settings.redis.key_prefix
         auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
@@ -266,7 +274,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     configure_logging(settings.observability.log_level)
-    app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan)
+    # no redirect_slashes: "/admin/tenants/" (an empty id) is a 404, not a 307 to the list of every tenant
+    app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan, redirect_slashes=False)
     app.state.settings = settings
     obs = settings.observability
     app.state.metrics = GatewayMetrics(CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir)

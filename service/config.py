@@ -254,6 +254,15 @@ class ApiSettings(BaseModel):
     body_timeout_s: float = Field(
         10.0, gt=0, le=300, description="Longest time to receive a whole request body (slow senders: 408), s."
     )
+    stream_send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest a stream waits for its client to take one chunk, s; then the gateway closes "
+        "the connection, aborts the worker's request and charges what was generated (499): a client that "
+        "stops reading would hold a worker slot for as long as it keeps the socket open (nginx's "
+        "send_timeout, 60 s, bounds the time between two writes the same way).",
+    )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none, tokens.")
     context_length: int = Field(8192, ge=16, description="Prompt + completion limit of the model, tokens.")
     tokenizer_path: Path | None = Field(

@@ -158,7 +158,7 @@ class UpstreamCaller:
             return tenant_rejection(exc, prepared.body, prepared.rid)
         if exc.refused:
             self._pool.record(exc.worker, "refused")
-        elif exc.status is None:
+        elif exc.status is None or exc.status < 500:  # no answer, or a worker's own 4xx (WORKER_FAULT_4XX)
             self._pool.record(exc.worker, "request_failed")
         else:  # a 5xx may be this request's own fault: a deep probe decides (shared, in the background)
             self._pool.suspect(exc.worker)

@@ -27,7 +27,8 @@ class KeyNotFoundError(Exception):
 
 class StoreUnavailable(Exception):
     """Redis did not answer in time: its connection pool stayed exhausted past the wait bound, a call
-    timed out (Redis slow or paused), or it could not be reached. Nothing is known to have been written.
+    timed out (Redis slow or paused), it could not be reached, or it refused writes (full at its
+    ``maxmemory``). Nothing is known to have been written.
 
     Attributes:
         operation: the store call that failed, e.g. ``"TenantStore.authenticate"``.
@@ -40,11 +41,15 @@ class StoreUnavailable(Exception):
 
 # What makes Redis unavailable, as opposed to a bug in a command or script (ResponseError): transport
 # errors and timeouts, a pool that stayed exhausted (BlockingConnectionPool: ConnectionError "No connection
-# available."; the plain pool's MaxConnectionsError), a replica that is loading or read-only after failover.
+# available."; the plain pool's MaxConnectionsError), a replica that is loading or read-only after failover,
+# a server at its maxmemory that refuses writes ("OOM"; a script is refused at its first write, so nothing
+# of it is written), a replica cut from its master ("MASTERDOWN").
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.MasterDownError,
     asyncio.TimeoutError,
 )
 

@@ -7,11 +7,12 @@ deleted tenant leaves nothing behind and a re-created one (same id) starts clean
 
 from __future__ import annotations
 
+import bisect
 import secrets
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from tenancy.auth_cache import AuthCache, invalidation_channel
 from tenancy.errors import (
@@ -34,6 +35,19 @@ from tenancy.models import (
 __all__ = ["KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
 
 log = structlog.get_logger("radixgate.tenants")
+
+
+async def eviction_policy(redis: Redis) -> str | None:
+    """Redis's ``maxmemory_policy`` (``INFO memory``, allowed where ``CONFIG`` is not), or None when Redis
+    cannot be asked now. Anything but ``noeviction`` lets a full Redis drop this project's keys: tenant
+    records and API keys (no TTL: ``allkeys-*``), buckets (a quota starts over) and ``settled:`` markers
+    (a retried settle could land twice) (``volatile-*`` too)."""
+    try:
+        info = await redis.info("memory")
+    except (RedisError, OSError):
+        return None
+    policy = info.get("maxmemory_policy")
+    return str(policy) if policy is not None else None
 
 
 class TenantStore:
@@ -91,19 +105,50 @@ class TenantStore:
     @store_operation
     async def list_all(self) -> list[Tenant]:
         """All tenants, sorted by id."""
+        return (await self.list_page())[0]
+
+    @store_operation
+    async def list_page(
+        self, after: str | None = None, limit: int | None = None
+    ) -> tuple[list[Tenant], bool]:
+        """Tenants sorted by id: those after id ``after`` (None: from the first), at most ``limit`` (None:
+        all); and whether more follow. Only the page's records are read."""
         ids = sorted(str(i) for i in await self._redis.smembers(self._index))
+        if after is not None:
+            ids = ids[bisect.bisect_right(ids, after) :]
+        more = limit is not None and len(ids) > limit
+        ids = ids[:limit]
         if not ids:
-            return []
+            return [], False
         raws = await self._redis.mget([self._tenant_key(i) for i in ids])
-        return [Tenant.model_validate_json(r) for r in raws if r is not None]
+        return [Tenant.model_validate_json(r) for r in raws if r is not None], more
 
     @store_operation
     async def update(self, tenant_id: str, patch: TenantPatch) -> Tenant:
-        """Apply a partial update. Raises :class:`TenantNotFoundError`."""
-        current = await self.get(tenant_id)
+        """Apply a partial update. Raises :class:`TenantNotFoundError`.
+
+        Optimistic concurrency (Redis ``WATCH``/``MULTI``/``EXEC``): the record is read and written back
+        only if nobody changed it in between, else read again; so two patches of different fields that
+        race both land (a quota change racing a disable cannot re-enable the tenant), and a patch racing
+        a delete and re-creation never writes the old record (with its old epoch) over the new one.
+        """
+        key = self._tenant_key(tenant_id)
         changes = patch.model_dump(exclude_unset=True)
-        merged = Tenant.model_validate({**current.model_dump(), **changes})
-        await self._redis.set(self._tenant_key(tenant_id), merged.model_dump_json(), xx=True)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        raise TenantNotFoundError(tenant_id)
+                    current = Tenant.model_validate_json(raw)
+                    merged = Tenant.model_validate({**current.model_dump(), **changes})
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, merged.model_dump_json(), xx=True)
+                    await pipe.execute()
+                    break
+                except WatchError:
+                    continue  # changed since it was read: read it again
         await self._invalidate(f"tenant:{tenant_id}")
         return merged
 

@@ -7,6 +7,8 @@ ends at once with its counts so far, as SGLang's does) and clients that time out
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from service.app import create_app
-from tests.conftest import gateway_settings
-from tests.support.fake_worker import FakeWorker
+from tests.conftest import ADMIN_TOKEN, gateway_settings
+from tests.support.fake_worker import TOKENS, FakeWorker
 from tests.support.servers import ThreadedServer
 from tests.test_api import auth, chat, new_tenant, usage_of
 
@@ -128,3 +131,79 @@ def test_unknown_worker_count_charges_the_prompt_part_of_the_reservation(
         assert (usage["requests"], usage["errors"]) == (1, 0), usage
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, 0), usage
         assert worker.received[-1]["rid"] in worker.aborted
+
+
+def test_stream_whose_client_stops_reading_is_given_up_and_its_worker_slot_freed(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    """A tenant that opens a stream and never reads it (its connection stays open) blocks the gateway's
+    writes once the socket buffers are full; after ``api.stream_send_timeout_s`` without taking a chunk
+    the gateway gives up on it: closes the connection, aborts the worker's request, frees its slot (the
+    in-flight gauge back to 0) and charges what was generated (a 499), instead of holding a worker slot
+    for as long as the client keeps the socket open."""
+    worker.delay_s = 0.0
+    worker.server_info = {"incremental_streaming_output": True}  # deltas: 64 KiB per chunk
+    worker.tokens = ["x" * 65536] * 200  # 13 MB: far more than the socket buffers hold
+    settings = gateway_settings(redis_url, stub_model_dir, [fake[1]], stream_send_timeout_s=1.0)
+    try:
+        with (
+            ThreadedServer(create_app(settings)) as gw,
+            httpx.Client(base_url=gw.url, timeout=30) as http,
+            socket.socket() as sock,
+        ):
+            tenant_id, key = new_tenant(http)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", gw.port))
+            body = json.dumps(chat(max_tokens=200, stream=True)).encode()
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+            assert sock.recv(12) == b"HTTP/1.1 200"  # then it reads nothing more
+            deadline = time.monotonic() + 15
+            metrics = ""
+            while time.monotonic() < deadline and "radixgate_in_flight_requests 0.0" not in metrics:
+                time.sleep(0.2)
+                metrics = http.get("/metrics").text
+            assert "radixgate_in_flight_requests 0.0" in metrics
+            assert 'radixgate_requests_total{model="test-model",status="499"' in metrics
+            usage = settled_usage(http, tenant_id)
+            assert usage["requests"] == 1 and usage["errors"] == 0, usage
+            assert 1 <= usage["completion_tokens"] < 200, usage  # what was generated, not the whole answer
+            assert worker.received[-1]["rid"] in worker.aborted  # the worker was told to stop
+            sock.settimeout(10)
+            rest = b""
+            while chunk := sock.recv(1 << 20):  # the gateway closed the connection: EOF, not a hang
+                rest += chunk
+            assert b"[DONE]" not in rest
+    finally:
+        worker.server_info, worker.tokens = None, list(TOKENS)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/admin/tenants"])
+def test_client_that_leaves_before_its_body_is_complete_is_no_error(
+    gateways: dict[str, httpx.Client], worker: FakeWorker, path: str
+) -> None:
+    """A client that closes its connection halfway through sending the body is a client that left (499,
+    nothing logged as an error), not an unhandled ``ClientDisconnect`` (an ``unhandled_error`` traceback
+    and a 500 in the logs for every such client)."""
+    http = gateways["counts"]
+    tenant_id, key = new_tenant(http)
+    port = int(str(http.base_url).rsplit(":", 1)[1].rstrip("/"))
+    body = json.dumps(chat(max_tokens=8)).encode()
+    with capture_logs() as logs:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                auth_key = ADMIN_TOKEN if path.startswith("/admin") else key
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {auth_key}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                )
+                sock.sendall(head.encode() + body[: len(body) // 2])
+                time.sleep(0.2)
+        time.sleep(0.5)
+    assert http.get("/healthz").status_code == 200
+    assert [e for e in logs if e["log_level"] in ("error", "critical")] == []
+    assert usage_of(http, tenant_id)["requests"] == 0  # nothing was reserved or charged
+    assert worker.received == []

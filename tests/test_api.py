@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -527,3 +528,71 @@ def test_one_json_log_line_per_request_without_prompt_or_key(http: httpx.Client,
     assert worker.received[-1]["rid"] == rid  # the same id reaches SGLang
     text = buf.getvalue()
     assert secret_prompt not in text and key not in text and key.split(".")[1] not in text
+
+
+def test_concurrent_admin_patches_of_one_tenant_lose_no_update(gateway: str) -> None:
+    """Two operators (or a script and an operator) patching different fields of one tenant at once both
+    land: a PATCH of the quotas racing a disable must not re-enable the tenant (read-modify-write without
+    a check lost one of them in 16 of 20 rounds)."""
+    with httpx.Client(base_url=gateway, timeout=30) as a, httpx.Client(base_url=gateway, timeout=30) as b:
+        tenant_id, _ = new_tenant(a, quotas={"requests_per_min": 5})
+        url = f"/admin/tenants/{tenant_id}"
+        lost = []
+        with ThreadPoolExecutor(2) as pool:
+            for i in range(20):
+                assert a.post(f"{url}/enable", headers=ADMIN).status_code == 200
+                quotas = {"requests_per_min": 100 + i}
+                done = [
+                    pool.submit(a.post, f"{url}/disable", headers=ADMIN),
+                    pool.submit(b.patch, url, json={"quotas": quotas}, headers=ADMIN),
+                ]
+                assert [f.result().status_code for f in done] == [200, 200]
+                tenant = a.get(url, headers=ADMIN).json()
+                if tenant["enabled"] or tenant["quotas"]["requests_per_min"] != 100 + i:
+                    lost.append((i, tenant["enabled"], tenant["quotas"]))
+        assert lost == []
+
+
+def test_admin_lists_tenants_page_by_page(http: httpx.Client) -> None:
+    """``GET /admin/tenants?limit=&after=`` pages through the tenants in id order (OpenAI's list shape:
+    ``has_more``, ``first_id``, ``last_id``); without ``limit`` the whole list, as before."""
+    for _ in range(5):
+        new_tenant(http)
+    everything = http.get("/admin/tenants", headers=ADMIN).json()
+    assert everything["has_more"] is False
+    ids = [t["id"] for t in everything["data"]]
+    assert len(ids) >= 5 and ids == sorted(ids)
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 2} | ({"after": after} if after else {})
+        page = http.get("/admin/tenants", params=params, headers=ADMIN).json()
+        assert 1 <= len(page["data"]) <= 2
+        seen += [t["id"] for t in page["data"]]
+        assert page["first_id"] == page["data"][0]["id"] and page["last_id"] == page["data"][-1]["id"]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == ids
+    past_the_end = http.get("/admin/tenants", params={"after": ids[-1]}, headers=ADMIN).json()
+    assert past_the_end["data"] == [] and past_the_end["has_more"] is False
+    for bad in ({"limit": 0}, {"limit": "many"}, {"limit": 10**6}):
+        assert_openai_error(http.get("/admin/tenants", params=bad, headers=ADMIN), 400)
+
+
+@pytest.mark.parametrize("method", ["GET", "PATCH", "DELETE"])
+@pytest.mark.parametrize("path", ["/admin/tenants/", "/admin/tenants/%2F%2F", "/admin/tenants//usage"])
+def test_admin_empty_or_slash_ids_are_404_not_a_redirect(http: httpx.Client, method: str, path: str) -> None:
+    """An empty tenant id (a script's unset variable: ``/admin/tenants/$ID``) or one of slashes gets 404 in
+    OpenAI's shape, not a 307 to ``/admin/tenants`` (whose GET is the list of every tenant)."""
+    resp = http.request(method, path, headers=ADMIN, json={} if method == "PATCH" else None)
+    assert_openai_error(resp, 404)
+
+
+def test_admin_404_does_not_echo_a_huge_id(http: httpx.Client) -> None:
+    """An id of thousands of characters is cut in the 404's message (it echoed the whole id, twice for
+    a key), as ids of 1-63 characters are the only ones that can exist."""
+    huge = "x" * 5000
+    for method, path in (("GET", f"/admin/tenants/{huge}"), ("DELETE", f"/admin/tenants/{huge}/keys/{huge}")):
+        err = assert_openai_error(http.request(method, path, headers=ADMIN), 404)
+        assert len(err["message"]) < 300, len(err["message"])

@@ -178,3 +178,31 @@ def test_poisoned_requests_do_not_eject_healthy_workers(
         assert resp.status_code == 200, resp.text
     served = [sum(POISON not in json.dumps(r) for r in w.received) for w in pair]
     assert served == [2, 2]  # both workers are still in the rotation
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 405])
+def test_worker_without_generate_or_with_an_api_key_is_its_fault_not_the_tenants(
+    http: httpx.Client, pair: tuple[FakeWorker, FakeWorker], status: int
+) -> None:
+    """A worker answering ``/generate`` with 404/405 (not an SGLang server: a wrong URL or port) or
+    401/403 (SGLang started with ``--api-key``) refuses every request whatever its input: the request
+    is retried on the other worker and the failures open that worker's breaker, instead of every tenant
+    getting 400 ``upstream_rejected`` (its input blamed) from that worker for as long as it is in the pool."""
+    a, b = pair
+    a.reject, a.reject_status = "Not Found" if status in (404, 405) else "Unauthorized", status
+    try:
+        _, key = new_tenant(http)
+        for _ in range(6):
+            resp = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
+            assert resp.status_code == 200, resp.text
+        assert len(a.received) == 2  # breaker_failures = 2: after that, no request reaches it
+        assert len(b.received) == 6
+        metrics = http.get("/metrics").text
+        assert f'radixgate_upstream_errors_total{{kind="http_{status}"' in metrics
+        assert 'radixgate_breaker_transitions_total{state="open"' in metrics
+        a.received.clear()
+        b.mode = "error500"  # no other worker left: the tenant gets a 5xx, not a 400 blaming its input
+        resp = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
+        assert resp.status_code in (502, 503), resp.text
+    finally:
+        a.reject, a.reject_status = None, 400

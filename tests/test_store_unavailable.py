@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from service.app import create_app
 from service.config import Settings
@@ -277,3 +278,70 @@ def test_settle_retries_spent_count_the_request_lost(
         assert "radixgate_settle_deferred_total 1.0" in metrics
         time.sleep(max(0.0, started + 3.6 - time.monotonic()))  # past the pause: nothing landed late
         assert http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()["requests"] == 0
+
+
+def test_redis_at_maxmemory_gives_503_and_the_served_answer_is_charged_once_it_frees(
+    own_redis: tuple[str, int, Path], stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    """Redis full (``maxmemory`` reached, ``noeviction``) refuses writes with ``OOM``: requests and admin
+    writes get 503 ``store_unavailable`` (not 500), and an answer served while it is full is charged by
+    the background settle once memory is freed (not counted lost)."""
+    url = own_redis[0]
+    worker.delay_s = 0.4  # 2 words: the answer takes 0.8 s
+    settings = settings_for(url, stub_model_dir, fake[1], "oom:")
+    with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
+        tenant_id, key = new_tenant(http, quotas=HUGE)  # every request reserves in Redis
+        assert ask(http, key).status_code == 200
+        r.config_set("maxmemory-policy", "noeviction")
+        try:
+            r.config_set("maxmemory", 1)
+            assert_unavailable(ask(http, key), "store_unavailable")
+            admin = http.post("/admin/tenants", json={"id": "oom-new", "name": "n"}, headers=ADMIN)
+            assert_unavailable(admin, "store_unavailable")
+            r.config_set("maxmemory", 0)
+            filler = threading.Timer(0.4, lambda: r.config_set("maxmemory", 1))
+            filler.start()  # Redis fills up while the worker generates: the settle step is refused
+            resp = ask(http, key, max_tokens=2)
+            filler.join()
+            assert resp.status_code == 200, resp.text
+            time.sleep(0.5)
+        finally:
+            r.config_set("maxmemory", 0)
+        deadline = time.monotonic() + 20
+        charged: dict[str, Any] = {}
+        while time.monotonic() < deadline:  # the background retry lands once Redis has room again
+            charged = http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()
+            if charged.get("requests") == 2:
+                break
+            time.sleep(0.2)
+        assert charged["requests"] == 2, charged
+        metrics = http.get("/metrics").text
+        assert "radixgate_settle_deferred_total 1.0" in metrics  # refused at first, then retried
+        assert "radixgate_settle_failures_total 0.0" in metrics
+        assert 'status="500"' not in metrics
+        assert ask(http, key).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("policy", "warned"), [("allkeys-lru", True), ("volatile-ttl", True), ("noeviction", False)]
+)
+def test_a_redis_that_evicts_keys_is_named_at_startup(
+    own_redis: tuple[str, int, Path],
+    stub_model_dir: Path,
+    fake: tuple[FakeWorker, str],
+    worker: FakeWorker,
+    policy: str,
+    warned: bool,
+) -> None:
+    """Under a maxmemory policy that evicts keys, a full Redis silently drops tenants, API keys, buckets
+    (a quota starts over) or settle markers (a settle retried after its reply was lost lands twice):
+    the gateway says so at startup (``redis_evicts_keys``) so the operator can set ``noeviction``, under
+    which a full Redis refuses writes (503) and loses nothing."""
+    url = own_redis[0]
+    with redis.Redis.from_url(url) as r:
+        r.config_set("maxmemory-policy", policy)
+    app = create_app(settings_for(url, stub_model_dir, fake[1], "evict:"))  # configures the logs
+    with capture_logs() as logs, ThreadedServer(app) as gw:
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200
+    lines = [e for e in logs if e["event"] == "redis_evicts_keys"]
+    assert [e["maxmemory_policy"] for e in lines] == ([policy] if warned else [])

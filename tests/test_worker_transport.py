@@ -8,6 +8,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from loadgen.bench.upstream import FakeSGLang, serve
 from service.config import UpstreamSettings
@@ -113,3 +117,36 @@ async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked() -> N
     with ThreadedServer(app) as server:
         async with SGLangClient() as client:
             assert await client.load(server.url) == WorkerLoad(running=3, queued=2, kv_usage=0.5)
+
+
+GARBAGE = [
+    b"not json!!!",  # a proxy's or another server's text
+    b"[1, 2, 3]",  # JSON, but not an object
+    b'{"text": "hi", "meta_info": [1]}',  # meta_info of the wrong type
+    b'{"text": "hi", "meta_info": {"prompt_tokens": "many", "finish_reason": {"type": "length"}}}',
+]
+
+
+@pytest.mark.parametrize("body", GARBAGE)
+async def test_a_worker_answering_garbage_raises_upstream_error(body: bytes) -> None:
+    """A 200 whose body is not SGLang's answer (whole or as SSE) is the worker's failure
+    (:class:`UpstreamError`, retried elsewhere and held against its breaker), never an unhandled
+    parse error (a 500 to the tenant)."""
+
+    async def answer(request: Request) -> Response:
+        payload = await request.json()
+        if payload.get("stream"):
+            return Response(b"data: " + body + b"\n\ndata: [DONE]\n\n", media_type="text/event-stream")
+        return Response(body, media_type="application/json")
+
+    app = Starlette(routes=[Route("/generate", answer, methods=["POST"])])
+    with ThreadedServer(app) as server:
+        async with SGLangClient() as client:
+            with pytest.raises(UpstreamError) as whole:
+                await client.generate(server.url, BODY)
+            with pytest.raises(UpstreamError) as streamed:
+                async for _ in client.stream(server.url, BODY):
+                    pass
+    for caught in (whole.value, streamed.value):
+        assert caught.retryable and caught.status is None and not caught.rejected
+        assert "malformed" in str(caught)

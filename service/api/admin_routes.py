@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
@@ -26,8 +26,13 @@ from tenancy.store import KeyNotFoundError, TenantExistsError, TenantNotFoundErr
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[AdminDep])
 
 
+def _shown(value: str, limit: int = 80) -> str:
+    """An id from the path as a message may echo it: at most ``limit`` characters (tenant ids have 1-63)."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
 def _not_found(tenant_id: str) -> APIError:
-    return APIError(404, f"Tenant '{tenant_id}' does not exist.", code="tenant_not_found")
+    return APIError(404, f"Tenant '{_shown(tenant_id)}' does not exist.", code="tenant_not_found")
 
 
 def _check_tenant(
@@ -84,10 +89,26 @@ async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
         raise APIError(409, f"Tenant '{spec.id}' already exists.", code="tenant_exists") from exc
 
 
+MAX_PAGE = 1000
+"""Largest ``limit`` of one page of tenants."""
+
+
 @router.get("/tenants")
-async def list_tenants(state: StateDep) -> dict[str, Any]:
-    """All tenants."""
-    return {"object": "list", "data": [t.model_dump() for t in await state.tenants.list_all()]}
+async def list_tenants(
+    state: StateDep,
+    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
+    after: Annotated[str | None, Query(max_length=256)] = None,
+) -> dict[str, Any]:
+    """Tenants in id order, OpenAI's list shape: the ``limit`` (1-1000; none: all) after id ``after``,
+    with ``first_id``, ``last_id`` and ``has_more`` (pass ``last_id`` as ``after`` for the next page)."""
+    tenants, more = await state.tenants.list_page(after, limit)
+    return {
+        "object": "list",
+        "data": [t.model_dump() for t in tenants],
+        "first_id": tenants[0].id if tenants else None,
+        "last_id": tenants[-1].id if tenants else None,
+        "has_more": more,
+    }
 
 
 @router.get("/tenants/{tenant_id}")
@@ -184,7 +205,9 @@ async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo
         return await state.tenants.revoke_key(tenant_id, key_id)
     except KeyNotFoundError as exc:
         raise APIError(
-            404, f"Key '{key_id}' does not exist for tenant '{tenant_id}'.", code="key_not_found"
+            404,
+            f"Key '{_shown(key_id)}' does not exist for tenant '{_shown(tenant_id)}'.",
+            code="key_not_found",
         ) from exc
 
 

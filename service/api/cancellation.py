@@ -7,10 +7,15 @@ channel, so a client that goes away cancels the upstream call and the pipeline u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
+import structlog
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Message, Send
+
+log = structlog.get_logger("radixgate.api")
 
 T = TypeVar("T")
 
@@ -53,3 +58,72 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         raise ClientDisconnected from None
     finally:
         watcher.cancel()
+
+
+class SendBoundedStreamingResponse(StreamingResponse):
+    """A streaming response that gives up on a client that stops reading.
+
+    Once the socket buffers are full, each write waits for the client to take data (uvicorn's flow
+    control); a write still waiting after ``send_timeout_s`` ends the stream: the body generator is
+    closed (its ``GeneratorExit`` is a client that left: abort at the worker, charge what was generated,
+    499), a ``stream_stalled`` warning is logged, and the handler returns with the response incomplete,
+    so the server closes the connection. The bound covers the writes only, not the waits for the
+    worker's next chunk. Same rule as nginx's ``send_timeout`` (time between two successive writes).
+
+    One watchdog timer per stream checks every ``send_timeout_s / 4`` whether the write in progress
+    started longer than ``send_timeout_s`` ago (a stall is cut after 1 to 1.25 x ``send_timeout_s``); a
+    timeout around each write cost 9 us per chunk against 0.2 us (micro-benchmark under uvloop on the
+    2-core development machine).
+
+    Args:
+        content: the SSE body (an async generator: it is closed when the client stalls).
+        send_timeout_s: longest wait for one write, s.
+        request_id: logged with the warning.
+    """
+
+    def __init__(
+        self, content: AsyncGenerator[bytes, None], send_timeout_s: float, request_id: str, **kwargs: object
+    ) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        self._content = content
+        self._send_timeout_s = send_timeout_s
+        self._request_id = request_id
+
+    async def stream_response(self, send: Send) -> None:
+        """Stream the body; cancel it when one write waits longer than ``send_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        timeout_s = self._send_timeout_s
+        period_s = timeout_s / 4
+        writing_since: float | None = None
+        stalled = False
+        timer: asyncio.TimerHandle
+
+        async def timed_send(message: Message) -> None:
+            nonlocal writing_since
+            writing_since = loop.time()
+            try:
+                await send(message)
+            finally:
+                writing_since = None
+
+        def watch() -> None:
+            nonlocal stalled, timer
+            if writing_since is not None and loop.time() - writing_since >= timeout_s:
+                stalled = True
+                task.cancel()
+                return
+            timer = loop.call_later(period_s, watch)
+
+        timer = loop.call_later(period_s, watch)
+        try:
+            await super().stream_response(timed_send)
+        except asyncio.CancelledError:
+            if not stalled:
+                raise
+            task.uncancel()
+            log.warning("stream_stalled", request_id=self._request_id, send_timeout_s=timeout_s)
+            await self._content.aclose()
+        finally:
+            timer.cancel()

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from service.api.protocol import MESSAGE_FIELD_INVALID, MESSAGE_FIELD_MISSING
 from service.compact_json import compact_json
@@ -258,6 +259,12 @@ async def _on_http(_: Request, exc: Exception) -> Response:
     return error_response(APIError(exc.status_code, str(exc.detail), code=code))
 
 
+async def _on_client_left(_: Request, exc: Exception) -> Response:
+    """The client closed its connection before its request body was complete: nobody reads an answer;
+    a 499 (client closed request, nginx's code) for the access log, not a crash."""
+    return Response(status_code=499)
+
+
 async def _on_crash(_: Request, exc: Exception) -> Response:
     log.exception("unhandled_error", error_type=type(exc).__name__)
     return error_response(APIError(500, "Internal error; it has been logged.", code="internal_error"))
@@ -269,6 +276,7 @@ _HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Exception], Awaitable
     (StoreUnavailable, _on_store_unavailable),
     (RequestValidationError, _on_validation),
     (StarletteHTTPException, _on_http),
+    (ClientDisconnect, _on_client_left),
 )
 
 

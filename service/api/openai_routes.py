@@ -7,14 +7,13 @@ calls them straight from its ASGI entry (:data:`COMPLETION_ROUTES`); FastAPI kee
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from service.api.cancellation import ClientDisconnected, until_disconnect
+from service.api.cancellation import ClientDisconnected, SendBoundedStreamingResponse, until_disconnect
 from service.api.deps import StateDep, TenantDep, authenticate, gateway_state, read_json, request_id
 from service.api.errors import FastJSONResponse, validation_error
 from service.api.openai_fields import screen_chat, screen_completion
@@ -68,7 +67,7 @@ async def _serve(
     except ClientDisconnected:
         return Response(status_code=499)
 
-    async def rest() -> AsyncIterator[bytes]:
+    async def rest() -> AsyncGenerator[bytes, None]:
         try:
             yield first
             async for event in events:
@@ -76,8 +75,10 @@ async def _serve(
         finally:
             await events.aclose()
 
-    return StreamingResponse(
+    return SendBoundedStreamingResponse(
         rest(),
+        send_timeout_s=state.settings.api.stream_send_timeout_s,
+        request_id=prepared.rid,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -22,8 +22,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.compact_json import compact_json
 from service.config import UpstreamSettings
 from service.workers.transport import TransportFailure, WorkerHTTP
+from service.workers.upstream_errors import (
+    MALFORMED_ANSWER,
+    abort_error,
+    http_error,
+    json_or_none,
+    malformed_error,
+    stream_error,
+)
 from service.workers.upstream_errors import UpstreamError as UpstreamError  # re-exported
-from service.workers.upstream_errors import abort_error, http_error, json_or_none, stream_error
 
 log = structlog.get_logger("radixgate.client")
 
@@ -345,11 +352,15 @@ class SGLangClient:
             raise self._transport_error(worker, exc) from exc
         if status != 200:
             raise http_error(worker, status, raw)
-        payload = orjson.loads(raw)
-        ids = payload.get("output_ids")
-        meta = payload.get("meta_info") or {}
-        text = str(payload.get("text", ""))
-        chunk = _chunk(payload, text, tuple(ids) if isinstance(ids, list) else None, worker_logprobs(meta))
+        try:
+            payload = orjson.loads(raw)
+            ids = payload.get("output_ids")
+            meta = payload.get("meta_info") or {}
+            text = str(payload.get("text", ""))
+            output_ids = tuple(ids) if isinstance(ids, list) else None
+            chunk = _chunk(payload, text, output_ids, worker_logprobs(meta))
+        except MALFORMED_ANSWER as exc:
+            raise malformed_error(worker, exc) from exc
         if chunk.finish_reason == "abort":
             raise abort_error(worker, meta, chunk)
         return chunk
@@ -374,11 +385,16 @@ class SGLangClient:
                     if data == b"[DONE]":
                         done = True  # read on to the end of the response: the connection is reused
                         continue
-                    payload = orjson.loads(data)
-                    if "error" in payload:
+                    try:
+                        payload = orjson.loads(data)
+                        failed = "error" in payload
+                        if not failed:
+                            text, ids = deltas.step(payload)
+                            chunk = _chunk(payload, text, ids, deltas.new_logprobs(payload))
+                    except MALFORMED_ANSWER as exc:
+                        raise malformed_error(worker, exc) from exc
+                    if failed:
                         raise stream_error(worker, payload)
-                    text, ids = deltas.step(payload)
-                    chunk = _chunk(payload, text, ids, deltas.new_logprobs(payload))
                     if chunk.finish_reason == "abort":
                         raise abort_error(worker, payload.get("meta_info") or {})
                     finished = finished or chunk.finish_reason is not None

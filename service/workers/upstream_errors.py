@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from service.workers.client import UpstreamChunk
 
 
+WORKER_FAULT_4XX = frozenset({401, 403, 404, 405, 407})
+"""4xx answers to ``/generate`` that are the worker's (or its URL's) fault whatever the input: SGLang's
+API-key check (401, 403: ``sglang/srt/utils/auth.py``), no such route or method (404, 405: not an SGLang
+server, a wrong URL or port), a proxy that wants credentials (407). Retried elsewhere and held against
+the worker's breaker; every other 4xx is the input's fault."""
+
+
 class UpstreamError(Exception):
     """A worker call failed.
 
@@ -57,7 +64,7 @@ class UpstreamError(Exception):
     @property
     def rejected(self) -> bool:
         """The worker answered 4xx: the request's input is at fault, not the worker."""
-        return self.status is not None and 400 <= self.status < 500
+        return self.status is not None and 400 <= self.status < 500 and self.status not in WORKER_FAULT_4XX
 
 
 def abort_status(meta: dict[str, Any]) -> int | None:
@@ -99,8 +106,10 @@ def error_text(payload: Any, raw: bytes = b"") -> str:
 
 
 def http_error(worker: str, status: int, raw: bytes) -> UpstreamError:
-    """A non-200 answer to ``/generate``: retried elsewhere when 5xx, the input's fault when 4xx."""
-    return UpstreamError(worker, error_text(json_or_none(raw), raw), status=status, retryable=status >= 500)
+    """A non-200 answer to ``/generate``: retried elsewhere when 5xx or a worker's fault
+    (:data:`WORKER_FAULT_4XX`), the input's fault when another 4xx."""
+    retryable = status >= 500 or status in WORKER_FAULT_4XX
+    return UpstreamError(worker, error_text(json_or_none(raw), raw), status=status, retryable=retryable)
 
 
 def stream_error(worker: str, payload: dict[str, Any]) -> UpstreamError:
@@ -113,6 +122,17 @@ def stream_error(worker: str, payload: dict[str, Any]) -> UpstreamError:
     return UpstreamError(worker, error_text(payload), status=500)
 
 
+MALFORMED_ANSWER: tuple[type[Exception], ...] = (ValueError, TypeError, AttributeError, KeyError)
+"""What reading a 200 answer that is not SGLang's raises: not JSON (``orjson.JSONDecodeError`` is a
+``ValueError``), JSON that is not an object, fields of the wrong type."""
+
+
+def malformed_error(worker: str, cause: Exception) -> UpstreamError:
+    """A 200 answer (whole, or one SSE event) that is not SGLang's: the worker failed (retryable, held
+    against its breaker, a 502/503 for the tenant once attempts are spent), not a gateway bug (500)."""
+    return UpstreamError(worker, f"malformed answer from the worker: {type(cause).__name__}: {cause}")
+
+
 def json_or_none(raw: bytes) -> Any:
     """``raw`` parsed as JSON, or None when it is not JSON."""
     try:
@@ -122,11 +142,14 @@ def json_or_none(raw: bytes) -> Any:
 
 
 __all__ = [
+    "MALFORMED_ANSWER",
+    "WORKER_FAULT_4XX",
     "UpstreamError",
     "abort_error",
     "abort_status",
     "error_text",
     "http_error",
     "json_or_none",
+    "malformed_error",
     "stream_error",
 ]

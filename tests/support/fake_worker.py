@@ -51,6 +51,8 @@ class FakeWorker:
             answers 200 with ``finish_reason = {"type": "abort", "message", "status_code": 400}`` (a
             grammar it cannot compile), as the only chunk when streamed; ``"event"`` (streams only; else as
             ``"status"``) sends the error event ``{"error": {"message", "code": 400}}``.
+        reject_status: the status of a ``"status"`` refusal (400; e.g. 404 for a server without
+            ``/generate``, 401 for SGLang's API-key check).
     """
 
     def __init__(self) -> None:
@@ -70,6 +72,7 @@ class FakeWorker:
         self.poison_message = "boom"
         self.reject: str | None = None
         self.reject_style = "status"
+        self.reject_status = 400
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -130,7 +133,7 @@ class FakeWorker:
             error = {"error": {"message": self.reject, "type": "invalid_request_error", "code": 400}}
             events = [f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"]
             return StreamingResponse(iter(events), media_type="text/event-stream")
-        return JSONResponse({"error": {"message": self.reject}}, status_code=400)
+        return JSONResponse({"error": {"message": self.reject}}, status_code=self.reject_status)
 
     async def generate(self, request: Request) -> Response:
         raw = await request.body()
