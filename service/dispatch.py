@@ -117,6 +117,7 @@ class Dispatcher:
         self._client = client
         self._metrics = metrics
         self._settler = settler
+        self._offload_slots = asyncio.Semaphore(settings.api.max_offloaded_prepares)
 
     # 1. validation -------------------------------------------------------------------------------
     def prepare(
@@ -124,6 +125,16 @@ class Dispatcher:
     ) -> PreparedRequest:
         """Validate and render a request (see :meth:`RequestPreparer.prepare`); charges nothing."""
         return self._preparer.prepare(tenant, req, rid, arrival)
+
+    async def prepare_offloaded(
+        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
+    ) -> PreparedRequest:
+        """:meth:`prepare` in a worker thread, at most ``api.max_offloaded_prepares`` at once (later calls
+        wait): for long prompts, whose token count would otherwise stall every request on the event loop
+        (the tokenizer releases Python's lock for long texts, :meth:`PromptRenderer.encode`). Same result
+        and errors as :meth:`prepare`."""
+        async with self._offload_slots:
+            return await asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
 
     # 2. admission ----------------------------------------------------------------------------------
     async def admit(self, prepared: PreparedRequest) -> Reservation:

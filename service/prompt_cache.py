@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -38,6 +39,8 @@ class BoundedCache(Generic[K, V]):
         self._max = max_weight
         self._weight = 0
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        # long prompts are prepared in worker threads (``api.offload_body_bytes``) beside the event loop
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -49,25 +52,27 @@ class BoundedCache(Generic[K, V]):
 
     def get(self, key: K) -> V | None:
         """The value of ``key`` (now the most recently used), or None."""
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        self._entries.move_to_end(key)
-        return found[0]
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                return None
+            self._entries.move_to_end(key)
+            return found[0]
 
     def put(self, key: K, value: V, weight: int) -> None:
         """Remember ``value``; entries are dropped, least recently used first, to stay in the bound (a
         value heavier than the bound is not kept)."""
         if weight > self._max:
             return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._weight -= old[1]
-        while self._entries and self._weight + weight > self._max:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self._weight -= dropped
-        self._entries[key] = (value, weight)
-        self._weight += weight
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+            while self._entries and self._weight + weight > self._max:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._weight -= dropped
+            self._entries[key] = (value, weight)
+            self._weight += weight
 
 
 def _mentions_first_prepend(node: object) -> bool:

@@ -146,6 +146,10 @@ class PromptRenderer:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise PromptError("the prompt is not valid Unicode (lone surrogate)") from exc
+        if len(text) > _UNLOCKED_ENCODE_CHARS:
+            # the same tokens; Hugging Face tokenizers' batch call releases Python's lock while it works
+            # (``encode`` holds it): a long prompt counted in a worker thread leaves the event loop running
+            return list(self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _count_uncached(self, text: str) -> int:
@@ -225,6 +229,9 @@ class PromptRenderer:
 
 
 _BYTE_DECODER = _byte_decoder()
+_UNLOCKED_ENCODE_CHARS = 4096
+"""Texts longer than this are encoded through the batch call, which releases Python's lock (its
+per-call overhead is not worth it for short texts)."""
 
 
 def _uses_byte_level(decoder: Any) -> bool:

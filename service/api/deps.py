@@ -124,12 +124,22 @@ def decode_json(raw: bytes) -> Any:
 
 
 async def read_json(request: Request, limit: int, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Read and decode the JSON body, at most ``limit`` bytes within ``timeout_s`` seconds.
+    """Read and decode the JSON body, at most ``limit`` bytes within ``timeout_s`` seconds
+    (:func:`read_body`, then :func:`json_object`).
 
     Raises:
         APIError: 413 body too large; 408 the body did not arrive in time (a slow or stalled sender, e.g. a
             Content-Length larger than what it sends, would otherwise hold a connection and a task);
             400 not JSON (also ``NaN``/``Infinity``) or not an object.
+    """
+    return json_object(await read_body(request, limit, timeout_s))
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = 10.0) -> bytes:
+    """The request body, at most ``limit`` bytes within ``timeout_s`` seconds.
+
+    Raises:
+        APIError: 413 body too large; 408 the body did not arrive in time.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -152,8 +162,17 @@ async def read_json(request: Request, limit: int, timeout_s: float = 10.0) -> di
             code="request_timeout",
             headers={"Connection": "close"},
         ) from None
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body decoded as a JSON object (:func:`decode_json`).
+
+    Raises:
+        APIError: 400 not JSON (also ``NaN``/``Infinity``) or not an object.
+    """
     try:
-        payload = decode_json(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        payload = decode_json(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise APIError(
             400,

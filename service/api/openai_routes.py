@@ -14,7 +14,15 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from service.api.cancellation import ClientDisconnected, SendBoundedStreamingResponse, until_disconnect
-from service.api.deps import StateDep, TenantDep, authenticate, gateway_state, read_json, request_id
+from service.api.deps import (
+    StateDep,
+    TenantDep,
+    authenticate,
+    gateway_state,
+    json_object,
+    read_body,
+    request_id,
+)
 from service.api.errors import FastJSONResponse, validation_error
 from service.api.openai_fields import screen_chat, screen_completion
 from service.api.openapi_bodies import json_body
@@ -45,13 +53,17 @@ async def _serve(
     state: GatewayState,
     tenant: Tenant,
     req: ChatCompletionRequest | CompletionRequest,
+    body_bytes: int,
     shaper: Callable[[PreparedRequest], Shaper] | None = None,
 ) -> Response:
-    """Prepare, admit and serve a request; ``shaper`` makes the response format (default: chat or text
-    completion)."""
+    """Prepare, admit and serve a request (of a ``body_bytes`` body); ``shaper`` makes the response format
+    (default: chat or text completion)."""
     arrival = time.perf_counter()
     dispatcher = state.dispatcher
-    prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
+    if body_bytes > state.settings.api.offload_body_bytes:
+        prepared = await dispatcher.prepare_offloaded(tenant, req, request_id(request), arrival)
+    else:
+        prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
     reservation = await dispatcher.admit(prepared)
     shape = shaper(prepared) if shaper is not None else None
     if not prepared.stream:
@@ -89,8 +101,9 @@ async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
-    body = await read_json(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
-    return await _serve(request, state, tenant, parse(ChatCompletionRequest, screen_chat(body)))
+    raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
+    req = parse(ChatCompletionRequest, screen_chat(json_object(raw)))
+    return await _serve(request, state, tenant, req, len(raw))
 
 
 @router.post("/completions", openapi_extra=json_body(CompletionRequest))
@@ -98,8 +111,9 @@ async def completions(request: Request) -> Response:
     """``POST /v1/completions`` (one prompt; stream and non-stream)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
-    body = await read_json(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
-    return await _serve(request, state, tenant, parse(CompletionRequest, screen_completion(body)))
+    raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
+    req = parse(CompletionRequest, screen_completion(json_object(raw)))
+    return await _serve(request, state, tenant, req, len(raw))
 
 
 @router.post("/responses", openapi_extra=json_body(ResponsesRequest))
@@ -108,9 +122,8 @@ async def responses(request: Request) -> Response:
     :mod:`service.api.responses_protocol`)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
-    req = parse_responses(
-        await read_json(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
-    )
+    raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
+    req = parse_responses(json_object(raw))
     echo = req.echo()
 
     def shaper(prepared: PreparedRequest) -> Shaper:
@@ -118,7 +131,7 @@ async def responses(request: Request) -> Response:
         return ResponsesShaper(prepared.rid, prepared.model, now_s(), echo)
 
     try:
-        return await _serve(request, state, tenant, to_chat(req), shaper)
+        return await _serve(request, state, tenant, to_chat(req), len(raw), shaper)
     except GatewayError as err:  # raised on the chat form: name the Responses parameter
         err.param = responses_param(err.param)
         raise
