@@ -1,7 +1,10 @@
 """Experiment: three priority classes under 2x overload, through the gateway, over HTTP.
 
 1. Start a local stack (Redis + gateway + one SGLang CPU worker; ``loadgen.stack.LocalStack``).
-2. Measure capacity: a closed loop of ``--concurrency`` clients for ``--probe-s`` seconds -> R requests/s.
+2. Measure capacity with the top class: a closed loop of ``--concurrency`` clients for ``--probe-s``
+   seconds -> R requests/s (with ``--capacity open``, then the requests/s the worker serves under
+   open-loop Poisson arrivals of that class offered above R). With ``--pin`` the worker has the last core
+   to itself.
 3. Offer an open-loop Poisson load of ``--overload`` x R for ``--duration-s`` seconds, each arrival a
    streamed chat request from one of three tenants (interactive, standard, batch; equal shares).
 4. Print per class: sent, served, shed (503), P50/P99 TTFT of the served ones, goodput (share of all sent
@@ -57,6 +60,8 @@ class Result:
     cls: str
     status: int
     ttft_ms: float | None
+    end_s: float = 0.0
+    """When the answer ended (``time.monotonic()``), s."""
 
 
 async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: int, i: int) -> Result:
@@ -77,7 +82,7 @@ async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: i
         ) as resp:
             if resp.status_code != 200:
                 await resp.aread()
-                return Result(cls, resp.status_code, None)
+                return Result(cls, resp.status_code, None, time.monotonic())
             async for line in resp.aiter_lines():
                 if (
                     ttft is None
@@ -87,8 +92,8 @@ async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: i
                 ):
                     ttft = (time.perf_counter() - t0) * 1000
     except httpx.HTTPError:
-        return Result(cls, 599, None)
-    return Result(cls, 200, ttft)
+        return Result(cls, 599, None, time.monotonic())
+    return Result(cls, 200, ttft, time.monotonic())
 
 
 async def measure_capacity(base: str, key: str, concurrency: int, seconds: float, max_tokens: int) -> float:
@@ -100,7 +105,7 @@ async def measure_capacity(base: str, key: str, concurrency: int, seconds: float
         nonlocal done
         i = 0
         while time.monotonic() < deadline:
-            if (await one_request(http, key, "standard", max_tokens, c * 1000 + i)).status == 200:
+            if (await one_request(http, key, "probe", max_tokens, c * 1000 + i)).status == 200:
                 done += 1
             i += 1
 
@@ -110,11 +115,35 @@ async def measure_capacity(base: str, key: str, concurrency: int, seconds: float
     return done / (time.monotonic() - t0)
 
 
+async def measure_open_capacity(
+    base: str, key: str, rate: float, seconds: float, max_tokens: int, seed: int
+) -> float:
+    """Open loop: completed requests/s while Poisson arrivals of one class (``key``'s) come at ``rate``
+    req/s, above what the worker serves (the gateway sheds the excess). Answers that end in the first
+    quarter (warm-up) or after the arrivals stop (drain) are not counted.
+
+    A closed loop measures a different engine: its clients' requests finish together and come back
+    together, so the engine prefills them in one step; open-loop arrivals come one by one, and on a CPU
+    each one's prefill is a forward pass that stalls every running decode. The overload is a multiple of
+    what the worker serves under this arrival process."""
+    t0 = time.monotonic()
+    results, _ = await open_loop(base, {"probe": key}, rate, seconds, max_tokens, seed, ("probe",))
+    start, end = t0 + seconds / 4, t0 + seconds
+    return sum(r.status == 200 and start <= r.end_s <= end for r in results) / (end - start)
+
+
 async def open_loop(
-    base: str, keys: dict[str, str], rate: float, seconds: float, max_tokens: int, seed: int
+    base: str,
+    keys: dict[str, str],
+    rate: float,
+    seconds: float,
+    max_tokens: int,
+    seed: int,
+    classes: tuple[str, ...] = CLASSES,
 ) -> tuple[list[Result], float]:
-    """Poisson arrivals at ``rate`` req/s for ``seconds``; arrivals never wait for responses. Returns the
-    results and the wall time from the first arrival until the last answer ended, s."""
+    """Poisson arrivals at ``rate`` req/s for ``seconds``, each of a class drawn from ``classes``;
+    arrivals never wait for responses. Returns the results and the wall time from the first arrival until
+    the last answer ended, s."""
     rng = random.Random(seed)
     tasks: list[asyncio.Task[Result]] = []
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
@@ -123,7 +152,7 @@ async def open_loop(
         t_end = t_start + seconds
         i = 0
         while time.monotonic() < t_end:
-            cls = rng.choice(CLASSES)
+            cls = rng.choice(classes)
             tasks.append(asyncio.create_task(one_request(http, keys[cls], cls, max_tokens, i)))
             i += 1
             await asyncio.sleep(rng.expovariate(rate))
@@ -164,9 +193,15 @@ def report(results: list[Result]) -> list[dict[str, Any]]:
 
 async def run(stack_url: str, keys: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     """Measure capacity, then offer ``args.overload`` x capacity; returns the figures."""
-    capacity = await measure_capacity(
-        stack_url, keys["standard"], args.concurrency, args.probe_s, args.max_tokens
-    )
+    # probed with the top class (a class may be limited to part of the window, window_share)
+    top = keys["interactive"]
+    closed = await measure_capacity(stack_url, top, args.concurrency, args.probe_s, args.max_tokens)
+    capacity = closed
+    if args.capacity == "open":
+        probe_rate = args.open_probe_factor * closed
+        capacity = await measure_open_capacity(
+            stack_url, top, probe_rate, args.probe_s, args.max_tokens, args.seed + 1
+        )
     rate = args.overload * capacity
     results, wall_s = await open_loop(stack_url, keys, rate, args.duration_s, args.max_tokens, args.seed)
     served_rps = sum(r.status == 200 for r in results) / wall_s
@@ -174,9 +209,10 @@ async def run(stack_url: str, keys: dict[str, str], args: argparse.Namespace) ->
     return {
         "window_max": args.window_max or None,
         "capacity_rps": capacity,
+        "capacity_kind": args.capacity,
+        "closed_loop_capacity_rps": closed,
         "offered_rps": rate,
-        # the worker's throughput under overload (the load generator and the gateway share its 2 cores,
-        # so it is below the closed-loop capacity), and how much of it interactive alone asked for
+        # the worker's throughput under this overload, and how much of it interactive alone asked for
         "served_rps": served_rps,
         "interactive_share_of_served": interactive_rps / served_rps if served_rps else float("nan"),
         "overload": args.overload,
@@ -190,7 +226,8 @@ def print_figures(figures: dict[str, Any]) -> None:
     cores = figures.get("engine_cores")
     console.print(f"engine cores: {cores if cores else 'shared with the load generator and the gateway'}")
     console.print(
-        f"capacity (closed loop): {figures['capacity_rps']:.2f} req/s; offered {figures['offered_rps']:.2f} "
+        f"capacity ({capacity_words(figures)}): {figures['capacity_rps']:.2f} req/s; closed loop "
+        f"{figures['closed_loop_capacity_rps']:.2f} req/s; offered {figures['offered_rps']:.2f} "
         f"req/s ({figures['overload']:g}x); served {figures['served_rps']:.2f} req/s under that load, "
         f"of which interactive alone asked {figures['interactive_share_of_served']:.0%}"
     )
@@ -216,7 +253,18 @@ def main() -> None:
     parser.add_argument("--overload", type=float, default=2.0, help="offered load / measured capacity")
     parser.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S)
     parser.add_argument("--probe-s", type=float, default=15.0)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=8, help="clients of the closed-loop probe")
+    parser.add_argument(
+        "--capacity",
+        choices=("open", "closed"),
+        default="closed",
+        help="what the overload multiplies: open = requests/s the worker serves under open-loop "
+        "Poisson arrivals of one class, offered at --open-probe-factor x the closed-loop figure for "
+        "--probe-s (the arrival process of the run itself); closed (default) = a closed loop of "
+        "--concurrency clients (its requests come back together and share prefill steps: an "
+        "overstatement on a CPU)",
+    )
+    parser.add_argument("--open-probe-factor", type=float, default=1.5)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -229,10 +277,10 @@ def main() -> None:
     parser.add_argument(
         "--pin",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=False,
         help="give the SGLang worker the last core to itself and this process, Redis and the gateway the "
-        "others (engine.cpu_affinity), so the load generator does not take the engine's CPU as load "
-        "grows, and the capacity measured is the capacity under load (default: on with 2+ cores)",
+        "others (engine.cpu_affinity), so the load generator does not take the engine's CPU (default: off; "
+        "on 2 cores the engine then runs on one, each step about twice as long)",
     )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument(
@@ -259,12 +307,17 @@ def main() -> None:
         write_doc(figures, args)
 
 
-def pin_engine(pin: bool | None) -> set[int] | None:
-    """With ``pin`` (None: when 2+ cores are usable), confine this process, and so Redis and the gateway it
-    starts, to every usable core but the last, and return ``{last}`` for the engine; else None."""
+def capacity_words(figures: dict[str, Any]) -> str:
+    """What the capacity figure is, in words."""
+    if figures["capacity_kind"] == "open":
+        return "served under open-loop arrivals of one class"
+    return "closed loop"
+
+
+def pin_engine(pin: bool) -> set[int] | None:
+    """With ``pin``, confine this process, and so Redis and the gateway it starts, to every usable core but
+    the last, and return ``{last}`` for the engine; else None."""
     usable = os.sched_getaffinity(0)
-    if pin is None:
-        pin = len(usable) >= 2
     if not pin:
         return None
     if len(usable) < 2:
@@ -282,9 +335,9 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
     which = f"w{args.window_max}" if args.window_max else "engine"
     flag = f" --window-max {args.window_max}" if args.window_max else ""
     cores = figures.get("engine_cores")
-    if not cores:
-        which += "-shared"
-        flag += " --no-pin"
+    if cores:
+        which += "-pinned"
+        flag += " --pin"
     placement = (
         f"the worker pinned to core {', '.join(map(str, cores))} alone, the load generator, Redis and the "
         "gateway on the other core"
@@ -293,6 +346,9 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
     )
     if args.duration_s != DEFAULT_DURATION_S:
         flag += f" --duration-s {args.duration_s:g}"
+    if args.capacity != "closed":
+        which += "-open"
+        flag += f" --capacity {args.capacity}"
     window = (
         f"windows of at most {args.window_max} requests"
         if args.window_max
@@ -316,8 +372,9 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
             f"## Real CPU worker: three classes at {args.overload:g}x overload, {window}",
             f"Command: `python -m loadgen.priority_overload{flag} --write-doc` (real Redis, gateway and one "
             "SGLang CPU worker with SmolLM2-135M-Instruct on this 2-core machine, wall-clock time; "
-            f"{placement}). Capacity (closed loop of "
-            f"{args.concurrency} clients): {figures['capacity_rps']:.2f} req/s; offered "
+            f"{placement}). Capacity ({capacity_words(figures)}): {figures['capacity_rps']:.2f} req/s "
+            f"(a closed loop of {args.concurrency} clients: {figures['closed_loop_capacity_rps']:.2f}); "
+            "offered "
             f"{figures['offered_rps']:.2f} req/s for {args.duration_s:g} s; the worker served "
             f"{figures['served_rps']:.2f} req/s under that load, and interactive alone asked "
             f"{figures['interactive_share_of_served']:.0%} of that. Classes sized for the CPU "
