@@ -81,8 +81,10 @@ def bench_gateway(
         list[str] | None, typer.Option(help="Extra RADIXGATE_NAME=VALUE setting for radixgate (repeatable).")
     ] = None,
     profile_s: Annotated[
-        int, typer.Option(min=0, help="py-spy radixgate under c64 for this many seconds after the runs.")
+        int,
+        typer.Option(min=0, help="py-spy radixgate under --profile-mode for this many seconds after runs."),
     ] = 0,
+    profile_mode: Annotated[str, typer.Option(help="The mode profiled: c64, c8, c1 or stream.")] = "c64",
     pin: Annotated[
         bool, typer.Option(help="Pin the target alone on one CPU, load and upstream on another.")
     ] = True,
@@ -109,6 +111,8 @@ def bench_gateway(
     try:
         names = _split(targets, TARGETS, "--targets") if targets else None
         mode_names = _split(modes, tuple(MODES), "--modes")
+        if profile_mode not in MODES:
+            raise typer.BadParameter(f"--profile-mode: choose from {', '.join(MODES)} (got {profile_mode!r})")
         extra_env = _env_pairs(radixgate_env or [])
     except typer.BadParameter as err:
         console.print(f"[red]{err}[/]")
@@ -142,6 +146,7 @@ def bench_gateway(
         tokenizer=tokenizer,
         radixgate_env=extra_env,
         profile_s=profile_s,
+        profile_mode=profile_mode,
         pin=pin,
         upstream_streaming=(
             "cumulative" if upstream_streaming is UpstreamStreaming.cumulative else "incremental"

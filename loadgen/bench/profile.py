@@ -144,10 +144,17 @@ def py_spy_binary() -> str | None:
 
 
 def profile_target(
-    pid: int, out: Path, duration_s: int, load: Callable[[], Any], chunks: int, rate_hz: int = 200
+    pid: int,
+    out: Path,
+    duration_s: int,
+    load: Callable[[], Any],
+    chunks: int,
+    rate_hz: int = 200,
+    mode: str = "c64",
 ) -> dict[str, Any]:
     """Record ``pid`` (and its subprocesses) with py-spy while ``load()`` runs; returns the summary plus
-    the CPU per request of that run (``cpu_ms_per_request``) and the raw file's path.
+    the CPU per request of that run (``cpu_ms_per_request``) and the raw file's path
+    (``radixgate-<mode>.collapsed.txt``).
 
     ``load`` returns wrk's result (``requests`` is read from it). py-spy runs on the caller's CPUs.
     Returns ``{"error": ...}`` when py-spy is missing or fails (the benchmark's figures stand without it).
@@ -156,7 +163,7 @@ def profile_target(
     if binary is None:
         return {"error": "py-spy is not installed (pip install py-spy; it is in radixgate's dev extras)"}
     out.mkdir(parents=True, exist_ok=True)
-    raw = out / "radixgate-c64.collapsed.txt"
+    raw = out / f"radixgate-{mode}.collapsed.txt"
     argv = [binary, "record", "--nonblocking", "--subprocesses", "-r", str(rate_hz), "-d", str(duration_s)]
     argv += ["-f", "raw", "-o", str(raw), "-p", str(pid)]
     cpu0 = tree_cpu_s(read_proc_stats(), [pid])

@@ -94,7 +94,8 @@ class BenchConfig:
         peers_dir: virtualenvs of sglang-router and LiteLLM.
         tokenizer: tokenizer folder for radixgate (None: the engine's model if present, else a stub).
         radixgate_env: extra ``RADIXGATE_*`` settings for radixgate.
-        profile_s: if > 0, py-spy records radixgate for this long under c64 load after the runs.
+        profile_s: if > 0, py-spy records radixgate for this long under ``profile_mode`` load after the runs.
+        profile_mode: the mode (a key of :data:`MODES`) profiled.
         pin: pin processes to CPUs (when there are two or more).
         upstream_streaming: how the fake's ``/generate`` streams: ``incremental`` (each event its own
             tokens, as workers the gateway launches and the README's command run) or ``cumulative``
@@ -113,6 +114,7 @@ class BenchConfig:
     tokenizer: Path | None = None
     radixgate_env: dict[str, str] = field(default_factory=dict)
     profile_s: int = 0
+    profile_mode: str = "c64"
     pin: bool = True
     upstream_streaming: Literal["incremental", "cumulative"] = "incremental"
 
@@ -358,13 +360,14 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
         profile: dict[str, Any] | None = None
         radixgate = next((t for t in bench.targets if t.name == "radixgate"), None)
         if cfg.profile_s > 0 and radixgate is not None:
-            say(f"profiling radixgate under c64 for {cfg.profile_s} s (py-spy)")
+            say(f"profiling radixgate under {cfg.profile_mode} for {cfg.profile_s} s (py-spy)")
             profile = profile_target(
                 radixgate.pids[0],
                 cfg.out / "profile",
                 cfg.profile_s,
-                lambda: bench.load(radixgate, "c64", cfg.profile_s),
+                lambda: bench.load(radixgate, cfg.profile_mode, cfg.profile_s),
                 cfg.chunks,
+                mode=cfg.profile_mode,
             )
     finally:
         bench.stop()
