@@ -21,6 +21,7 @@ from structlog.testing import capture_logs
 from service.app import create_app
 from tests.conftest import ADMIN_TOKEN, gateway_settings
 from tests.support.fake_worker import TOKENS, FakeWorker
+from tests.support.metrics import metrics_once_shown
 from tests.support.servers import ThreadedServer
 from tests.test_api import auth, chat, new_tenant, usage_of
 
@@ -161,12 +162,7 @@ def test_stream_whose_client_stops_reading_is_given_up_and_its_worker_slot_freed
             )
             sock.sendall(head.encode() + body)
             assert sock.recv(12) == b"HTTP/1.1 200"  # then it reads nothing more
-            deadline = time.monotonic() + 15
-            metrics = ""
-            while time.monotonic() < deadline and "radixgate_in_flight_requests 0.0" not in metrics:
-                time.sleep(0.2)
-                metrics = http.get("/metrics").text
-            assert "radixgate_in_flight_requests 0.0" in metrics
+            metrics = metrics_once_shown(http, "radixgate_in_flight_requests 0.0", within_s=15)
             assert 'radixgate_requests_total{model="test-model",status="499"' in metrics
             usage = settled_usage(http, tenant_id)
             assert usage["requests"] == 1 and usage["errors"] == 0, usage

@@ -25,6 +25,7 @@ from service.app import create_app
 from service.config import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker
+from tests.support.metrics import metrics_once_shown
 from tests.support.servers import ThreadedServer, free_port, redis_server
 from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant
 
@@ -269,12 +270,7 @@ def test_settle_retries_spent_count_the_request_lost(
         resp = ask(http, key, max_tokens=2)
         pauser.join()
         assert resp.status_code == 200, resp.text
-        deadline = time.monotonic() + 10
-        metrics = ""
-        while time.monotonic() < deadline and "radixgate_settle_failures_total 1.0" not in metrics:
-            time.sleep(0.2)
-            metrics = http.get("/metrics").text
-        assert "radixgate_settle_failures_total 1.0" in metrics
+        metrics = metrics_once_shown(http, "radixgate_settle_failures_total 1.0")
         assert "radixgate_settle_deferred_total 1.0" in metrics
         time.sleep(max(0.0, started + 3.6 - time.monotonic()))  # past the pause: nothing landed late
         assert http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()["requests"] == 0
