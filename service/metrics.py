@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -49,6 +51,33 @@ class PoolWorkerGauges(Protocol):
 
 
 _Family = TypeVar("_Family", bound=MetricWrapperBase)
+
+#: gauges that describe a pool worker now: a worker that left the pool drops out of them
+_WORKER_GAUGES = frozenset(
+    {"radixgate_worker_healthy", "radixgate_worker_in_flight_requests", "radixgate_worker_window_requests"}
+)
+
+
+class LiveWorkerGauges(Collector):
+    """``source``'s metrics, with the per-worker gauges (``_WORKER_GAUGES``) cut to the workers in ``live``.
+
+    prometheus_client cannot remove a label set in multiprocess mode (its mmap files keep every value a
+    process wrote), so a worker removed over the admin API would stay in ``worker_healthy`` (1, or 0: an
+    alert firing forever) and its in-flight and window gauges; the scrape leaves them out instead. Counters
+    (errors, breaker transitions, restarts) keep the worker's label: their history stays valid.
+    """
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+        #: URLs of the workers in this replica's pool at the current scrape
+        self.live: frozenset[str] = frozenset()
+
+    def collect(self) -> Iterable[Metric]:
+        """Every family of ``source``; the worker gauges' samples only for the ``live`` workers."""
+        for family in self.source.collect():
+            if family.name in _WORKER_GAUGES:
+                family.samples = [s for s in family.samples if s.labels.get("worker") in self.live]
+            yield family
 
 
 class TenantLabels:
@@ -140,6 +169,9 @@ class GatewayMetrics:
                 "both to one fresh directory (python -m service serve does it when RADIXGATE_WORKERS > 1) "
                 "or neither"
             )
+        self._live_view = LiveWorkerGauges(self.exposition)
+        self._scrape_registry = CollectorRegistry(auto_describe=False)
+        self._scrape_registry.register(self._live_view)
         self.tenant = TenantLabels(max_tenant_labels)
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
@@ -308,6 +340,14 @@ class GatewayMetrics:
         for worker in workers:
             self.child(self.worker_healthy, worker.url).set(1 if worker.healthy else 0)
             self.child(self.worker_in_flight, worker.url).set(worker.in_flight)
+
+    def scrape(self, workers: Iterable[PoolWorkerGauges]) -> bytes:
+        """The Prometheus text exposition for ``/metrics``: the pool gauges set from ``workers`` now, and
+        workers that left the pool left out of the per-worker gauges (:class:`LiveWorkerGauges`)."""
+        workers = list(workers)
+        self.record_pool(workers)
+        self._live_view.live = frozenset(w.url for w in workers)
+        return generate_latest(self._scrape_registry)
 
     def child(self, family: _Family, *labels: str) -> _Family:
         """``family.labels(*labels)``, looked up once and kept: prometheus-client's ``labels`` takes a lock
