@@ -16,6 +16,7 @@ process.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -81,25 +82,53 @@ class LiveWorkerGauges(Collector):
 
 
 class TenantLabels:
-    """Maps tenant ids to bounded metric label values.
+    """Maps tenant ids to bounded metric label values: the first ``cap`` tenants seen get their own label,
+    the rest ``"other"``.
 
     Args:
-        cap: how many distinct tenant ids get their own label; the rest become ``"other"``.
+        cap: how many distinct tenant ids get their own label.
+        shared_path: a file that the host's gateway processes share (multiprocess mode), listing the
+            labelled tenants one a line under an exclusive ``flock``, so the cap holds for the whole host
+            (each process alone would label its own first ``cap``: up to N x cap series on ``/metrics``)
+            and a tenant gets the same label whichever process serves it. Read only when a process meets
+            a tenant for the first time, until the cap is reached. None: this process alone.
     """
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, shared_path: Path | None = None) -> None:
         self._cap = cap
+        self._shared_path = shared_path
         self._seen: set[str] = set()
+        self._full = False
         self._lock = threading.Lock()
 
     def __call__(self, tenant_id: str) -> str:
         if tenant_id in self._seen:
             return tenant_id
+        if self._full:
+            return "other"
         with self._lock:
-            if len(self._seen) < self._cap:
-                self._seen.add(tenant_id)
-                return tenant_id
-        return "other"
+            if self._shared_path is None:
+                labelled = len(self._seen) < self._cap
+                if labelled:
+                    self._seen.add(tenant_id)
+            else:
+                labelled = self._claim_shared(self._shared_path, tenant_id)
+            self._full = self._full or len(self._seen) >= self._cap
+        return tenant_id if labelled else "other"
+
+    def _claim_shared(self, path: Path, tenant_id: str) -> bool:
+        """Whether ``tenant_id`` has a label host-wide, adding it to ``path`` while there is room."""
+        with open(path, "a+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            self._seen.update(line for line in f.read().splitlines() if line)
+            if tenant_id in self._seen:
+                return True
+            if len(self._seen) >= self._cap:
+                return False
+            f.write(tenant_id + "\n")
+            self._seen.add(tenant_id)
+            return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +201,10 @@ class GatewayMetrics:
         self._live_view = LiveWorkerGauges(self.exposition)
         self._scrape_registry = CollectorRegistry(auto_describe=False)
         self._scrape_registry.register(self._live_view)
-        self.tenant = TenantLabels(max_tenant_labels)
+        # the multiprocess directory holds only *.db files for prometheus_client; this one is the host's
+        self.tenant = TenantLabels(
+            max_tenant_labels, multiproc_dir / "tenant-labels" if multiproc_dir is not None else None
+        )
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(
