@@ -239,6 +239,13 @@ class GatewayMetrics:
             ["tenant"],
             registry=registry,
         )
+        self.rejected = Counter(
+            "radixgate_rejected_requests_total",
+            "Requests answered with an error before the pipeline admitted them (key, body, model, bounds, "
+            "quota, admin routes), per status and error code; admitted ones count in requests_total.",
+            ["status", "code"],
+            registry=registry,
+        )
         self.quota_rejections = Counter(
             "radixgate_quota_rejections_total",
             "Requests refused by a token bucket, per reason: rate_limited (429, the bucket is short for "
