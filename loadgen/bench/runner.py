@@ -10,13 +10,15 @@ and the requests cut off when wrk stops do not bias CPU per request or req/s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -267,11 +269,14 @@ class _Bench:
         mode = MODES[mode_name]
         script = self.scripts[(target.name, mode_name)]
         run = WrkRun(target.url, script, mode.connections, cfg.warmup_s + cfg.duration_s + 1, self.cores.load)
-        time.sleep(cfg.warmup_s)
-        before = _Snapshot(self, target)
-        time.sleep(cfg.duration_s)
-        after = _Snapshot(self, target)
-        result = run.result()
+        try:
+            time.sleep(cfg.warmup_s)
+            before = _Snapshot(self, target)
+            time.sleep(cfg.duration_s)
+            after = _Snapshot(self, target)
+            result = run.result()
+        finally:
+            run.stop()
         self.settle(target)
         radixgate = target.name == "radixgate"
         upstream = counts_delta(before.upstream_requests, after.upstream_requests, ["/_bench/stats"])
@@ -320,9 +325,28 @@ def check_targets(names: list[str], peers_dir: Path) -> list[str]:
     return [n for n in names if not installed(n, peers_dir)]
 
 
+@contextlib.contextmanager
+def termination_as_exit() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` as Ctrl-C raises
+    KeyboardInterrupt, so ``finally`` blocks run: the benchmark's processes run in sessions of their own
+    (a terminal's signals miss them), and Python's default SIGTERM would leave them running. The previous
+    handlers are restored after."""
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
     """Run the benchmark; returns the report (``config``, ``machine``, ``idle_cpu_ms_per_s``, ``samples``,
-    ``results``, ``goals``, ``profile``). Processes are stopped whatever happens.
+    ``results``, ``goals``, ``profile``). Processes are stopped whatever happens, SIGTERM and SIGHUP
+    included (:func:`termination_as_exit`).
 
     Raises:
         BenchSetupError: a target did not start.
@@ -332,6 +356,12 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     bench = _Bench(cfg, say)
     started = time.time()
+    with termination_as_exit():
+        return _run(cfg, bench, say, started)
+
+
+def _run(cfg: BenchConfig, bench: _Bench, say: Callable[[str], None], started: float) -> dict[str, Any]:
+    """The body of :func:`run_bench`: every phase, then the report; ``bench`` is stopped whatever happens."""
     try:
         machine = bench.start()
         idle: dict[str, float | None] = bench.idle() if cfg.idle_s > 0 else {}
