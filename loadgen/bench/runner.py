@@ -10,15 +10,13 @@ and the requests cut off when wrk stops do not bias CPU per request or req/s.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -59,6 +57,7 @@ from loadgen.bench.targets import (
     start_router,
 )
 from loadgen.bench.wrk import WrkResult, WrkRun, lua_script, run_wrk
+from loadgen.stack import terminate_as_exit
 from service.config import EngineSettings
 
 
@@ -325,28 +324,10 @@ def check_targets(names: list[str], peers_dir: Path) -> list[str]:
     return [n for n in names if not installed(n, peers_dir)]
 
 
-@contextlib.contextmanager
-def termination_as_exit() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` as Ctrl-C raises
-    KeyboardInterrupt, so ``finally`` blocks run: the benchmark's processes run in sessions of their own
-    (a terminal's signals miss them), and Python's default SIGTERM would leave them running. The previous
-    handlers are restored after."""
-
-    def leave(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
     """Run the benchmark; returns the report (``config``, ``machine``, ``idle_cpu_ms_per_s``, ``samples``,
     ``results``, ``goals``, ``profile``). Processes are stopped whatever happens, SIGTERM and SIGHUP
-    included (:func:`termination_as_exit`).
+    included (:func:`loadgen.stack.terminate_as_exit`).
 
     Raises:
         BenchSetupError: a target did not start.
@@ -356,7 +337,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     bench = _Bench(cfg, say)
     started = time.time()
-    with termination_as_exit():
+    with terminate_as_exit():
         return _run(cfg, bench, say, started)
 
 
