@@ -207,8 +207,16 @@ def run(
     except MissingKeyError as err:
         console.print(f"[red]{err}[/]")
         raise typer.Exit(2) from err
-    reqs = generate_requests(scenario)
+    if drain_timeout_s is not None and not drain_timeout_s >= 0:  # NaN too
+        console.print(f"[red]--drain-timeout-s must be 0 or more (got {drain_timeout_s:g})[/]")
+        raise typer.Exit(2)
     out = out or Path(".run/loadgen") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:  # found out now, not after the run (whose results would be lost)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        console.print(f"[red]--out {out}: cannot write there: {err}[/]")
+        raise typer.Exit(2) from err
+    reqs = generate_requests(scenario)
     url = base_url or scenario.target.base_url
     console.print(f"{scenario.name}: {len(reqs)} requests over {scenario.duration_s:g} s → {url}")
     counts: Counter[str] = Counter()

@@ -229,3 +229,17 @@ def test_cli_run_exits_3_when_no_request_reached_the_endpoint(tmp_path: Path) ->
     assert res.exit_code == 3 and isinstance(res.exception, SystemExit), res.output
     assert "no request reached http://127.0.0.1:1" in res.output
     assert (tmp_path / "results.json").exists()  # what was recorded is still written
+
+
+def test_cli_run_refuses_an_unwritable_out_folder_and_a_negative_drain_before_sending(tmp_path: Path) -> None:
+    sc = scenario("http://127.0.0.1:1", "badout", duration_s=2, warmup_s=0)
+    path = tmp_path / "sc.json"
+    path.write_text(json.dumps(sc.model_dump(mode="json")))
+    (tmp_path / "file").write_text("")
+    base = ["run", str(path), "--api-key", "k", "--no-plots"]
+    res = CliRunner().invoke(cli_app, [*base, "--out", str(tmp_path / "file" / "out")])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert "cannot write" in res.output and "requests over" not in res.output  # nothing was sent
+    for bad in ("-1", "nan"):
+        res = CliRunner().invoke(cli_app, [*base, "--out", str(tmp_path / "o"), "--drain-timeout-s", bad])
+        assert res.exit_code == 2 and "--drain-timeout-s" in res.output, res.output
