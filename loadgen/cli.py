@@ -116,14 +116,37 @@ def tenants(
         console.print("[red]--admin-token (or RADIXGATE_ADMIN_TOKEN) is required[/]")
         raise typer.Exit(2)
     url = (base_url or scenario.target.base_url).rstrip("/")
-    keys = create_tenants(scenario, url, admin_token)
+    try:
+        keys = create_tenants(scenario, url, admin_token)
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as err:
+        console.print(f"[red]{url}: not an http(s) URL ({err})[/]")
+        raise typer.Exit(2) from err
+    except httpx.HTTPStatusError as err:
+        console.print(f"[red]{err.request.method} {err.request.url}: {_gateway_error(err.response)}[/]")
+        raise typer.Exit(1) from err
+    except httpx.TransportError as err:
+        console.print(f"[red]cannot reach {url}: {err!r}[/]")
+        raise typer.Exit(1) from err
     keys_out.write_text(json.dumps(keys, indent=2))
     keys_out.chmod(0o600)
     console.print(f"{len(keys)} tenants ready on {url}; keys in {keys_out}")
 
 
+def _gateway_error(resp: httpx.Response) -> str:
+    """``"<status> <reason>: <message>"`` of an error answer (OpenAI's error shape, else 200 chars)."""
+    try:
+        message = str(resp.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = resp.text[:200]
+    return f"{resp.status_code} {resp.reason_phrase}: {message}"
+
+
 def create_tenants(scenario: Scenario, base_url: str, admin_token: str) -> dict[str, str]:
-    """Create or update each tenant (``POST``/``PATCH /admin/tenants``) and issue a key; returns the keys."""
+    """Create or update each tenant (``POST``/``PATCH /admin/tenants``) and issue a key; returns the keys.
+
+    Raises ``httpx.HTTPStatusError`` on an error answer, ``httpx.TransportError`` when the gateway cannot
+    be reached, ``httpx.UnsupportedProtocol``/``httpx.InvalidURL`` for a base URL that is not http(s).
+    """
     keys: dict[str, str] = {}
     headers = {"Authorization": f"Bearer {admin_token}"}
     with httpx.Client(base_url=base_url, headers=headers, timeout=30) as http:
@@ -171,7 +194,10 @@ def run(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
     drain_timeout_s: Annotated[float | None, typer.Option(help="Wait after the last arrival, s.")] = None,
 ) -> None:
-    """Send the scenario open-loop, then print the report and write results.json, report.json and plots."""
+    """Send the scenario open-loop, then print the report and write results.json, report.json and plots.
+
+    Exit status 3 when no request got an HTTP answer (a wrong URL, the endpoint down).
+    """
     console = Console()
     scenario = _load(scenario_file, console)
     if model:
@@ -181,8 +207,16 @@ def run(
     except MissingKeyError as err:
         console.print(f"[red]{err}[/]")
         raise typer.Exit(2) from err
-    reqs = generate_requests(scenario)
+    if drain_timeout_s is not None and not drain_timeout_s >= 0:  # NaN too
+        console.print(f"[red]--drain-timeout-s must be 0 or more (got {drain_timeout_s:g})[/]")
+        raise typer.Exit(2)
     out = out or Path(".run/loadgen") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:  # found out now, not after the run (whose results would be lost)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        console.print(f"[red]--out {out}: cannot write there: {err}[/]")
+        raise typer.Exit(2) from err
+    reqs = generate_requests(scenario)
     url = base_url or scenario.target.base_url
     console.print(f"{scenario.name}: {len(reqs)} requests over {scenario.duration_s:g} s → {url}")
     counts: Counter[str] = Counter()
@@ -204,6 +238,10 @@ def run(
         result = asyncio.run(run_plan(scenario, reqs, key_map, url, done, drain_timeout_s))
     save_results(out / "results.json", scenario, result)
     _finish(scenario, result.records, result.to_json(scenario)["run"], out, plots)
+    if result.records and all(r.status == 0 for r in result.records):
+        first = next((r.error for r in result.records if r.error), "no answer")
+        console.print(f"[red]no request reached {url} (status 0 for all; first error: {first})[/]")
+        raise typer.Exit(3)
 
 
 @app.command()

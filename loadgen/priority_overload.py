@@ -22,6 +22,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,8 @@ def print_figures(figures: dict[str, Any]) -> None:
     console.print(table)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line (see the module's text); bad arguments exit 2 before anything starts."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -288,7 +290,21 @@ def main() -> None:
         action="store_true",
         help="also write the figures into docs/experiments.md (a section per --window-max)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for flag, value, smallest in (
+        ("--overload", args.overload, 0),
+        ("--duration-s", args.duration_s, 0),
+        ("--probe-s", args.probe_s, 0),
+        ("--open-probe-factor", args.open_probe_factor, 0),
+        ("--concurrency", args.concurrency, 0),
+        ("--max-tokens", args.max_tokens, 0),
+    ):
+        if not value > smallest:  # NaN too
+            parser.error(f"{flag} must be above {smallest} (got {value:g})")
+    if args.window_max < 0:
+        parser.error(f"--window-max must be 0 or more (got {args.window_max})")
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # not found out after the run
+        parser.error(f"--json: no folder {Path(args.json).parent}")
     env = dict(CLASS_ENV)
     if args.window_max > 0:
         env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))

@@ -16,16 +16,19 @@ process.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as prometheus_values
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -50,27 +53,82 @@ class PoolWorkerGauges(Protocol):
 
 _Family = TypeVar("_Family", bound=MetricWrapperBase)
 
+#: gauges that describe a pool worker now: a worker that left the pool drops out of them
+_WORKER_GAUGES = frozenset(
+    {"radixgate_worker_healthy", "radixgate_worker_in_flight_requests", "radixgate_worker_window_requests"}
+)
 
-class TenantLabels:
-    """Maps tenant ids to bounded metric label values.
 
-    Args:
-        cap: how many distinct tenant ids get their own label; the rest become ``"other"``.
+class LiveWorkerGauges(Collector):
+    """``source``'s metrics, with the per-worker gauges (``_WORKER_GAUGES``) cut to the workers in ``live``.
+
+    prometheus_client cannot remove a label set in multiprocess mode (its mmap files keep every value a
+    process wrote), so a worker removed over the admin API would stay in ``worker_healthy`` (1, or 0: an
+    alert firing forever) and its in-flight and window gauges; the scrape leaves them out instead. Counters
+    (errors, breaker transitions, restarts) keep the worker's label: their history stays valid.
     """
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+        #: URLs of the workers in this replica's pool at the current scrape
+        self.live: frozenset[str] = frozenset()
+
+    def collect(self) -> Iterable[Metric]:
+        """Every family of ``source``; the worker gauges' samples only for the ``live`` workers."""
+        for family in self.source.collect():
+            if family.name in _WORKER_GAUGES:
+                family.samples = [s for s in family.samples if s.labels.get("worker") in self.live]
+            yield family
+
+
+class TenantLabels:
+    """Maps tenant ids to bounded metric label values: the first ``cap`` tenants seen get their own label,
+    the rest ``"other"``.
+
+    Args:
+        cap: how many distinct tenant ids get their own label.
+        shared_path: a file that the host's gateway processes share (multiprocess mode), listing the
+            labelled tenants one a line under an exclusive ``flock``, so the cap holds for the whole host
+            (each process alone would label its own first ``cap``: up to N x cap series on ``/metrics``)
+            and a tenant gets the same label whichever process serves it. Read only when a process meets
+            a tenant for the first time, until the cap is reached. None: this process alone.
+    """
+
+    def __init__(self, cap: int, shared_path: Path | None = None) -> None:
         self._cap = cap
+        self._shared_path = shared_path
         self._seen: set[str] = set()
+        self._full = False
         self._lock = threading.Lock()
 
     def __call__(self, tenant_id: str) -> str:
         if tenant_id in self._seen:
             return tenant_id
+        if self._full:
+            return "other"
         with self._lock:
-            if len(self._seen) < self._cap:
-                self._seen.add(tenant_id)
-                return tenant_id
-        return "other"
+            if self._shared_path is None:
+                labelled = len(self._seen) < self._cap
+                if labelled:
+                    self._seen.add(tenant_id)
+            else:
+                labelled = self._claim_shared(self._shared_path, tenant_id)
+            self._full = self._full or len(self._seen) >= self._cap
+        return tenant_id if labelled else "other"
+
+    def _claim_shared(self, path: Path, tenant_id: str) -> bool:
+        """Whether ``tenant_id`` has a label host-wide, adding it to ``path`` while there is room."""
+        with open(path, "a+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            self._seen.update(line for line in f.read().splitlines() if line)
+            if tenant_id in self._seen:
+                return True
+            if len(self._seen) >= self._cap:
+                return False
+            f.write(tenant_id + "\n")
+            self._seen.add(tenant_id)
+            return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +198,13 @@ class GatewayMetrics:
                 "both to one fresh directory (python -m service serve does it when RADIXGATE_WORKERS > 1) "
                 "or neither"
             )
-        self.tenant = TenantLabels(max_tenant_labels)
+        self._live_view = LiveWorkerGauges(self.exposition)
+        self._scrape_registry = CollectorRegistry(auto_describe=False)
+        self._scrape_registry.register(self._live_view)
+        # the multiprocess directory holds only *.db files for prometheus_client; this one is the host's
+        self.tenant = TenantLabels(
+            max_tenant_labels, multiproc_dir / "tenant-labels" if multiproc_dir is not None else None
+        )
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(
@@ -173,6 +237,13 @@ class GatewayMetrics:
             "radixgate_cached_tokens_total",
             "Prompt tokens served from a worker's prefix cache.",
             ["tenant"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "radixgate_rejected_requests_total",
+            "Requests answered with an error before the pipeline admitted them (key, body, model, bounds, "
+            "quota, admin routes), per status and error code; admitted ones count in requests_total.",
+            ["status", "code"],
             registry=registry,
         )
         self.quota_rejections = Counter(
@@ -308,6 +379,14 @@ class GatewayMetrics:
         for worker in workers:
             self.child(self.worker_healthy, worker.url).set(1 if worker.healthy else 0)
             self.child(self.worker_in_flight, worker.url).set(worker.in_flight)
+
+    def scrape(self, workers: Iterable[PoolWorkerGauges]) -> bytes:
+        """The Prometheus text exposition for ``/metrics``: the pool gauges set from ``workers`` now, and
+        workers that left the pool left out of the per-worker gauges (:class:`LiveWorkerGauges`)."""
+        workers = list(workers)
+        self.record_pool(workers)
+        self._live_view.live = frozenset(w.url for w in workers)
+        return generate_latest(self._scrape_registry)
 
     def child(self, family: _Family, *labels: str) -> _Family:
         """``family.labels(*labels)``, looked up once and kept: prometheus-client's ``labels`` takes a lock

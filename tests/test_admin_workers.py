@@ -66,12 +66,22 @@ def test_add_drain_remove_a_worker_across_replicas(replicas: tuple[httpx.Client,
         _, key = new_tenant(r2)
         assert r2.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code == 200
         assert len(fake.received) == 1
+        assert f'radixgate_worker_healthy{{worker="{server.url}"}} 1.0' in r2.get("/metrics").text
         assert r1.post(f"/admin/workers/{wid}/drain", headers=ADMIN).json()["mode"] == "draining"
         wait_for(lambda: not any(w["id"] == wid and w["in_pool"] for w in workers(r2)))
         assert_openai_error(r2.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)), 503)
         assert len(fake.received) == 1  # drained: no new traffic
         assert r1.delete(f"/admin/workers/{wid}", headers=ADMIN).status_code == 204
         wait_for(lambda: workers(r2) == [])
+        # a removed worker's gauges leave /metrics on every replica (a stale worker_healthy 0 would keep an
+        # alert firing forever); its counters stay
+        for replica_http in (r1, r2):
+            gauges = [
+                line
+                for line in replica_http.get("/metrics").text.splitlines()
+                if server.url in line and line.startswith(("radixgate_worker_healthy", "radixgate_worker_in"))
+            ]
+            assert gauges == []
         assert_openai_error(r1.delete(f"/admin/workers/{wid}", headers=ADMIN), 404, "worker_not_found")
         assert_openai_error(r1.get("/admin/workers", headers=auth(key)), 403)
 

@@ -3,7 +3,10 @@ serving chat completions from it, streamed and not; then a tiny ``bench-gateway 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -152,3 +155,53 @@ def test_bench_gateway_json_from_a_tiny_run(tmp_path: Path) -> None:
     assert report["results"][0]["rps"] == pytest.approx(row["rps"], abs=1e-3)
     assert report["samples"][0]["wrk_requests"] >= row["requests"]
     assert (tmp_path / "run" / "bench.png").stat().st_size > 10_000
+
+
+def children_of(pid: int) -> set[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_bench_gateway_stops_its_processes_on_sigterm(tmp_path: Path) -> None:
+    # SIGTERM (a CI timeout, `timeout`, systemd) must stop the fake upstream and the targets as Ctrl-C does:
+    # they run in sessions of their own, so only the benchmark can stop them
+    argv = [sys.executable, "-m", "loadgen", "bench-gateway", "--targets", "direct", "--modes", "c1"]
+    argv += ["--repeats", "1", "--duration-s", "60", "--warmup-s", "0", "--idle-s", "0"]
+    argv += ["--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "wrk" / "direct-c1.lua").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the benchmark did not start wrk"
+            time.sleep(0.2)
+        time.sleep(1.0)  # wrk running
+        started = children_of(proc.pid)
+        assert started, "no child processes"
+        proc.terminate()
+        assert proc.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in started if alive(pid)], "children outlived the benchmark"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in children_of(proc.pid) | locals().get("started", set()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

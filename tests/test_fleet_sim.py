@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from loadgen.fleet.bridge import fleet_requests, render_chatml, runner_records, tenant_specs
 from loadgen.fleet.config import FleetConfig, FleetRequest, TenantSpec
 from loadgen.fleet.engine import FleetEngine
+from loadgen.fleet.run import main as fleet_main
 from loadgen.fleet.run import run_scenario
 from loadgen.fleet.sim import PseudoTokenizer, simulate
 from loadgen.scenario import ChatMessage, generate_requests, parse_scenario
@@ -210,3 +213,36 @@ def test_simulation_speed(routing: str) -> None:
     res = simulate(FleetConfig(workers=4).with_core(routing=routing), poisson(100, 20))
     assert res.cpu_s < 10
     assert len(res.records) / res.cpu_s > 500
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["/no/such.yaml"], "cannot read"),
+        (["README.md"], "unknown scenario format"),
+        (["loadgen/scenarios/smoke.toml", "--workers", "0"], "--workers: at least 1"),
+        (["loadgen/scenarios/smoke.toml", "--profile", "bogus"], "invalid choice: 'bogus'"),
+        (["loadgen/scenarios/smoke.toml", "--json", "/no/such/dir/r.json"], "no folder /no/such/dir"),
+    ],
+)
+def test_fleet_command_line_refuses_bad_arguments_with_a_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        fleet_main(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fleet_command_line_reports_a_run_with_nothing_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # no request at all: no per-worker balance to show (it crashed formatting None)
+    path = tmp_path / "quiet.json"
+    scenario = {"name": "quiet", "duration_s": 2, "tenants": [{"id": "a"}]}
+    scenario["slo"] = {"standard": {"ttft_ms": 1000}}
+    scenario["arrival"] = {"process": "poisson", "rate_rps": 0.001}
+    path.write_text(json.dumps(scenario))
+    assert fleet_main([str(path), "--workers", "2", "--json", str(tmp_path / "r.json")]) == 0
+    assert "fleet: imbalance -" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["fleet"]["imbalance"] is None

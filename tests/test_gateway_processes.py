@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from service.__main__ import cli
 from service.config import Settings
 from service.host_serve import MULTIPROC_ENV
-from service.metrics import GatewayMetrics, multiprocess_values_active
+from service.metrics import GatewayMetrics, TenantLabels, multiprocess_values_active
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
@@ -280,6 +280,39 @@ def test_one_process_keeps_metrics_in_memory(redis_url: str, stub_model_dir: Pat
             assert list(temp.iterdir()) == []  # no multiprocess directory made
         finally:
             server.close()
+
+
+def test_tenant_labels_are_capped_for_the_whole_host(tmp_path: Path) -> None:
+    # two processes' label maps over one shared file: the cap holds for both together, and a tenant gets
+    # the same label whichever process serves it (each capping alone gave N x cap labels, and a tenant
+    # "other" in one process and named in the next)
+    shared = tmp_path / "tenant-labels"
+    one, two = TenantLabels(2, shared), TenantLabels(2, shared)
+    assert [one("a"), two("b"), two("c"), one("c"), one("d")] == ["a", "b", "other", "other", "other"]
+    assert [two("a"), one("b"), two("a")] == ["a", "b", "a"]
+    alone = TenantLabels(1)  # one process: no file
+    assert [alone("x"), alone("y"), alone("x")] == ["x", "other", "x"]
+
+
+def test_two_processes_keep_the_tenant_label_cap(
+    redis_url: str, stub_model_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    with ThreadedServer(FakeWorker().app) as upstream:
+        env = gateway_env(redis_url, stub_model_dir, upstream.url, port, workers=2, prefix="proclabels:")
+        env["RADIXGATE_OBSERVABILITY__MAX_TENANT_LABELS"] = "2"
+        server = serve(env, tmp_path / "gateway.log", port)
+        base = next(server)
+        try:
+            keys = [issue_key(base, f"lab{i}") for i in range(6)]
+            with concurrent.futures.ThreadPoolExecutor(6) as pool:
+                assert set(pool.map(lambda i: ask(base, keys[i % 6]), range(36))) == {200}
+            samples = scrape(base)
+        finally:
+            server.close()
+    labels = {dict(labels)["tenant"] for name, labels in samples if name == "radixgate_requests_total"}
+    assert len(labels - {"other"}) == 2 and "other" in labels, labels
+    assert sum(served(samples, t) for t in labels) == 36
 
 
 def test_metrics_refuse_a_multiproc_dir_while_values_are_in_memory(tmp_path: Path) -> None:

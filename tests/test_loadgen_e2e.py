@@ -200,3 +200,46 @@ def test_cli_plan_and_missing_keys(tmp_path: Path) -> None:
     bad.write_text("duration_s: -1\ntenants: []\n")
     res = runner.invoke(cli_app, ["plan", str(bad)])
     assert res.exit_code == 2 and "duration_s" in res.output and "tenants" in res.output
+
+
+def test_cli_tenants_reports_gateway_errors_without_a_traceback(gateway: str, tmp_path: Path) -> None:
+    sc = scenario(gateway, "tn")
+    path = tmp_path / "sc.json"
+    path.write_text(json.dumps(sc.model_dump(mode="json")))
+    runner = CliRunner()
+    keys_out = str(tmp_path / "keys.json")
+    res = runner.invoke(cli_app, ["tenants", str(path), "--admin-token", "x" * 20, "--keys-out", keys_out])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "403" in res.output and "admin" in res.output.lower() and "Traceback" not in res.output
+    dead = ["tenants", str(path), "--base-url", "http://127.0.0.1:1", "--admin-token", "x" * 20]
+    res = runner.invoke(cli_app, [*dead, "--keys-out", keys_out])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "http://127.0.0.1:1" in res.output and "cannot reach" in res.output
+    res = runner.invoke(cli_app, ["tenants", str(path), "--base-url", "nourl", "--admin-token", "x" * 20])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert not (tmp_path / "keys.json").exists()
+
+
+def test_cli_run_exits_3_when_no_request_reached_the_endpoint(tmp_path: Path) -> None:
+    sc = scenario("http://127.0.0.1:1", "dead", duration_s=2, warmup_s=0)
+    path = tmp_path / "sc.json"
+    path.write_text(json.dumps(sc.model_dump(mode="json")))
+    args = ["run", str(path), "--api-key", "k", "--no-plots", "--out", str(tmp_path)]
+    res = CliRunner().invoke(cli_app, args)
+    assert res.exit_code == 3 and isinstance(res.exception, SystemExit), res.output
+    assert "no request reached http://127.0.0.1:1" in res.output
+    assert (tmp_path / "results.json").exists()  # what was recorded is still written
+
+
+def test_cli_run_refuses_an_unwritable_out_folder_and_a_negative_drain_before_sending(tmp_path: Path) -> None:
+    sc = scenario("http://127.0.0.1:1", "badout", duration_s=2, warmup_s=0)
+    path = tmp_path / "sc.json"
+    path.write_text(json.dumps(sc.model_dump(mode="json")))
+    (tmp_path / "file").write_text("")
+    base = ["run", str(path), "--api-key", "k", "--no-plots"]
+    res = CliRunner().invoke(cli_app, [*base, "--out", str(tmp_path / "file" / "out")])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    assert "cannot write" in res.output and "requests over" not in res.output  # nothing was sent
+    for bad in ("-1", "nan"):
+        res = CliRunner().invoke(cli_app, [*base, "--out", str(tmp_path / "o"), "--drain-timeout-s", bad])
+        assert res.exit_code == 2 and "--drain-timeout-s" in res.output, res.output

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadgen.priority_overload import main as priority_overload_main
 from tests.support.servers import free_port
 
 CHILD = """
@@ -78,3 +79,30 @@ def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: 
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
         stop_marked(marker)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--duration-s", "0"], "--duration-s must be above 0"),
+        (["--duration-s", "-5"], "--duration-s must be above 0"),
+        (["--overload", "nan"], "--overload must be above 0"),
+        (["--concurrency", "0"], "--concurrency must be above 0"),
+        (["--window-max", "-1"], "--window-max must be 0 or more"),
+        (["--json", "/no/such/dir/out.json"], "--json: no folder /no/such/dir"),
+    ],
+)
+def test_priority_overload_refuses_bad_arguments_before_starting_a_stack(
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # these started Redis, the gateway and a CPU SGLang worker (a minute) and then failed or ran nothing
+    monkeypatch.chdir(tmp_path)  # were a stack started, its .run folder would land here
+    with pytest.raises(SystemExit) as exited:
+        priority_overload_main(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / ".run").exists()

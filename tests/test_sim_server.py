@@ -278,3 +278,25 @@ def test_cli_process_serves_and_exits_on_a_crash_fault(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--speed", "0"], "--speed: above 0"),
+        (["--speed", "-1"], "--speed: above 0"),
+        (["--eos-per-token", "2"], "--eos-per-token: from 0 to 1"),
+        (["--eos-per-token", "-0.1"], "--eos-per-token: from 0 to 1"),
+        (["--fault-factor", "0.5"], "--fault-factor: at least 1"),
+        (["--fault-after-tokens", "-1"], "--fault-after-tokens: at least 0"),
+        (["--port", "70000"], "--port: from 0 to 65535"),
+    ],
+)
+def test_cli_refuses_out_of_range_numbers_with_a_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # they raised a ValueError or pydantic traceback (speed, fault factor) or ran with a chance above 1
+    with pytest.raises(SystemExit) as exited:
+        cli_main(args)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err

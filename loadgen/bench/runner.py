@@ -57,6 +57,7 @@ from loadgen.bench.targets import (
     start_router,
 )
 from loadgen.bench.wrk import WrkResult, WrkRun, lua_script, run_wrk
+from loadgen.stack import terminate_as_exit
 from service.config import EngineSettings
 
 
@@ -269,11 +270,14 @@ class _Bench:
         mode = MODES[mode_name]
         script = self.scripts[(target.name, mode_name)]
         run = WrkRun(target.url, script, mode.connections, cfg.warmup_s + cfg.duration_s + 1, self.cores.load)
-        time.sleep(cfg.warmup_s)
-        before = _Snapshot(self, target)
-        time.sleep(cfg.duration_s)
-        after = _Snapshot(self, target)
-        result = run.result()
+        try:
+            time.sleep(cfg.warmup_s)
+            before = _Snapshot(self, target)
+            time.sleep(cfg.duration_s)
+            after = _Snapshot(self, target)
+            result = run.result()
+        finally:
+            run.stop()
         self.settle(target)
         radixgate = target.name == "radixgate"
         upstream = counts_delta(before.upstream_requests, after.upstream_requests, ["/_bench/stats"])
@@ -324,7 +328,8 @@ def check_targets(names: list[str], peers_dir: Path) -> list[str]:
 
 def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
     """Run the benchmark; returns the report (``config``, ``machine``, ``idle_cpu_ms_per_s``, ``samples``,
-    ``results``, ``goals``, ``profile``). Processes are stopped whatever happens.
+    ``results``, ``goals``, ``profile``). Processes are stopped whatever happens, SIGTERM and SIGHUP
+    included (:func:`loadgen.stack.terminate_as_exit`).
 
     Raises:
         BenchSetupError: a target did not start.
@@ -334,6 +339,12 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     bench = _Bench(cfg, say)
     started = time.time()
+    with terminate_as_exit():
+        return _run(cfg, bench, say, started)
+
+
+def _run(cfg: BenchConfig, bench: _Bench, say: Callable[[str], None], started: float) -> dict[str, Any]:
+    """The body of :func:`run_bench`: every phase, then the report; ``bench`` is stopped whatever happens."""
     try:
         machine = bench.start()
         idle: dict[str, float | None] = bench.idle() if cfg.idle_s > 0 else {}

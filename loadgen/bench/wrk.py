@@ -136,6 +136,12 @@ class WrkRun:
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin
         )
 
+    def stop(self) -> None:
+        """Kill wrk if it still runs (the run was interrupted); nothing once :meth:`result` returned."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.communicate()
+
     def result(self) -> WrkResult:
         """Wait for wrk and return its summary.
 
@@ -164,5 +170,9 @@ def run_wrk(
     cpus: frozenset[int] | None = None,
     timeout_s: float = 30.0,
 ) -> WrkResult:
-    """Run wrk to the end (see :class:`WrkRun`)."""
-    return WrkRun(url, script, connections, duration_s, cpus, timeout_s).result()
+    """Run wrk to the end (see :class:`WrkRun`); an interruption kills it."""
+    run = WrkRun(url, script, connections, duration_s, cpus, timeout_s)
+    try:
+        return run.result()
+    finally:
+        run.stop()

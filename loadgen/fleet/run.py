@@ -22,7 +22,8 @@ from loadgen.fleet.records import FleetResult
 from loadgen.fleet.sim import simulate
 from loadgen.report import build_report, print_report
 from loadgen.runner import RequestRecord
-from loadgen.scenario import Scenario, generate_requests, load_scenario
+from loadgen.scenario import Scenario, ScenarioError, generate_requests, load_scenario
+from loadgen.sim.profiles import PROFILES
 
 
 @dataclass(slots=True)
@@ -87,26 +88,41 @@ def run_scenario(scenario: Scenario, config: FleetConfig, until_s: float | None 
     return FleetRun(report, records, result)
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 (got {value})")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: simulate a scenario file and print its report."""
+    """Command line: simulate a scenario file and print its report; bad arguments exit 2 with a message."""
     ap = argparse.ArgumentParser(prog="python -m loadgen.fleet", description=__doc__)
     ap.add_argument("scenario", type=Path)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--profile", default="llama-3.1-70b-h100-tp8")
+    ap.add_argument("--workers", type=_positive_int, default=4)
+    ap.add_argument("--profile", default="llama-3.1-70b-h100-tp8", choices=sorted(PROFILES))
     ap.add_argument("--routing", default="cache_aware", choices=["cache_aware", "round_robin", "least_load"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     args = ap.parse_args(argv)
+    if args.json and not args.json.parent.is_dir():  # found out before the run, not after it
+        ap.error(f"--json: no folder {args.json.parent}")
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as err:
+        ap.error(str(err))
     config = FleetConfig(profile=args.profile, workers=args.workers, seed=args.seed).with_core(
         routing=args.routing
     )
-    fr = run_scenario(load_scenario(args.scenario), config)
+    fr = run_scenario(scenario, config)
     print_report(fr.report)
     fleet = fr.report["fleet"]
+    imbalance, speed = fleet["imbalance"], fleet["sim_requests_per_cpu_s"]  # None: nothing to measure
     print(
-        f"fleet: imbalance {fleet['imbalance']:.3f}, preemptions {fleet['preemptions']}, "
-        f"{fleet['virtual_s']:.1f} virtual s in {fleet['cpu_s']:.2f} CPU s "
-        f"({fleet['sim_requests_per_cpu_s']:.0f} requests/CPU s)"
+        f"fleet: imbalance {'-' if imbalance is None else f'{imbalance:.3f}'}, preemptions "
+        f"{fleet['preemptions']}, {fleet['virtual_s']:.1f} virtual s in {fleet['cpu_s']:.2f} CPU s "
+        f"({'-' if speed is None else f'{speed:.0f}'} requests/CPU s)"
     )
     if args.json:
         args.json.write_text(json.dumps(fr.report, indent=1, default=str))

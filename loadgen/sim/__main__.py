@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import uvicorn
 
@@ -16,19 +17,36 @@ from loadgen.sim.profiles import PROFILES, get_profile
 from loadgen.sim.server import FaultSpec, SimServer
 
 
+def _number(
+    kind: type[float] | type[int], low: float, high: float | None, what: str, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` number in [low, high] ((low, high] with ``low_open``; no upper bound
+    when ``high`` is None); anything else exits 2 with ``what`` (argparse's message)."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value < low or (low_open and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{what} (got {text})")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(prog="python -m loadgen.sim", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="smollm2-135m-cpu2", help="step-time profile (--list-profiles)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    parser.add_argument("--port", type=_number(int, 0, 65535, "from 0 to 65535"), default=30000)
+    speed = _number(float, 0, None, "above 0", low_open=True)
+    parser.add_argument("--speed", type=speed, default=1.0, help="simulated seconds per wall second")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-name", default=None, help="id on /v1/models (default: the profile's)")
-    parser.add_argument("--eos-per-token", type=float, default=0.0, help="chance per token of a 'stop'")
+    chance = _number(float, 0, 1, "from 0 to 1")
+    parser.add_argument("--eos-per-token", type=chance, default=0.0, help="chance per token of a 'stop'")
     parser.add_argument("--fault", default="none", choices=["none", "crash_mid_stream", "slow", "http_500"])
-    parser.add_argument("--fault-after-tokens", type=int, default=2)
-    parser.add_argument("--fault-factor", type=float, default=5.0)
+    parser.add_argument("--fault-after-tokens", type=_number(int, 0, None, "at least 0"), default=2)
+    parser.add_argument("--fault-factor", type=_number(float, 1, None, "at least 1"), default=5.0)
     parser.add_argument("--fault-exit", action="store_true", help="crash_mid_stream exits the process")
     parser.add_argument("--list-profiles", action="store_true")
     return parser.parse_args(argv)

@@ -63,6 +63,7 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
     tenant = await state.tenants.authenticate(token)
     if tenant is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    request.scope.setdefault("state", {})["tenant_id"] = tenant.id  # for the log of a refusal
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant

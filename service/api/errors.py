@@ -232,31 +232,53 @@ def sse_error_event(exc: GatewayError | APIError) -> bytes:
     return err.sse_event()
 
 
-async def _on_api_error(_: Request, exc: Exception) -> Response:
+def refused(request: Request, err: APIError) -> Response:
+    """``err``'s response, logged (``request_rejected``: request id, method, path, status, code, param and
+    the tenant once its key was checked) and counted (``radixgate_rejected_requests_total{status,code}``),
+    unless the pipeline admitted the request: then its settle logs the ``request`` line and counts it in
+    ``requests_total``. A request refused earlier (key, body, model, bounds, quota) would leave no trace."""
+    state = request.scope.get("state") or {}
+    if not state.get("admitted"):
+        code = err.code or "none"
+        (log.warning if err.status >= 500 else log.info)(
+            "request_rejected",
+            request_id=state.get("request_id"),
+            method=request.method,
+            path=request.url.path[:200],
+            status=err.status,
+            code=code,
+            param=err.param,
+            tenant=state.get("tenant_id"),
+        )
+        request.app.state.metrics.child(request.app.state.metrics.rejected, str(err.status), code).inc()
+    return error_response(err)
+
+
+async def _on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return error_response(exc)
+    return refused(request, exc)
 
 
-async def _on_gateway_error(_: Request, exc: Exception) -> Response:
+async def _on_gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return error_response(to_api_error(exc))
+    return refused(request, to_api_error(exc))
 
 
 async def _on_store_unavailable(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StoreUnavailable)
     log.warning("store_unavailable", operation=exc.operation, error=str(exc.__cause__ or exc))
     request.app.state.metrics.store_unavailable.labels(exc.operation).inc()
-    return error_response(store_unavailable(request.app.state.settings.redis.retry_after_s))
+    return refused(request, store_unavailable(request.app.state.settings.redis.retry_after_s))
 
 
-async def _on_validation(_: Request, exc: Exception) -> Response:
-    return error_response(validation_error(exc))
+async def _on_validation(request: Request, exc: Exception) -> Response:
+    return refused(request, validation_error(exc))
 
 
-async def _on_http(_: Request, exc: Exception) -> Response:
+async def _on_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return error_response(APIError(exc.status_code, str(exc.detail), code=code))
+    return refused(request, APIError(exc.status_code, str(exc.detail), code=code))
 
 
 async def _on_client_left(_: Request, exc: Exception) -> Response:
@@ -265,9 +287,9 @@ async def _on_client_left(_: Request, exc: Exception) -> Response:
     return Response(status_code=499)
 
 
-async def _on_crash(_: Request, exc: Exception) -> Response:
+async def _on_crash(request: Request, exc: Exception) -> Response:
     log.exception("unhandled_error", error_type=type(exc).__name__)
-    return error_response(APIError(500, "Internal error; it has been logged.", code="internal_error"))
+    return refused(request, APIError(500, "Internal error; it has been logged.", code="internal_error"))
 
 
 _HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Exception], Awaitable[Response]]], ...] = (

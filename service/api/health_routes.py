@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
 from service.api.deps import StateDep
@@ -35,8 +35,4 @@ async def readyz(state: StateDep) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(state: StateDep) -> Response:
     """Prometheus exposition of this replica's metrics."""
-    m = state.metrics
-    for worker in state.pool.workers:
-        m.worker_healthy.labels(worker.url).set(1 if worker.healthy else 0)
-        m.worker_in_flight.labels(worker.url).set(worker.in_flight)
-    return Response(generate_latest(m.exposition), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.scrape(state.pool.workers), media_type=CONTENT_TYPE_LATEST)

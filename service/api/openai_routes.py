@@ -65,6 +65,7 @@ async def _serve(
     else:
         prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
     reservation = await dispatcher.admit(prepared)
+    request.scope["state"]["admitted"] = True  # the dispatcher's settle logs and counts it from here
     shape = shaper(prepared) if shaper is not None else None
     if not prepared.stream:
         try:
