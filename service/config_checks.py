@@ -10,7 +10,7 @@ import os
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, StrictInt
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -69,4 +69,4 @@ def cpu_cores(value: list[int] | None) -> list[int] | None:
 RedisUrl = Annotated[str, AfterValidator(redis_url)]
 HttpUrls = Annotated[list[str], AfterValidator(http_urls)]
 LogLevel = Annotated[str, AfterValidator(log_level)]
-CpuCores = Annotated[list[int] | None, AfterValidator(cpu_cores)]
+CpuCores = Annotated[list[StrictInt] | None, AfterValidator(cpu_cores)]

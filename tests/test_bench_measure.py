@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+import typer
 
+from loadgen.bench.command import _split
 from loadgen.bench.measure import (
     Sample,
     aggregate,
@@ -23,6 +25,7 @@ from loadgen.bench.measure import (
 )
 from loadgen.bench.profile import library_of, parse_collapsed, summarize
 from loadgen.bench.report import JSON_KEYS, json_lines
+from loadgen.bench.runner import MODES
 from loadgen.bench.targets import plan_cores
 from loadgen.bench.wrk import MARKER, WrkError, lua_script, parse_wrk_output
 
@@ -248,3 +251,15 @@ def test_profile_summary_of_collapsed_stacks() -> None:
     assert library_of("threading.py") == "threading (thread-pool hops)"
     assert library_of("/usr/lib/python3.11/json/decoder.py") == "json"
     assert summarize([]) == {"samples": 0}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("c64,c64", ["c64"]), (" c1 , stream,c1", ["c1", "stream"]), ("", None), ("c2", None), (",", None)],
+)
+def test_bench_lists_are_checked_and_each_name_runs_once(value: str, expected: list[str] | None) -> None:
+    if expected is None:
+        with pytest.raises(typer.BadParameter, match="--modes: choose from"):
+            _split(value, tuple(MODES), "--modes")
+    else:
+        assert _split(value, tuple(MODES), "--modes") == expected

@@ -209,7 +209,7 @@ def test_a_cpu_worker_runs_on_the_cores_it_is_given(tmp_path: Path) -> None:
     assert unpinned.cpu_cores() is None and "OMP_NUM_THREADS" not in build_env(unpinned.engine, base={})
 
 
-@pytest.mark.parametrize("cores", [[], [0, 0], [100_000], [-1]])
-def test_cpu_affinity_outside_the_machine_is_refused(cores: list[int]) -> None:
+@pytest.mark.parametrize("cores", [[], [0, 0], [100_000], [-1], [True], ["0"]])
+def test_cpu_affinity_outside_the_machine_is_refused(cores: list[object]) -> None:
     with pytest.raises(ValueError, match="cpu_affinity"):
         EngineSettings(cpu_affinity=cores)

@@ -26,7 +26,7 @@ class UpstreamStreaming(StrEnum):
 
 
 def _split(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
+    names = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))  # each once, in order
     bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise typer.BadParameter(f"{what}: choose from {', '.join(allowed)} (got {value!r})")
@@ -109,7 +109,7 @@ def bench_gateway(
     if quick:
         repeats, duration_s, warmup_s, idle_s = 1, 3, 1, 3.0
     try:
-        names = _split(targets, TARGETS, "--targets") if targets else None
+        names = _split(targets, TARGETS, "--targets") if targets is not None else None
         mode_names = _split(modes, tuple(MODES), "--modes")
         if profile_mode not in MODES:
             raise typer.BadParameter(f"--profile-mode: choose from {', '.join(MODES)} (got {profile_mode!r})")
