@@ -405,10 +405,14 @@ class AdmissionCore:
         while w.eligible and (head := bands.peek()) is not None:
             e = head.payload
             if not window.has_room(
-                w.in_flight, w.in_flight_tokens, e.req.cost, w.headroom(e.req.band, self._top)
+                w.in_flight,
+                w.in_flight_tokens,
+                e.req.cost,
+                w.headroom(e.req.band, self._top),
+                e.req.sequences,
             ):
                 break
-            if w.band_room(e.req.band, e.cls, self._top) <= 0 or self._guarded(w, e, now):
+            if not w.band_fits(e.req, e.cls, self._top) or self._guarded(w, e, now):
                 break
             bands.pop()
             self._depth[e.req.band] -= 1

@@ -40,6 +40,10 @@ class AdmissionRequest:
         session_id: sticky routing key (consistent hashing), if any.
         reports_first_token: the caller will call ``first_token`` when it arrives (a streamed answer);
             otherwise the core assumes the first token at its predicted time.
+        sequences: sequences the engine runs for it at once (OpenAI's ``n`` choices, each its own SGLang
+            request): the slots it takes in its worker's window, whose size counts the engine's running
+            requests (SGLang's ``max_running_requests`` counts sequences). ``max_tokens`` is then the
+            choices' total. A request wider than the window is sent alone to an idle worker.
     """
 
     rid: str
@@ -52,6 +56,7 @@ class AdmissionRequest:
     weight: float = 1.0
     session_id: str | None = None
     reports_first_token: bool = True
+    sequences: int = 1
 
     @property
     def cost(self) -> int:

@@ -149,11 +149,14 @@ class WorkerWindow:
         cfg = self.config
         return max(cfg.top_band_headroom, int(cfg.top_band_headroom_fraction * self.size))
 
-    def has_room(self, in_flight: int, in_flight_tokens: int, cost: int, headroom: int = 0) -> bool:
-        """Whether one more request of ``cost`` tokens may be sent now, ``headroom`` requests beyond
-        the window allowed (the top band's; see :attr:`headroom`)."""
+    def has_room(
+        self, in_flight: int, in_flight_tokens: int, cost: int, headroom: int = 0, slots: int = 1
+    ) -> bool:
+        """Whether one more request of ``cost`` tokens taking ``slots`` slots (its engine sequences) may be
+        sent now, ``headroom`` slots beyond the window allowed (the top band's; see :attr:`headroom`). A
+        request wider than the window goes when nothing is in flight."""
         limit = self.size + headroom
-        if in_flight >= limit:
+        if in_flight >= limit or (in_flight > 0 and in_flight + slots > limit):
             return False
         cap = self.config.max_tokens
         return cap is None or in_flight == 0 or in_flight_tokens + cost <= cap

@@ -75,8 +75,9 @@ class WorkerQueue:
         arrivals: admitted arrivals per class rank, requests/s.
         arrival_tokens: uncached prompt tokens of those arrivals per class rank, tokens/s.
         eligible: healthy and not draining.
-        in_flight, in_flight_tokens: dispatched, unfinished requests and their reserved tokens.
-        band_in_flight: in-flight requests per class.
+        in_flight, in_flight_tokens: window slots (engine sequences: a request of ``n`` choices takes
+            ``n``) of dispatched, unfinished requests, and their reserved tokens.
+        band_in_flight: in-flight slots per class.
         prefill_backlog: uncached tokens of dispatched requests whose first token has not come yet.
         silent: (assumed first-token time, seq, entry) of non-streamed requests (no first-token signal).
     """
@@ -112,10 +113,16 @@ class WorkerQueue:
         return min(self.window.headroom, max(0, lower))
 
     def band_room(self, band: str, cls: ClassPolicy, top: str) -> int:
-        """Requests of ``band`` that may still start here under the class's ``window_share``."""
+        """Slots ``band`` may still take here under the class's ``window_share``."""
         if cls.window_share >= 1.0:
             return self.window.size + self.headroom(band, top)
         return int(cls.window_share * self.window.size) - self.band_in_flight.get(band, 0)
+
+    def band_fits(self, req: AdmissionRequest, cls: ClassPolicy, top: str) -> bool:
+        """Whether ``req``'s sequences fit in its band's room (:meth:`band_room`); one wider than the
+        band's share starts when its band has nothing in flight here."""
+        room = self.band_room(req.band, cls, top)
+        return room >= req.sequences or (room > 0 and not self.band_in_flight.get(req.band, 0))
 
     def predict(
         self,
@@ -138,7 +145,7 @@ class WorkerQueue:
         free = min(free, self.band_room(req.band, cls, top))
         flow = req.tenant if fair_queuing else "*"
         ahead = self.bands.count_ahead(req.band, flow, req.weight, float(req.cost))
-        need = ahead + 1 - max(free, 0)
+        need = ahead + req.sequences - max(free, 0)
         wait = 0.0
         if need > 0:
             capacity = self.est.capacity(now, self.window.size)
@@ -182,16 +189,16 @@ class WorkerQueue:
             expected = now + self.est.engine_ttft(e.backlog_at_dispatch + e.uncached, now)
             heapq.heappush(self.silent, (expected, next(self._seq), e))
         self.prefill_backlog += e.uncached
-        self.in_flight += 1
+        self.in_flight += e.req.sequences
         self.in_flight_tokens += e.req.cost
-        self.band_in_flight[e.req.band] = self.band_in_flight.get(e.req.band, 0) + 1
+        self.band_in_flight[e.req.band] = self.band_in_flight.get(e.req.band, 0) + e.req.sequences
 
     def release(self, e: Entry) -> None:
         """Undo :meth:`start` (the request ended, or moved to another worker)."""
         prefilled(e)
-        self.in_flight -= 1
+        self.in_flight -= e.req.sequences
         self.in_flight_tokens -= e.req.cost
-        self.band_in_flight[e.req.band] -= 1
+        self.band_in_flight[e.req.band] -= e.req.sequences
 
 
 def prefilled(e: Entry) -> None:

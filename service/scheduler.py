@@ -55,6 +55,8 @@ class SchedulingRequest:
         arrival: ``time.perf_counter()`` when the request arrived, s.
         session_id: sticky routing key, if any.
         streamed: the answer is streamed, so its first token is reported (:meth:`Scheduler.first_token`).
+        sequences: engine sequences it runs at once (its ``n`` choices): the window slots it takes;
+            ``max_tokens`` is then the choices' total.
     """
 
     rid: str
@@ -67,6 +69,7 @@ class SchedulingRequest:
     arrival: float
     session_id: str | None = None
     streamed: bool = True
+    sequences: int = 1
 
 
 @dataclass(slots=True)
@@ -168,6 +171,7 @@ class Scheduler:
                     req.weight,
                     req.session_id,
                     req.streamed,
+                    req.sequences,
                 ),
                 now,
             )

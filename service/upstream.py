@@ -102,7 +102,8 @@ class UpstreamCaller:
     # -- attempts ------------------------------------------------------------------------------------
     async def acquire(self, prepared: PreparedRequest) -> Slot:
         """Wait in the scheduler's queue for the request's slot; it is held for prompt +
-        n x max_tokens (what the quota reservation holds; n > 1 choices share it)."""
+        n x max_tokens (what the quota reservation holds; n > 1 choices share it) and takes n of the
+        worker's window (the engine runs the n choices at once)."""
         tenant = prepared.tenant
         return await self._scheduler.acquire(
             SchedulingRequest(
@@ -116,6 +117,7 @@ class UpstreamCaller:
                 prepared.arrival,
                 prepared.session_id,
                 prepared.stream or prepared.n > 1,  # n > 1 choices stream from the worker either way
+                prepared.n,
             )
         )
 

@@ -314,3 +314,46 @@ def test_window_controllers(mode: str, reports: list[LoadReport], expected: int)
     for report in reports:
         window.on_report(report, in_flight=window.size, engine_ttft_s=None)
     assert window.size == expected
+
+
+def wide(rid: str, sequences: int, band: str = "standard", tenant: str = "t") -> AdmissionRequest:
+    """A request of ``sequences`` choices (OpenAI's ``n``): ``max_tokens`` is their total."""
+    return dataclasses.replace(req(rid, band, tenant, out=10 * sequences), sequences=sequences)
+
+
+@pytest.mark.parametrize(
+    ("window", "first", "second", "dispatched_at_once", "in_flight"),
+    [
+        (4, 1, 1, ["a", "b"], 2),  # one slot each
+        (4, 3, 1, ["a", "b"], 4),  # 3 + 1 fill the window
+        (4, 3, 2, ["a"], 3),  # 3 + 2 > 4: the second waits
+        (4, 4, 1, ["a"], 4),  # n=4 fills a window of 4 alone
+        (4, 6, 1, ["a"], 6),  # wider than the window: sent alone to the idle worker
+        (4, 1, 6, ["a"], 1),  # ... but never beside other work
+    ],
+)
+def test_a_request_of_n_choices_takes_n_window_slots(
+    window: int, first: int, second: int, dispatched_at_once: list[str], in_flight: int
+) -> None:
+    c = core(window=window)
+    out = c.arrive(wide("a", first), 0.0) + c.arrive(wide("b", second), 0.0)
+    assert ids(out, Dispatch) == dispatched_at_once
+    assert c.in_flight(W1) == in_flight
+    if dispatched_at_once == ["a"]:
+        assert ids(c.finish("a", 1.0), Dispatch) == ["b"]  # the slots come back together
+        assert c.in_flight(W1) == second
+
+
+def test_n_choices_count_against_a_band_window_share() -> None:
+    # batch may hold half of a window of 4; a batch request of n=2 takes that half, the next one waits,
+    # and interactive still finds the other half
+    classes = {**CLASSES, "batch": dataclasses.replace(CLASSES["batch"], window_share=0.5)}
+    c = core(window=4, classes=classes)
+    out = c.arrive(wide("b1", 2, "batch"), 0.0) + c.arrive(wide("b2", 1, "batch"), 0.0)
+    assert ids(out, Dispatch) == ["b1"]
+    assert ids(c.arrive(wide("i1", 2, "interactive"), 0.0), Dispatch) == ["i1"]
+    assert ids(c.finish("b1", 1.0), Dispatch) == ["b2"]
+    # a batch request wider than the band's share starts when batch has nothing in flight
+    c.finish("b2", 2.0)
+    assert ids(c.arrive(wide("b3", 3, "batch"), 2.0), Dispatch) == []  # 3 > 4 - 2 (i1) in the window
+    assert ids(c.finish("i1", 3.0), Dispatch) == ["b3"]

@@ -174,3 +174,42 @@ def test_disconnect_while_streaming_aborts_the_upstream_request(
     usage = usage_of(http, tenant_id)
     assert usage["completion_tokens"] <= 2  # charged only what was streamed before the disconnect
     assert http.get("/metrics").text.count("radixgate_in_flight_requests 0.0") == 1
+
+
+def test_a_request_of_n_choices_takes_n_slots_of_the_window(
+    redis_url: str, stub_model_dir: Path, worker: FakeWorker
+) -> None:
+    """With a window of 2, an n=2 request fills the worker: the next request waits in the gateway's queue
+    (the engine would run 3 sequences at once if n counted as one slot)."""
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": "sched-n:"},
+            "engine": {"served_model_name": MODEL},
+            "upstream": {"workers": [worker.url], "health_interval_s": 0.2},  # type: ignore[attr-defined]
+            "api": {"tokenizer_path": str(stub_model_dir)},
+            "scheduler": {"window_mode": "fixed", "window_initial": 2, "top_band_headroom": 0},
+        }
+    )
+    with (
+        ThreadedServer(create_app(settings)) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        _, key = new_tenant(client, max_priority_class="interactive")
+        worker.delay_s = 0.3  # 2 words: 0.6 s per choice
+        wide, wide_out = in_thread(lambda: post_chat(client, key, n=2))
+        deadline = time.monotonic() + 5
+        while len(worker.received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(worker.received) == 2  # both choices run on the worker
+        narrow, narrow_out = in_thread(post_chat, client, key)
+        time.sleep(0.2)
+        (listed,) = client.get("/admin/workers", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()[
+            "data"
+        ]
+        assert listed["window"] == 2 and listed["queued"] == 1  # waits for the n=2 request's slots
+        assert len(worker.received) == 2
+        wide.join(10)
+        narrow.join(10)
+        assert wide_out[0].status_code == 200 and len(wide_out[0].json()["choices"]) == 2
+        assert narrow_out[0].status_code == 200 and len(worker.received) == 3
