@@ -27,6 +27,7 @@ from service.dispatch import Dispatcher
 from service.logs import configure_logging
 from service.metrics import GatewayMetrics, refresh_pool_gauges
 from service.prompting import PromptRenderer
+from service.revocation import RevocationRegistry, store_checks
 from service.scheduler import Scheduler
 from service.settlement import Settler
 from service.startup_signals import StartupInterrupted, interruptible_startup
@@ -135,6 +136,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.redis.url, decode_responses=True, socket_connect_timeout=settings.redis.connect_timeout_s
     )
     background: list[asyncio.Task[None]] = []
+    revocations: RevocationRegistry | None = None
     up = settings.upstream
     client = SGLangClient(up)
     launched: list[WorkerProcess] = []
@@ -188,10 +190,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         prefix = settings.redis.key_prefix
         auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
-        if auth_cache.enabled:
+        revocations = RevocationRegistry(*store_checks(tenants), enabled=settings.api.end_revoked_requests)
+        if auth_cache.enabled or revocations.enabled:
             background.append(
                 asyncio.create_task(
-                    follow_invalidations(subscriber, invalidation_channel(prefix), auth_cache),
+                    follow_invalidations(
+                        subscriber,
+                        invalidation_channel(prefix),
+                        auth_cache,
+                        also=revocations.on_invalidation,
+                    ),
                     name="auth-invalidations",
                 )
             )
@@ -201,7 +209,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = Scheduler(settings, pool, client, metrics)
         await scheduler.start()
         settler = Settler(quota, settings.redis, metrics)
-        dispatcher = Dispatcher(settings, renderer, quota, usage, pool, client, metrics, scheduler, settler)
+        dispatcher = Dispatcher(
+            settings, renderer, quota, usage, pool, client, metrics, scheduler, settler, revocations
+        )
         registry = WorkerRegistry(redis, prefix)
         if metrics.multiprocess:
             background.append(
@@ -229,6 +239,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await settler.drain()
     finally:
         await stop_tasks(background)  # each may be in a Redis call, which can swallow one cancel
+        if revocations is not None:
+            await revocations.stop()
         for supervisor in supervisors:  # before stopping the workers, so none is restarted
             await supervisor.stop()
         await client.aclose()

@@ -276,6 +276,12 @@ class ApiSettings(BaseModel):
         "stops reading would hold a worker slot for as long as it keeps the socket open (nginx's "
         "send_timeout, 60 s, bounds the time between two writes the same way).",
     )
+    end_revoked_requests: bool = Field(
+        True,
+        description="End a tenant's in-flight requests on every replica when the tenant is disabled or "
+        "deleted or their API key is revoked (401/403, or an error event in a stream under way; the "
+        "tokens generated so far are charged); false: they run to their end.",
+    )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none, tokens.")
     context_length: int = Field(8192, ge=16, description="Prompt + completion limit of the model, tokens.")
     tokenizer_path: Path | None = Field(

@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 import anyio
 import structlog
@@ -41,6 +41,7 @@ from service.openai.fanout import choice_requests, merge_choices, stream_choices
 from service.openai.shapes import ChatShaper, Shaper, TextShaper
 from service.preparation import PreparedRequest, RequestPreparer
 from service.prompting import PromptRenderer
+from service.revocation import Revocable, RevocationRegistry
 from service.scheduler import Scheduler
 from service.settlement import Settlement, Settler
 from service.upstream import Outcome, UpstreamCaller
@@ -50,6 +51,8 @@ from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import Tenant
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.usage import UsageRecorder
+
+T = TypeVar("T")
 
 log = structlog.get_logger("radixgate.request")
 
@@ -70,6 +73,25 @@ class _Run:
         self.outcome = self.choices[0] if prepared.n == 1 else Outcome()
         tokens = renderer if prepared.output.logprobs is not None else None
         self.states = [ChoiceState(i, prepared.rid, prepared.output, tokens) for i in range(prepared.n)]
+        self.revocable: Revocable | None = None
+
+    async def until_revoked(self, work: Awaitable[T]) -> T:
+        """Await ``work``, which :mod:`service.revocation` may cancel while it runs (only then: the request's
+        task is named for that await alone). Raises the revocation's :class:`GatewayError` then."""
+        entry = self.revocable
+        if entry is None:
+            return await work
+        entry.task = asyncio.current_task()
+        try:
+            return await work
+        except asyncio.CancelledError:
+            revoked = entry.take_error()
+            if revoked is None:
+                raise
+            self.outcome.revoked = True
+            raise revoked from None
+        finally:
+            entry.task = None
 
     def usage(self) -> UsageInfo:
         """The usage so far: the prompt once, the completions of all choices."""
@@ -91,6 +113,7 @@ class Dispatcher:
         metrics: the app's metrics.
         scheduler: the gateway's queue.
         settler: settles requests (retrying in the background when Redis is short).
+        revocations: the requests in flight by tenant and key, ended when those are revoked.
     """
 
     def __init__(
@@ -104,6 +127,7 @@ class Dispatcher:
         metrics: GatewayMetrics,
         scheduler: Scheduler,
         settler: Settler,
+        revocations: RevocationRegistry,
     ) -> None:
         self._settings = settings
         self._preparer = RequestPreparer(
@@ -117,6 +141,7 @@ class Dispatcher:
         self._client = client
         self._metrics = metrics
         self._settler = settler
+        self._revocations = revocations
         self._offload_slots = asyncio.Semaphore(settings.api.max_offloaded_prepares)
 
     # 1. validation -------------------------------------------------------------------------------
@@ -206,24 +231,30 @@ class Dispatcher:
         return one()
 
     async def complete(
-        self, prepared: PreparedRequest, reservation: Reservation, shaper: Shaper | None = None
+        self,
+        prepared: PreparedRequest,
+        reservation: Reservation,
+        shaper: Shaper | None = None,
+        key_id: str = "",
     ) -> dict[str, Any]:
-        """Serve a non-streamed request; returns the response object (``shaper``'s, by default the chat or
-        text completion).
+        """Serve a non-streamed request (of API key ``key_id``); returns the response object
+        (``shaper``'s, by default the chat or text completion).
 
         Raises:
-            GatewayError: shed or timed out in the queue, attempts spent, or the worker rejected the input.
+            GatewayError: shed or timed out in the queue, attempts spent, the worker rejected the input, or
+                the key or tenant was revoked meanwhile (:mod:`service.revocation`).
         """
         run = _Run(prepared, self._renderer)
+        run.revocable = self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
         self._metrics.in_flight.inc()
         try:
             if prepared.n == 1:
-                run.states[0].step(await self._upstream.generate(prepared, run.outcome))
+                run.states[0].step(await run.until_revoked(self._upstream.generate(prepared, run.outcome)))
             else:  # n > 1: the choices stream in (the first one's prompt is cached before the rest start)
                 pieces = self._pieces(prepared, run)
                 try:
-                    async for index, chunk in pieces:
-                        run.states[index].step(chunk)
+                    while (piece := await run.until_revoked(anext(pieces, None))) is not None:
+                        run.states[piece[0]].step(piece[1])
                 finally:
                     with anyio.CancelScope(shield=True):
                         await pieces.aclose()
@@ -240,7 +271,11 @@ class Dispatcher:
             await self._finish(prepared, reservation, run)
 
     async def stream(
-        self, prepared: PreparedRequest, reservation: Reservation, shaper: Shaper | None = None
+        self,
+        prepared: PreparedRequest,
+        reservation: Reservation,
+        shaper: Shaper | None = None,
+        key_id: str = "",
     ) -> AsyncGenerator[bytes, None]:
         """Serve a streamed request as server-sent events (``shaper``'s, by default OpenAI's chunks ending
         with ``data: [DONE]``).
@@ -248,15 +283,18 @@ class Dispatcher:
         Errors before the first token are retried on another worker and, once the attempts are spent,
         raised as a :class:`GatewayError` before anything is yielded (the route answers with that status). A
         stream that breaks later is resumed on another worker; if that fails too the stream ends with an
-        error event. Cancellation aborts the upstream requests and refunds the unused tokens.
+        error event. Cancellation aborts the upstream requests and refunds the unused tokens. A revoked
+        key or tenant (API key ``key_id``) ends it like an error (:mod:`service.revocation`).
         """
         shaper = shaper or self.shaper(prepared)
         run = _Run(prepared, self._renderer)
+        run.revocable = self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
         outcome = run.outcome
         self._metrics.in_flight.inc()
         pieces = self._pieces(prepared, run)
         try:
-            async for index, chunk in pieces:
+            while (piece := await run.until_revoked(anext(pieces, None))) is not None:
+                index, chunk = piece
                 if outcome.ttft_s is None:
                     outcome.ttft_s = time.perf_counter() - prepared.arrival
                 state = run.states[index]
@@ -283,6 +321,8 @@ class Dispatcher:
     async def _finish(self, prepared: PreparedRequest, reservation: Reservation, run: _Run) -> None:
         """Release the queue slot, abort unfinished upstream requests, settle. Shielded from cancel."""
         self._metrics.in_flight.dec()
+        if run.revocable is not None:
+            self._revocations.untrack(run.revocable)
         merge_choices(run.outcome, run.choices)
         outcome = run.outcome
         slot = outcome.slot
@@ -307,12 +347,13 @@ class Dispatcher:
     async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
         """Reconcile quota, record usage and metrics, and log one line. Never raises.
 
-        Charged: a served answer (finished, or streamed in part), and one whose client left (499) while a
-        worker had it: the worker's counts, or the reservation's prompt part when it gave none. Refunded
-        in full: everything else. A 499 is the client's choice, not an error.
+        Charged: a served answer (finished, or streamed in part), and one whose client left (499) or whose
+        key or tenant was revoked while a worker had it: the worker's counts, or the reservation's prompt
+        part when it gave none. Refunded in full: everything else. A 499 is the client's choice, not an
+        error.
         """
         tenant_id = prepared.tenant.id
-        abandoned = outcome.status == 499 and outcome.dispatched
+        abandoned = (outcome.status == 499 or outcome.revoked) and outcome.dispatched
         charged = outcome.finished or outcome.streamed_any or abandoned
         errors = int(outcome.status not in (200, 499))
         if charged:

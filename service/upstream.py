@@ -59,6 +59,7 @@ class Outcome:
     resume_mode: str | None = None  # "token_ids" (exact) or "text", once a stream was resumed
     dispatched: bool = False  # an attempt was sent to a worker and has not failed (it may be computing)
     aborted: bool = False  # the gateway already asked the worker to abort it
+    revoked: bool = False  # its API key or tenant was revoked while it ran (service.revocation)
 
 
 @dataclass(slots=True)

@@ -127,8 +127,15 @@ class AuthCache:
             self.clear()
 
 
-async def follow_invalidations(redis: Redis, channel: str, cache: AuthCache, retry_s: float = 1.0) -> None:
-    """Apply the invalidations published on ``channel`` to ``cache`` until cancelled.
+async def follow_invalidations(
+    redis: Redis,
+    channel: str,
+    cache: AuthCache,
+    retry_s: float = 1.0,
+    also: Callable[[str], None] | None = None,
+) -> None:
+    """Apply the invalidations published on ``channel`` to ``cache`` until cancelled, and hand each
+    message to ``also`` (e.g. :meth:`service.revocation.RevocationRegistry.on_invalidation`), if given.
 
     ``redis`` must be a client without a read timeout (the subscription waits for messages
     indefinitely); it holds one connection. Every (re)subscription clears the cache (messages may have
@@ -143,7 +150,10 @@ async def follow_invalidations(redis: Redis, channel: str, cache: AuthCache, ret
                     cache.clear()
                 elif message["type"] == "message":
                     data = message["data"]
-                    cache.apply(data.decode() if isinstance(data, bytes) else str(data))
+                    text = data.decode() if isinstance(data, bytes) else str(data)
+                    cache.apply(text)
+                    if also is not None:
+                        also(text)
         except (RedisError, OSError) as exc:
             log.warning("auth_invalidations_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
         finally:

@@ -224,6 +224,12 @@ class TenantStore:
         await self._invalidate(f"key:{key_id}")
         return _info(record)
 
+    @store_operation
+    async def key_revoked(self, key_id: str) -> bool:
+        """Whether API key ``key_id`` is revoked or gone (its tenant is not looked at)."""
+        raw = await self._redis.get(self._key_key(key_id))
+        return raw is None or ApiKeyRecord.model_validate_json(raw).revoked
+
     async def _invalidate(self, message: str) -> None:
         """Drop what this replica's cache holds about ``message`` (``key:<id>``/``tenant:<id>``) and tell
         every replica. A failed publish is only logged: the write is done, and the other replicas' entries

@@ -19,7 +19,7 @@ from fastapi import Depends, Request
 
 from service.api.errors import APIError
 from service.state import GatewayState
-from tenancy.keys import tokens_equal
+from tenancy.keys import parse_key, tokens_equal
 from tenancy.models import Tenant
 
 
@@ -49,7 +49,8 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def authenticate(request: Request, state: GatewayState) -> Tenant:
-    """Resolve the caller's API key to an enabled tenant.
+    """Resolve the caller's API key to an enabled tenant (its id and the key's id are left in the
+    request's scope state as ``tenant_id`` and ``key_id``).
 
     Raises:
         APIError: 401 missing/unknown/revoked key; 403 disabled tenant.
@@ -63,7 +64,10 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
     tenant = await state.tenants.authenticate(token)
     if tenant is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-    request.scope.setdefault("state", {})["tenant_id"] = tenant.id  # for the log of a refusal
+    scope_state = request.scope.setdefault("state", {})
+    scope_state["tenant_id"] = tenant.id  # for the log of a refusal
+    parsed = parse_key(token)
+    scope_state["key_id"] = parsed.key_id if parsed is not None else ""  # service.revocation
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant

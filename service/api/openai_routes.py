@@ -67,13 +67,15 @@ async def _serve(
     reservation = await dispatcher.admit(prepared)
     request.scope["state"]["admitted"] = True  # the dispatcher's settle logs and counts it from here
     shape = shaper(prepared) if shaper is not None else None
+    key_id = request.scope["state"].get("key_id", "")
     if not prepared.stream:
         try:
-            result = await until_disconnect(request, dispatcher.complete(prepared, reservation, shape))
+            work = dispatcher.complete(prepared, reservation, shape, key_id)
+            result = await until_disconnect(request, work)
         except ClientDisconnected:
             return Response(status_code=499)
         return FastJSONResponse(result)
-    events = dispatcher.stream(prepared, reservation, shape)
+    events = dispatcher.stream(prepared, reservation, shape, key_id)
     try:
         # The first event arrives with the first token: errors before it get a real HTTP status.
         first = await until_disconnect(request, events.__anext__())
