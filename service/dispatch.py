@@ -353,6 +353,7 @@ class Dispatcher:
         error.
         """
         tenant_id = prepared.tenant.id
+        slot = outcome.slot
         abandoned = (outcome.status == 499 or outcome.revoked) and outcome.dispatched
         charged = outcome.finished or outcome.streamed_any or abandoned
         errors = int(outcome.status not in (200, 499))
@@ -400,4 +401,6 @@ class Dispatcher:
             reserved_tokens=reservation.tokens,
             ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
             latency_ms=round(latency * 1000, 1),
+            queued_ms=None if slot is None else round(slot.queued_s * 1000, 1),
+            predicted_ttft_ms=None if slot is None else round(slot.predicted_ttft_s * 1000, 1),
         )

@@ -81,6 +81,8 @@ class Slot:
         worker: base URL of the worker now serving it.
         cost: reserved tokens (prompt + max_tokens).
         decision: the routing decision (reason, predicted cached characters).
+        queued_s: time it waited in the gateway's queue, s.
+        predicted_ttft_s: its TTFT as predicted at admission, s (0 while the worker's rates are unknown).
     """
 
     rid: str
@@ -88,6 +90,8 @@ class Slot:
     cost: int
     decision: RouteDecision | None = None
     released: bool = False
+    queued_s: float = 0.0
+    predicted_ttft_s: float = 0.0
 
 
 class Scheduler:
@@ -270,7 +274,7 @@ class Scheduler:
                 self._pool.acquire(d.worker, cost)
                 m.child(m.routing_decisions, self._settings.routing.policy, d.route.reason).inc()
                 m.routing_predicted_cached_chars.inc(d.route.matched_chars)
-                slot = Slot(d.rid, d.worker, cost, d.route)
+                slot = Slot(d.rid, d.worker, cost, d.route, False, d.queued_s, d.predicted_ttft_s)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot straight back
                     self.release(slot, ok=False)
                 else:

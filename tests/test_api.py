@@ -525,6 +525,8 @@ def test_one_json_log_line_per_request_without_prompt_or_key(http: httpx.Client,
     entry = mine[0]
     assert entry["tenant"] == tenant_id and entry["status"] == 200 and entry["worker"]
     assert entry["completion_tokens"] == 2 and entry["ttft_ms"] is not None and entry["latency_ms"] > 0
+    # where the time went: the gateway's queue, and what admission predicted (0: rates not measured yet)
+    assert 0 <= entry["queued_ms"] <= entry["latency_ms"] and entry["predicted_ttft_ms"] >= 0
     assert worker.received[-1]["rid"] == rid  # the same id reaches SGLang
     text = buf.getvalue()
     assert secret_prompt not in text and key not in text and key.split(".")[1] not in text
