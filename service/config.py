@@ -265,7 +265,15 @@ class ApiSettings(BaseModel):
         2,
         ge=1,
         le=64,
-        description="Most such preparations running at once per gateway process; later ones wait their turn.",
+        description="Most such preparations running at once per gateway process; later ones wait their turn, "
+        "round robin across tenants.",
+    )
+    max_offload_waiting_per_tenant: int = Field(
+        16,
+        ge=0,
+        le=10_000,
+        description="Most long-prompt requests one tenant may have waiting for those preparations (each "
+        "holds its body in memory); one more is answered 429 with Retry-After.",
     )
     stream_send_timeout_s: float = Field(
         30.0,

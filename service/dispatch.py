@@ -35,6 +35,7 @@ from service.api.errors import http_status
 from service.api.protocol import ChatCompletionRequest, CompletionRequest, UsageInfo, now_s
 from service.config import Settings
 from service.errors import GatewayError, RateLimited, RequestTooLarge, Unauthenticated
+from service.fair_slots import FairSlots, TooManyWaiting
 from service.metrics import GatewayMetrics
 from service.openai.choices import ChoiceState
 from service.openai.fanout import choice_requests, merge_choices, stream_choices
@@ -142,7 +143,8 @@ class Dispatcher:
         self._metrics = metrics
         self._settler = settler
         self._revocations = revocations
-        self._offload_slots = asyncio.Semaphore(settings.api.max_offloaded_prepares)
+        api = settings.api
+        self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
 
     # 1. validation -------------------------------------------------------------------------------
     def prepare(
@@ -156,10 +158,21 @@ class Dispatcher:
     ) -> PreparedRequest:
         """:meth:`prepare` in a worker thread, at most ``api.max_offloaded_prepares`` at once (later calls
         wait): for long prompts, whose token count would otherwise stall every request on the event loop
-        (the tokenizer releases Python's lock for long texts, :meth:`PromptRenderer.encode`). Same result
-        and errors as :meth:`prepare`."""
-        async with self._offload_slots:
-            return await asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
+        (the tokenizer releases Python's lock for long texts, :meth:`PromptRenderer.encode`). Waiters take
+        turns across tenants (:class:`FairSlots`). Same result and errors as :meth:`prepare`, and
+
+        Raises:
+            RateLimited: the tenant already has ``api.max_offload_waiting_per_tenant`` requests waiting.
+        """
+        try:
+            async with self._offload_slots.hold(tenant.id):
+                return await asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
+        except TooManyWaiting:
+            raise RateLimited(
+                f"Tenant '{tenant.id}' has too many long prompts waiting to be prepared; retry shortly.",
+                code="too_many_long_prompts",
+                retry_after_s=1.0,
+            ) from None
 
     # 2. admission ----------------------------------------------------------------------------------
     async def admit(self, prepared: PreparedRequest) -> Reservation:

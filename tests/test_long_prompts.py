@@ -28,11 +28,13 @@ from tests.test_api import MODEL, assert_openai_error, auth, new_tenant, usage_o
 LONG = "word " * 600_000  # 3 MB, 600,000 tokens of the stub tokenizer: far past the context
 
 
-def gateway_with(redis_url: str, model_dir: Path, worker: str, offload_body_bytes: int) -> Settings:
+def gateway_with(
+    redis_url: str, model_dir: Path, worker: str, offload_body_bytes: int, **api: int
+) -> Settings:
     return Settings.model_validate(
         {
             "admin_token": ADMIN_TOKEN,
-            "redis": {"url": redis_url, "key_prefix": f"long{offload_body_bytes}:"},
+            "redis": {"url": redis_url, "key_prefix": f"long{offload_body_bytes}{len(api)}:"},
             "engine": {"served_model_name": MODEL},
             "upstream": {"workers": [worker], "health_interval_s": 0.2},
             "api": {
@@ -40,6 +42,7 @@ def gateway_with(redis_url: str, model_dir: Path, worker: str, offload_body_byte
                 "context_length": 512,
                 "max_body_bytes": 4_000_000,
                 "offload_body_bytes": offload_body_bytes,
+                **api,
             },
         }
     )
@@ -120,3 +123,42 @@ def test_the_prompt_caches_take_concurrent_threads() -> None:
         sys.setswitchinterval(interval)
     assert not errors
     assert cache.weight <= 64 and cache.weight == sum(w for _, w in cache._entries.values())
+
+
+def test_one_tenant_may_have_only_so_many_long_prompts_waiting(
+    redis_url: str, stub_model_dir: Path, fake: str
+) -> None:
+    """One preparation at a time, one waiter per tenant: while tenant a's 3 MB prompt is counted, its
+    second long prompt waits, its third is refused (429, nothing charged), and tenant b's still waits its
+    turn and is answered."""
+    settings = gateway_with(
+        redis_url, stub_model_dir, fake, 32_768, max_offloaded_prepares=1, max_offload_waiting_per_tenant=1
+    )
+    medium = "word " * 20_000  # 100 kB: offloaded, counted in a moment (past the context as well)
+    with (
+        ThreadedServer(create_app(settings)) as server,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+    ):
+        tenant_a, key_a = new_tenant(http)
+        _, key_b = new_tenant(http)
+        answers: dict[str, httpx.Response] = {}
+
+        def send(name: str, key: str, content: str) -> None:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+            answers[name] = http.post("/v1/chat/completions", json=body, headers=auth(key))
+
+        threads = [threading.Thread(target=send, args=("a1", key_a, LONG))]
+        threads[0].start()
+        time.sleep(0.5)  # a1's count has started (about 1.5 s)
+        for name, key in (("a2", key_a), ("b1", key_b)):
+            threads.append(threading.Thread(target=send, args=(name, key, medium)))
+            threads[-1].start()
+        time.sleep(0.2)
+        send("a3", key_a, medium)
+        assert_openai_error(answers["a3"], 429, "too_many_long_prompts")
+        assert answers["a3"].headers["retry-after"] == "1"
+        for thread in threads:
+            thread.join()
+        for name in ("a1", "a2", "b1"):  # all counted in turn: each past the 512-token context
+            assert_openai_error(answers[name], 400, "context_length_exceeded")
+        assert usage_of(http, tenant_a)["requests"] == 0
