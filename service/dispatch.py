@@ -86,13 +86,20 @@ class _Run:
         try:
             return await work
         except asyncio.CancelledError:
-            revoked = entry.take_error()
+            revoked = self.revoked()
             if revoked is None:
                 raise
-            self.outcome.revoked = True
             raise revoked from None
         finally:
             entry.task = None
+
+    def revoked(self) -> GatewayError | None:
+        """After a cancellation: the revocation's error if it was one (the task is uncancelled and the
+        outcome marked), else None."""
+        revoked = self.revocable.take_error() if self.revocable is not None else None
+        if revoked is not None:
+            self.outcome.revoked = True
+        return revoked
 
     def usage(self) -> UsageInfo:
         """The usage so far: the prompt once, the completions of all choices."""
@@ -301,12 +308,23 @@ class Dispatcher:
         """
         shaper = shaper or self.shaper(prepared)
         run = _Run(prepared, self._renderer)
-        run.revocable = self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
+        revocable = run.revocable = self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
         outcome = run.outcome
         self._metrics.in_flight.inc()
         pieces = self._pieces(prepared, run)
         try:
-            while (piece := await run.until_revoked(anext(pieces, None))) is not None:
+            while True:  # run.until_revoked inlined: it runs once per chunk
+                revocable.task = asyncio.current_task()
+                try:
+                    piece = await anext(pieces, None)
+                except asyncio.CancelledError:
+                    if (revoked := run.revoked()) is None:
+                        raise
+                    raise revoked from None
+                finally:
+                    revocable.task = None
+                if piece is None:
+                    break
                 index, chunk = piece
                 if outcome.ttft_s is None:
                     outcome.ttft_s = time.perf_counter() - prepared.arrival
