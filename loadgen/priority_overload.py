@@ -31,6 +31,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.latency_breakdown import breakdown, read_request_lines
 from loadgen.stack import LocalStack, terminate_as_exit
 
 CLASSES = ("interactive", "standard", "batch")
@@ -50,6 +51,14 @@ CLASS_ENV = {
     ),
 }
 HEADER = ("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
+BREAKDOWN_HEADER = (
+    "class",
+    "served",
+    "queued P50 / P99 ms",
+    "engine P50 / P99 ms",
+    "measured / predicted P50 / P90",
+    "above prediction",
+)
 DEFAULT_DURATION_S = 40.0
 GOAL_MS = {"interactive": 1500.0, "standard": 4000.0, "batch": 15000.0}
 
@@ -63,6 +72,8 @@ class Result:
     ttft_ms: float | None
     end_s: float = 0.0
     """When the answer ended (``time.monotonic()``), s."""
+    rid: str | None = None
+    """The gateway's request id (``x-request-id``)."""
 
 
 async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: int, i: int) -> Result:
@@ -81,9 +92,10 @@ async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: i
         async with http.stream(
             "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
         ) as resp:
+            rid = resp.headers.get("x-request-id")
             if resp.status_code != 200:
                 await resp.aread()
-                return Result(cls, resp.status_code, None, time.monotonic())
+                return Result(cls, resp.status_code, None, time.monotonic(), rid)
             async for line in resp.aiter_lines():
                 if (
                     ttft is None
@@ -94,7 +106,7 @@ async def one_request(http: httpx.AsyncClient, key: str, cls: str, max_tokens: i
                     ttft = (time.perf_counter() - t0) * 1000
     except httpx.HTTPError:
         return Result(cls, 599, None, time.monotonic())
-    return Result(cls, 200, ttft, time.monotonic())
+    return Result(cls, 200, ttft, time.monotonic(), rid)
 
 
 async def measure_capacity(base: str, key: str, concurrency: int, seconds: float, max_tokens: int) -> float:
@@ -208,6 +220,7 @@ async def run(stack_url: str, keys: dict[str, str], args: argparse.Namespace) ->
     served_rps = sum(r.status == 200 for r in results) / wall_s
     interactive_rps = sum(r.cls == "interactive" for r in results) / args.duration_s
     return {
+        "request_ids": {cls: [r.rid for r in results if r.cls == cls and r.rid] for cls in CLASSES},
         "window_max": args.window_max or None,
         "capacity_rps": capacity,
         "capacity_kind": args.capacity,
@@ -245,6 +258,10 @@ def print_figures(figures: dict[str, Any]) -> None:
             f"{r['goodput']:.1%}",
         )
     console.print(table)
+    split = Table(*BREAKDOWN_HEADER, title="served requests' TTFT: the gateway's queue and the engine")
+    for cells in breakdown_rows(figures.get("breakdown", [])):
+        split.add_row(*map(str, cells))
+    console.print(split)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -315,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     with terminate_as_exit(), LocalStack(Path(".run/priority-overload"), env=env) as stack:
         keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
         figures = asyncio.run(run(stack.url, keys, args))
+        log = read_request_lines(stack.run_dir / "gateway.log")
+    figures["breakdown"] = breakdown(figures.pop("request_ids"), log)
     figures["engine_cores"] = sorted(engine_cores) if engine_cores is not None else None
     print_figures(figures)
     if args.json:
@@ -398,9 +417,28 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
             f"{time.strftime('%Y-%m-%d', time.gmtime())}; figures vary from run to run with the "
             "machine's load.",
             table(HEADER, rows),
+            "Where the served requests' TTFT went, from the gateway's `request` log lines "
+            "(`loadgen.latency_breakdown`): the gateway's queue (`queued_ms`), the engine (the rest of "
+            "`ttft_ms`), and measured over predicted TTFT (`predicted_ttft_ms`, admission's prediction):",
+            table(BREAKDOWN_HEADER, breakdown_rows(figures.get("breakdown", []))),
         ]
     )
     write_section(f"cpu-overload-{which}", body)
+
+
+def breakdown_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The breakdown's figures as table cells."""
+    return [
+        [
+            b["class"],
+            b["served"],
+            f"{b['queued_p50_ms']:.0f} / {b['queued_p99_ms']:.0f}",
+            f"{b['engine_p50_ms']:.0f} / {b['engine_p99_ms']:.0f}",
+            f"{b['measured_over_predicted_p50']:.2f} / {b['measured_over_predicted_p90']:.2f}",
+            f"{b['above_prediction']:.0%}",
+        ]
+        for b in rows
+    ]
 
 
 if __name__ == "__main__":
