@@ -203,6 +203,7 @@ class AdmissionCore:
         prefilled(e)
         uncached = e.uncached if cached_tokens is None else max(0, e.req.prompt_tokens - cached_tokens)
         e.worker.est.on_first_token(now, now - e.dispatched_at, e.backlog_at_dispatch + uncached)
+        e.worker.est.on_prediction_outcome(e.req.band, now - e.req.arrival, e.predicted)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
 
     def finish(
@@ -379,13 +380,15 @@ class AdmissionCore:
             return min(cap, arrival + cls.ttft_goal_s)
         # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
-        return min(cap, arrival + cls.ttft_goal_s - w.engine_ttft(e.uncached, cls.rank, now))
+        engine = w.engine_ttft(e.uncached, cls.rank, now) * w.est.prediction_scale(e.req.band)
+        return min(cap, arrival + cls.ttft_goal_s - engine)
 
     def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
         if not self.config.slo_admission or e.cls.serve_late or e.beyond_goal:
             return False
-        engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now)
+        scale = w.est.prediction_scale(e.req.band)
+        engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now) * scale
         first_token = now + engine * (1.0 + self.config.dispatch_margin)
         return first_token > e.req.arrival + e.cls.ttft_goal_s
 

@@ -157,6 +157,12 @@ class EstimateConfig:
         e2e_alpha: weight of each dispatch-to-done sample.
         long_prefill_tokens: uncached prompt tokens from which a request's TTFT is treated as
             prefill-dominated (``per_token`` model) rather than as the short-request ``base``.
+        calibration_quantile: 0 (off), or the share of each class's TTFTs that its predictions should
+            cover (e.g. 0.9): the predictions are then scaled per worker and class until that share of
+            measured TTFTs comes in at or under them (:meth:`WorkerEstimates.on_prediction_outcome`).
+        calibration_step: how fast that scale moves, in log units per sample (0.05: a few tens of first
+            tokens to move it by half).
+        calibration_max: the scale stays within ``[1 / calibration_max, calibration_max]``.
     """
 
     rate_tau_s: float = 5.0
@@ -164,6 +170,9 @@ class EstimateConfig:
     ttft_alpha: float = 0.05
     e2e_alpha: float = 0.02
     long_prefill_tokens: int = 1024
+    calibration_quantile: float = 0.0
+    calibration_step: float = 0.05
+    calibration_max: float = 4.0
 
 
 @dataclass(slots=True)
@@ -183,6 +192,8 @@ class WorkerEstimates:
     e2e: Ewma = field(init=False)
     ttft_base: DecayingEwma = field(init=False)
     ttft_per_token: DecayingEwma = field(init=False)
+    log_scale: dict[str, float] = field(default_factory=dict)
+    """Per class (band): log of the factor its TTFT predictions are scaled by (0: none)."""
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -203,6 +214,31 @@ class WorkerEstimates:
         else:
             explained = per_token * prefill_tokens if per_token is not None else 0.0
             self.ttft_base.update(max(0.0, engine_ttft_s - explained), now)
+
+    def prediction_scale(self, band: str) -> float:
+        """The factor ``band``'s TTFT predictions on this worker are scaled by (1 while calibration is off
+        or has no sample yet)."""
+        scale = self.log_scale.get(band)
+        return 1.0 if scale is None else math.exp(scale)
+
+    def on_prediction_outcome(self, band: str, measured_s: float, predicted_s: float) -> None:
+        """Learn from a first token of ``band`` measured ``measured_s`` after arrival, when (scaled)
+        ``predicted_s`` was predicted at admission.
+
+        Stochastic-approximation quantile tracking (Robbins & Monro, 1951) on the log of the scale: a
+        miss raises it by ``step x q``, a hit lowers it by ``step x (1 - q)``, so it settles where a share
+        ``q`` of measured TTFTs is at or under the prediction. It corrects what the TTFT model leaves
+        out on a real engine (a CPU's step-quantized decode batches, preemption and re-prefill); on an
+        engine the model describes it stays near 1. No-op while ``calibration_quantile`` is 0.
+        """
+        cfg = self.config
+        q = cfg.calibration_quantile
+        if q <= 0.0 or predicted_s <= 0.0:
+            return
+        scale = self.log_scale.get(band, 0.0)
+        scale += cfg.calibration_step * (q - (1.0 if measured_s <= predicted_s else 0.0))
+        bound = math.log(cfg.calibration_max)
+        self.log_scale[band] = min(bound, max(-bound, scale))
 
     def on_done(self, now: float, e2e_s: float) -> None:
         """Learn from a request that finished at ``now`` after ``e2e_s`` on the worker."""

@@ -138,7 +138,7 @@ class WorkerQueue:
         The wait is the requests served before it (higher bands, earlier WFQ tags in its band) beyond the free
         window, over the measured capacity left by the higher bands' arrivals (Little's law); the engine part
         is the measured TTFT after the prefill backlog plus its own ``uncached`` tokens. Zero wait while the
-        capacity is unknown.
+        capacity is unknown. Scaled by the class's calibration (:meth:`WorkerEstimates.prediction_scale`).
         """
         cls = classes[req.band]
         free = self.window.size + self.headroom(req.band, top) - self.in_flight
@@ -152,7 +152,8 @@ class WorkerQueue:
             if capacity is not None:
                 higher = sum(r.rate(now) or 0.0 for k, r in self.arrivals.items() if k > cls.rank)
                 wait = need / max(capacity - higher, capacity * MIN_RESIDUAL)
-        return wait + self.engine_ttft(self.backlog(now) + uncached, cls.rank, now)
+        engine = self.engine_ttft(self.backlog(now) + uncached, cls.rank, now)
+        return (wait + engine) * self.est.prediction_scale(req.band)
 
     def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
         """Predicted dispatch-to-first-token time of a class-``rank`` request after ``prefill_tokens`` of

@@ -405,6 +405,7 @@ class Settings(BaseSettings):
             cache_aware=self.routing.cache_aware_config(),
             max_queue_total=self.scheduler.max_queue_total,
             load_report_interval_s=self.scheduler.load_poll_interval_s,
+            estimates=self.scheduler.estimate_config(),
         )
 
     @property

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, model_validator
 from policies.admission_types import CoreConfig
 from policies.cache_aware import CacheAwareConfig
 from policies.classes import ClassPolicy, default_classes
+from policies.estimates import EstimateConfig
 from policies.routing import RouterName
 from policies.windows import WindowConfig, WindowMode
 
@@ -120,6 +121,17 @@ class SchedulerSettings(BaseModel):
     load_poll_interval_s: float = Field(
         _CORE.load_report_interval_s, gt=0, description="Period of worker /metrics load polls, s."
     )
+    prediction_calibration_quantile: float = Field(
+        _CORE.estimates.calibration_quantile,
+        ge=0,
+        lt=1,
+        description="0: off; else scale each worker's TTFT predictions per class until this share of "
+        "measured TTFTs comes in under them (e.g. 0.9), for engines the TTFT model misjudges (CPU workers).",
+    )
+
+    def estimate_config(self) -> EstimateConfig:
+        """The worker estimates' settings."""
+        return replace(_CORE.estimates, calibration_quantile=self.prediction_calibration_quantile)
 
     def window_config(self) -> WindowConfig:
         """The window controller's settings."""

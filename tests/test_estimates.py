@@ -86,3 +86,26 @@ def test_engine_ttft_of_a_lower_class_counts_the_higher_classes_prefills_that_go
     for i in range(1, 2001):  # the 200 s before: a steady 10 requests/s of the higher class (rank 1)
         queue.count_arrival(1, i / 10 - 200, 5.0, round(higher_tokens_per_s / 10))
     assert queue.engine_ttft(2000, rank, 0.0) == pytest.approx(expected_s, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("quantile", "late_by", "low", "high"),
+    [
+        (0.0, 2.0, 1.0, 1.0),  # off: predictions stay as the model makes them
+        (0.9, 2.0, 1.95, 2.3),  # first tokens at twice the prediction: the scale settles just above 2
+        (0.9, 1.0, 0.9, 1.1),  # an engine the model describes: about 1
+        (0.5, 0.5, 0.45, 0.6),  # predictions twice too long: scaled down
+        (0.9, 10.0, 4.0, 4.0),  # never beyond calibration_max
+    ],
+)
+def test_predictions_are_scaled_until_the_quantile_of_first_tokens_is_covered(
+    quantile: float, late_by: float, low: float, high: float
+) -> None:
+    est = WorkerEstimates(EstimateConfig(calibration_quantile=quantile))
+    raw = 0.2  # the model's prediction, s
+    for _ in range(400):
+        est.on_prediction_outcome(
+            "interactive", measured_s=late_by * raw, predicted_s=raw * est.prediction_scale("interactive")
+        )
+    assert low <= est.prediction_scale("interactive") <= high
+    assert est.prediction_scale("batch") == 1.0  # per class
