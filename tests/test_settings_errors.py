@@ -73,3 +73,34 @@ def test_a_rule_across_settings_names_no_empty_variable(
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("invalid settings: workers > 1 needs engine.launch false"), result.output
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "65536", "99999"])
+def test_a_worker_port_out_of_range_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
+    """``python -m service worker --port 99999`` started SGLang, then died in a traceback (OverflowError)."""
+
+    def refuse_to_start(self: object) -> None:
+        raise AssertionError("the worker started with a bad port")
+
+    monkeypatch.setattr(service_main.WorkerProcess, "start", refuse_to_start)
+    result = CliRunner().invoke(cli, ["worker", "--port", port])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "--port" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["config-table", "params-table"])
+@pytest.mark.parametrize("what", ["missing", "folder", "no markers"])
+def test_a_readme_that_cannot_take_the_table_is_one_clear_line(
+    tmp_path: Path, command: str, what: str
+) -> None:
+    """``config-table --readme`` with a missing file, a folder or a file without the markers ended in a
+    traceback (FileNotFoundError, IsADirectoryError, ValueError: substring not found)."""
+    readme = {"missing": tmp_path / "nope.md", "folder": tmp_path, "no markers": tmp_path / "r.md"}[what]
+    if what == "no markers":
+        readme.write_text("# a readme without table markers\n")
+    result = CliRunner().invoke(cli, [command, "--readme", str(readme)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.splitlines()) <= 2, result.output
+    assert str(readme) in result.output, result.output
+    if what == "no markers":
+        assert readme.read_text() == "# a readme without table markers\n"
