@@ -21,7 +21,7 @@ from service.config import Settings
 from service.config_doc import settings_table
 from service.host_serve import MULTIPROC_ENV, serve_processes
 from service.logs import configure_logging
-from service.workers.launcher import WorkerProcess
+from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
 
@@ -112,11 +112,22 @@ def worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await proc.wait_ready()
+        # Ctrl-C or SIGTERM while the engine still loads (minutes for a large model) stops it at once
+        ready = asyncio.create_task(proc.wait_ready())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            return
+        stopping.cancel()
+        ready.result()  # raises WorkerStartError when it exited or never answered
         await stop.wait()
 
     try:
         asyncio.run(run())
+    except WorkerStartError as exc:
+        typer.echo(f"the worker did not start: {exc} (its output is above, or in engine.log_dir)", err=True)
+        raise typer.Exit(1) from None
     finally:
         proc.stop()
 

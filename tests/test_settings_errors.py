@@ -3,6 +3,10 @@ traceback, before anything listens or connects."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ from typer.testing import CliRunner
 from service import __main__ as service_main
 from service.__main__ import cli
 from service.config import Settings
+from service.workers.launcher import WorkerStartError
 
 
 def refuse_to_serve(*args: object, **kwargs: object) -> None:
@@ -104,3 +109,46 @@ def test_a_readme_that_cannot_take_the_table_is_one_clear_line(
     assert str(readme) in result.output, result.output
     if what == "no markers":
         assert readme.read_text() == "# a readme without table markers\n"
+
+
+class SlowWorker:
+    """Stands in for :class:`service.workers.launcher.WorkerProcess`: starts at once, is ready after
+    ``ready_after_s`` (or fails to start when ``fails``), records whether it was stopped."""
+
+    ready_after_s = 30.0
+    fails = False
+    stopped = False
+
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    async def wait_ready(self) -> None:
+        if SlowWorker.fails:
+            raise WorkerStartError("worker on port 30000 exited with 1")
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the engine loads its model
+        await asyncio.sleep(SlowWorker.ready_after_s)
+
+    def stop(self) -> None:
+        SlowWorker.stopped = True
+
+
+def test_ctrl_c_while_a_worker_starts_stops_it_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m service worker`` took Ctrl-C only once the engine was ready (minutes for a large model)."""
+    monkeypatch.setattr(service_main, "WorkerProcess", SlowWorker)
+    SlowWorker.fails, SlowWorker.stopped = False, False
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["worker"])
+    assert time.monotonic() - started < SlowWorker.ready_after_s / 2, "it waited for the worker to be ready"
+    assert result.exit_code == 0 and SlowWorker.stopped, result.output
+
+
+def test_a_worker_that_does_not_start_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that exited while starting (a wrong model path) ended in a 70-line WorkerStartError trace."""
+    monkeypatch.setattr(service_main, "WorkerProcess", SlowWorker)
+    SlowWorker.fails, SlowWorker.stopped = True, False
+    result = CliRunner().invoke(cli, ["worker"])
+    assert result.exit_code == 1 and SlowWorker.stopped, result.output
+    assert "Traceback" not in result.output and "exited with 1" in result.output, result.output
