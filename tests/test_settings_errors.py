@@ -111,6 +111,11 @@ def test_a_readme_that_cannot_take_the_table_is_one_clear_line(
         assert readme.read_text() == "# a readme without table markers\n"
 
 
+def no_logging(level: str) -> None:
+    """The CLI's logging set-up would bind structlog to CliRunner's stream, closed after the test (later
+    tests' log lines then fail)."""
+
+
 class SlowWorker:
     """Stands in for :class:`service.workers.launcher.WorkerProcess`: starts at once, is ready after
     ``ready_after_s`` (or fails to start when ``fails``), records whether it was stopped."""
@@ -138,6 +143,7 @@ class SlowWorker:
 def test_ctrl_c_while_a_worker_starts_stops_it_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """``python -m service worker`` took Ctrl-C only once the engine was ready (minutes for a large model)."""
     monkeypatch.setattr(service_main, "WorkerProcess", SlowWorker)
+    monkeypatch.setattr(service_main, "configure_logging", no_logging)
     SlowWorker.fails, SlowWorker.stopped = False, False
     started = time.monotonic()
     result = CliRunner().invoke(cli, ["worker"])
@@ -148,6 +154,7 @@ def test_ctrl_c_while_a_worker_starts_stops_it_at_once(monkeypatch: pytest.Monke
 def test_a_worker_that_does_not_start_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that exited while starting (a wrong model path) ended in a 70-line WorkerStartError trace."""
     monkeypatch.setattr(service_main, "WorkerProcess", SlowWorker)
+    monkeypatch.setattr(service_main, "configure_logging", no_logging)
     SlowWorker.fails, SlowWorker.stopped = True, False
     result = CliRunner().invoke(cli, ["worker"])
     assert result.exit_code == 1 and SlowWorker.stopped, result.output
