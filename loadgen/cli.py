@@ -235,7 +235,15 @@ def run(
             counts["ok" if rec.ok else str(rec.status) if rec.status else "err"] += 1
             progress.update(task, advance=1, status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
 
-        result = asyncio.run(run_plan(scenario, reqs, key_map, url, done, drain_timeout_s))
+        try:
+            result = asyncio.run(run_plan(scenario, reqs, key_map, url, done, drain_timeout_s))
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print(
+                f"[yellow]interrupted after {counts.total()} of {len(reqs)} answers: the run stopped, "
+                f"no results written to {out}[/]"
+            )
+            raise typer.Exit(130) from None
     save_results(out / "results.json", scenario, result)
     _finish(scenario, result.records, result.to_json(scenario)["run"], out, plots)
     if result.records and all(r.status == 0 for r in result.records):

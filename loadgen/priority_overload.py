@@ -21,6 +21,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -329,10 +330,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     engine_cores = pin_engine(args.pin)
     if engine_cores is not None:
         env["RADIXGATE_ENGINE__CPU_AFFINITY"] = json.dumps(sorted(engine_cores))
-    with terminate_as_exit(), LocalStack(Path(".run/priority-overload"), env=env) as stack:
-        keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
-        figures = asyncio.run(run(stack.url, keys, args))
-        log = read_request_lines(stack.run_dir / "gateway.log")
+    try:
+        with terminate_as_exit(), LocalStack(Path(".run/priority-overload"), env=env) as stack:
+            keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
+            figures = asyncio.run(run(stack.url, keys, args))
+            log = read_request_lines(stack.run_dir / "gateway.log")
+    except KeyboardInterrupt:  # the stack is stopped by now (Redis, gateway, its SGLang worker)
+        print("interrupted: the stack was stopped; no figures", file=sys.stderr)
+        raise SystemExit(130) from None
     figures["breakdown"] = breakdown(figures.pop("request_ids"), log)
     figures["engine_cores"] = sorted(engine_cores) if engine_cores is not None else None
     print_figures(figures)

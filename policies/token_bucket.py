@@ -16,6 +16,11 @@ import math
 from dataclasses import dataclass
 
 MS_PER_MIN = 60_000.0
+MAX_WAIT_MS = 1e13
+"""Longest wait (and bucket key lifetime) ever computed, ms (~317 years): a rate as slow as the admin API
+allows (any > 0 per minute) would otherwise give waits beyond what Redis takes as an integer (the Lua
+script's PEXPIRE failed: a 500; its integer reply wrapped). Below 1e14, so that Lua's own number-to-string
+conversion (``%.14g`` before Redis 7) still writes it as digits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +82,13 @@ def refill(state: BucketState, limit: BucketLimit, now_ms: float) -> BucketState
 
 
 def wait_ms_for(level: float, cost: float, limit: BucketLimit) -> float:
-    """Milliseconds until a bucket at ``level`` holds ``cost`` units (0 if it already does)."""
+    """Milliseconds until a bucket at ``level`` holds ``cost`` units (0 if it already does), at most
+    :data:`MAX_WAIT_MS`; ``math.inf`` when ``cost`` is above the capacity."""
     if cost > limit.capacity:
         return math.inf
     if level >= cost:
         return 0.0
-    return float(math.ceil((cost - level) * MS_PER_MIN / limit.rate_per_min))
+    return min(float(math.ceil((cost - level) * MS_PER_MIN / limit.rate_per_min)), MAX_WAIT_MS)
 
 
 def try_take(state: BucketState, limit: BucketLimit, cost: float, now_ms: float) -> TakeResult:

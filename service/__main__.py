@@ -21,7 +21,7 @@ from service.config import Settings
 from service.config_doc import settings_table
 from service.host_serve import MULTIPROC_ENV, serve_processes
 from service.logs import configure_logging
-from service.workers.launcher import WorkerProcess
+from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
 
@@ -98,7 +98,9 @@ def serve() -> None:
 
 
 @cli.command()
-def worker(port: int = typer.Option(None, help="Port (default: engine.base_port).")) -> None:
+def worker(
+    port: int = typer.Option(None, min=1, max=65535, help="Port (default: engine.base_port)."),
+) -> None:
     """Run one SGLang worker in the foreground, built from RADIXGATE_ENGINE__* settings."""
     settings = load_settings()
     configure_logging(settings.observability.log_level)
@@ -110,23 +112,44 @@ def worker(port: int = typer.Option(None, help="Port (default: engine.base_port)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await proc.wait_ready()
+        # Ctrl-C or SIGTERM while the engine still loads (minutes for a large model) stops it at once
+        ready = asyncio.create_task(proc.wait_ready())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({ready, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.done():
+            ready.cancel()
+            return
+        stopping.cancel()
+        ready.result()  # raises WorkerStartError when it exited or never answered
         await stop.wait()
 
     try:
         asyncio.run(run())
+    except WorkerStartError as exc:
+        typer.echo(f"the worker did not start: {exc} (its output is above, or in engine.log_dir)", err=True)
+        raise typer.Exit(1) from None
     finally:
         proc.stop()
 
 
-def _print_or_write(table: str, marker: str, readme: Path | None) -> None:
+def _print_or_write(tables: dict[str, str], readme: Path | None) -> None:
+    """Print ``tables`` (marker -> markdown), or write each between its markers in ``readme``; a file that
+    cannot be read or written, or lacks a marker, exits 2 with one line and is left as it was."""
     if readme is None:
-        print(table)
+        print("\n\n".join(tables.values()))
         return
-    start, end = f"<!-- {marker}:start -->\n", f"\n<!-- {marker}:end -->"
-    text = readme.read_text()
-    head, tail = text[: text.index(start) + len(start)], text[text.index(end) :]
-    readme.write_text(head + table + tail)
+    try:
+        text = readme.read_text()
+        for marker, table in tables.items():
+            start, end = f"<!-- {marker}:start -->\n", f"\n<!-- {marker}:end -->"
+            if start not in text or end not in text:
+                raise ValueError(f"no {start.strip()} ... {end.strip()} markers")
+            text = text[: text.index(start) + len(start)] + table + text[text.index(end) :]
+        readme.write_text(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        typer.echo(f"cannot write the table into {readme}: {reason}", err=True)
+        raise typer.Exit(2) from None
 
 
 @cli.command("config-table")
@@ -134,7 +157,7 @@ def config_table(
     readme: Path | None = typer.Option(None, help="Rewrite the table between the markers of this file."),
 ) -> None:
     """Print every setting as a markdown table, or write it into the README's configuration section."""
-    _print_or_write(settings_table(), "config-table", readme)
+    _print_or_write({"config-table": settings_table()}, readme)
 
 
 @cli.command("params-table")
@@ -143,9 +166,8 @@ def params_table(
 ) -> None:
     """Print the OpenAI request parameters (served / accepted / off only / refused) as a markdown table,
     or write it into the README."""
-    _print_or_write(parameters_table(), "params-table", readme)
-    if readme is not None:
-        _print_or_write(responses_table(), "responses-table", readme)
+    tables = {"params-table": parameters_table()}
+    _print_or_write(tables | {"responses-table": responses_table()} if readme else tables, readme)
 
 
 if __name__ == "__main__":

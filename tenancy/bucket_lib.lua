@@ -2,6 +2,10 @@
 -- Arithmetic mirrors policies/token_bucket.py (tested on one table); keep them in step.
 -- A bucket is a hash with fields level (units) and ts (ms); a missing one is full.
 
+-- Longest wait and key lifetime, ms: policies/token_bucket.py MAX_WAIT_MS (1e13, written as digits by
+-- Lua); a slower rate would overflow Redis's integers (PEXPIRE errors, an integer reply wraps).
+local MAX_WAIT_MS = 10000000000000
+
 -- now_ms(arg): arg as a number, or the Redis server's clock in ms when arg is "" (one clock for every
 -- gateway replica).
 local function now_ms(arg)
@@ -39,5 +43,5 @@ end
 -- means the same as a full bucket, so the key can expire.
 local function bucket_store(key, level, stamp, rate, cap)
   redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', stamp))
-  redis.call('PEXPIRE', key, math.ceil(2 * cap * 60000 / rate) + 1000)
+  redis.call('PEXPIRE', key, math.min(math.ceil(2 * cap * 60000 / rate), MAX_WAIT_MS) + 1000)
 end

@@ -35,7 +35,7 @@ for i = 1, n do
       return {-1, 0, i}
     end
     if levels[i] < amount then
-      local wait = math.ceil((amount - levels[i]) * 60000 / rate)
+      local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
       if wait > worst_wait then
         worst_wait, worst_idx = wait, i
       end

@@ -263,3 +263,25 @@ def test_bench_lists_are_checked_and_each_name_runs_once(value: str, expected: l
             _split(value, tuple(MODES), "--modes")
     else:
         assert _split(value, tuple(MODES), "--modes") == expected
+
+
+def test_ctrl_c_during_the_bench_says_it_stopped_everything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ctrl-C mid-run stopped every process but exited without a word (130 from a bare KeyboardInterrupt)."""
+    from typer.testing import CliRunner
+
+    from loadgen.bench import command
+    from loadgen.cli import app
+
+    def interrupted(*args: object) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "wrk_binary", lambda: "/usr/bin/wrk")
+    monkeypatch.setattr(command, "check_targets", lambda names, peers_dir: [])
+    monkeypatch.setattr(command, "run_bench", interrupted)
+    result = CliRunner().invoke(
+        app, ["bench-gateway", "--quick", "--targets", "direct", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.output and "Traceback" not in result.output, result.output

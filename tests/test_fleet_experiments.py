@@ -7,7 +7,18 @@ properties the issue asks of the full runs.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loadgen.fleet import experiments_load
 from loadgen.fleet.experiments import capacity, workers_figures
+from loadgen.fleet.experiments import main as experiments_main
 from loadgen.fleet.experiments_load import fairness_figures, overload_figures, routing_figures
 
 
@@ -42,3 +53,67 @@ def test_fairness_quiet_tenants_keep_their_goodput() -> None:
     cap = capacity(workers=1, lo=10.0, hi=100.0, steps=5, duration_s=30.0)
     head, _ = fairness_figures(workers=1, duration_s=30.0, cap=cap)
     assert head["quiet_goodput_min"] >= 0.99 and head["jain_quiet"] >= 0.99
+
+
+POOL_CHILD = """
+import time
+from loadgen.fleet.experiments import parallel
+parallel(time.sleep, [(120,)] * 256)  # more runs than processes: some wait in the queue
+"""
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (the child and the pool processes it forked)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("to_group", [True, False], ids=["ctrl-c", "sigterm-to-the-parent"])
+def test_an_interrupted_pool_stops_its_processes_at_once(to_group: bool) -> None:
+    """Ctrl-C on ``experiments all`` waited for every queued run to finish (ProcessPoolExecutor's workers
+    catch KeyboardInterrupt as a task's error, then its exit waits); SIGTERM left the pool's processes
+    running as orphans."""
+    marker = f"pool-{os.getpid()}-{to_group}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", POOL_CHILD],
+        env={**os.environ, "RADIXGATE_TEST_MARKER": marker},
+        start_new_session=True,  # its own group, signalled as a terminal signals its foreground job
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(marked_pids(marker)) < 3:  # the child and its pool processes (2 or more)
+            assert child.poll() is None and time.monotonic() < deadline, "the pool did not start"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the pool processes run their sleep
+        if to_group:
+            os.killpg(child.pid, signal.SIGINT)
+        else:
+            os.kill(child.pid, signal.SIGTERM)
+        child.wait(timeout=15)
+        assert child.returncode != 0
+        deadline = time.monotonic() + 5
+        while marked_pids(marker):
+            assert time.monotonic() < deadline, "pool processes outlived their parent"
+            time.sleep(0.1)
+    finally:
+        for pid in marked_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_during_an_experiment_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C during ``experiments fairness`` (run in this process) ended in a KeyboardInterrupt traceback."""
+
+    def interrupted() -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiments_load, "exp_fairness", interrupted)
+    assert experiments_main(["fairness"]) == 130
+    assert "interrupted" in capsys.readouterr().err

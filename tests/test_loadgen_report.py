@@ -169,3 +169,22 @@ def test_run_with_a_bad_keys_file_exits_2_before_sending(tmp_path: Path, text: s
     )
     assert result.exit_code == 2, result.output
     assert "keys file" in " ".join(result.output.split())
+
+
+def test_ctrl_c_during_a_run_says_what_was_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C mid-run exited without a word (130), leaving an empty --out folder unexplained."""
+    import loadgen.cli as loadgen_cli
+
+    async def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loadgen_cli, "run_plan", interrupted)
+    scenario = Path(__file__).parent.parent / "loadgen" / "scenarios" / "smoke.toml"
+    result = CliRunner().invoke(
+        app,
+        ["run", str(scenario), "--api-key", "k", "--base-url", "http://127.0.0.1:9", "--out", str(tmp_path)],
+    )
+    assert result.exit_code == 130, result.output
+    said = " ".join(result.output.split())
+    assert "interrupted after 0 of" in said and "no results written" in said, result.output
+    assert not (tmp_path / "results.json").exists()

@@ -106,3 +106,40 @@ def test_priority_overload_refuses_bad_arguments_before_starting_a_stack(
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / ".run").exists()
+
+
+class FakeStack:
+    """Stands in for :class:`loadgen.stack.LocalStack`: records whether it was stopped."""
+
+    stopped = False
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.url = "http://127.0.0.1:9"
+
+    def __enter__(self) -> FakeStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        FakeStack.stopped = True
+
+    def create_tenant(self, tenant_id: str, **kwargs: object) -> str:
+        return f"key-{tenant_id}"
+
+
+def test_priority_overload_ctrl_c_stops_the_stack_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C mid-run stopped the stack but ended in a 60-line traceback (KeyboardInterrupt, asyncio.run)."""
+    import loadgen.priority_overload as priority_overload
+
+    async def interrupted(*args: object) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(priority_overload, "LocalStack", FakeStack)
+    monkeypatch.setattr(priority_overload, "run", interrupted)
+    FakeStack.stopped = False
+    with pytest.raises(SystemExit) as exited:
+        priority_overload_main(["--no-pin"])
+    assert exited.value.code == 130
+    err = capsys.readouterr().err
+    assert FakeStack.stopped and "interrupted" in err and "Traceback" not in err, err

@@ -3,6 +3,10 @@ traceback, before anything listens or connects."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,7 @@ from typer.testing import CliRunner
 from service import __main__ as service_main
 from service.__main__ import cli
 from service.config import Settings
+from service.workers.launcher import WorkerStartError
 
 
 def refuse_to_serve(*args: object, **kwargs: object) -> None:
@@ -73,3 +78,84 @@ def test_a_rule_across_settings_names_no_empty_variable(
     result = CliRunner().invoke(cli, ["serve"])
     assert result.exit_code == 2, result.output
     assert result.output.startswith("invalid settings: workers > 1 needs engine.launch false"), result.output
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "65536", "99999"])
+def test_a_worker_port_out_of_range_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, port: str) -> None:
+    """``python -m service worker --port 99999`` started SGLang, then died in a traceback (OverflowError)."""
+
+    def refuse_to_start(self: object) -> None:
+        raise AssertionError("the worker started with a bad port")
+
+    monkeypatch.setattr(service_main.WorkerProcess, "start", refuse_to_start)
+    result = CliRunner().invoke(cli, ["worker", "--port", port])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "--port" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["config-table", "params-table"])
+@pytest.mark.parametrize("what", ["missing", "folder", "no markers"])
+def test_a_readme_that_cannot_take_the_table_is_one_clear_line(
+    tmp_path: Path, command: str, what: str
+) -> None:
+    """``config-table --readme`` with a missing file, a folder or a file without the markers ended in a
+    traceback (FileNotFoundError, IsADirectoryError, ValueError: substring not found)."""
+    readme = {"missing": tmp_path / "nope.md", "folder": tmp_path, "no markers": tmp_path / "r.md"}[what]
+    if what == "no markers":
+        readme.write_text("# a readme without table markers\n")
+    result = CliRunner().invoke(cli, [command, "--readme", str(readme)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.splitlines()) <= 2, result.output
+    assert str(readme) in result.output, result.output
+    if what == "no markers":
+        assert readme.read_text() == "# a readme without table markers\n"
+
+
+def no_logging(level: str) -> None:
+    """The CLI's logging set-up would bind structlog to CliRunner's stream, closed after the test (later
+    tests' log lines then fail)."""
+
+
+class SlowWorker:
+    """Stands in for :class:`service.workers.launcher.WorkerProcess`: starts at once, is ready after
+    ``ready_after_s`` (or fails to start when ``fails``), records whether it was stopped."""
+
+    ready_after_s = 30.0
+    fails = False
+    stopped = False
+
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    async def wait_ready(self) -> None:
+        if SlowWorker.fails:
+            raise WorkerStartError("worker on port 30000 exited with 1")
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the engine loads its model
+        await asyncio.sleep(SlowWorker.ready_after_s)
+
+    def stop(self) -> None:
+        SlowWorker.stopped = True
+
+
+def test_ctrl_c_while_a_worker_starts_stops_it_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m service worker`` took Ctrl-C only once the engine was ready (minutes for a large model)."""
+    monkeypatch.setattr(service_main, "WorkerProcess", SlowWorker)
+    monkeypatch.setattr(service_main, "configure_logging", no_logging)
+    SlowWorker.fails, SlowWorker.stopped = False, False
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["worker"])
+    assert time.monotonic() - started < SlowWorker.ready_after_s / 2, "it waited for the worker to be ready"
+    assert result.exit_code == 0 and SlowWorker.stopped, result.output
+
+
+def test_a_worker_that_does_not_start_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that exited while starting (a wrong model path) ended in a 70-line WorkerStartError trace."""
+    monkeypatch.setattr(service_main, "WorkerProcess", SlowWorker)
+    monkeypatch.setattr(service_main, "configure_logging", no_logging)
+    SlowWorker.fails, SlowWorker.stopped = True, False
+    result = CliRunner().invoke(cli, ["worker"])
+    assert result.exit_code == 1 and SlowWorker.stopped, result.output
+    assert "Traceback" not in result.output and "exited with 1" in result.output, result.output

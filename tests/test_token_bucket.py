@@ -7,7 +7,16 @@ import math
 import pytest
 import redis.asyncio as aioredis
 
-from policies.token_bucket import BucketLimit, BucketState, adjust, full_bucket, refill, try_take
+from policies.token_bucket import (
+    MAX_WAIT_MS,
+    BucketLimit,
+    BucketState,
+    adjust,
+    full_bucket,
+    refill,
+    try_take,
+    wait_ms_for,
+)
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter, Reservation
 
@@ -109,3 +118,24 @@ async def test_lua_settle_adjusts_as_the_same_table(redis_client: aioredis.Redis
             held = Reservation("acme", quotas, 1, int(max(amount, 0)))
             assert await limiter.settle(held, int(max(-amount, 0)), {}, now_ms=now)
             assert float(await redis_client.hget(key, "level")) == pytest.approx(level), row
+
+
+@pytest.mark.parametrize("rate", [1e-300, 1e-9])
+async def test_a_rate_too_slow_to_refill_in_time_refuses_with_a_bounded_wait(
+    redis_client: aioredis.Redis, rate: float
+) -> None:
+    """A quota of 1e-300 tokens/min (the admin API takes any rate > 0) made the Lua PEXPIRE and wait
+    overflow Redis's integers: an admitted request got a 500 (ResponseError), a refused one Retry-After 1."""
+    limiter = QuotaLimiter(redis_client, "t:")
+    quotas = Quotas(requests_per_min=rate, tokens_per_min=rate, token_burst=100)
+    assert (await limiter.reserve("slow", quotas, 60, now_ms=0)).allowed
+    refused = await limiter.reserve("slow", quotas, 60, now_ms=1000)
+    assert not refused.allowed and not refused.never
+    slowest = max(
+        wait_ms_for(0, 1, BucketLimit(rate_per_min=rate, capacity=1)),
+        wait_ms_for(40, 60, BucketLimit(rate_per_min=rate, capacity=100)),
+    )
+    assert slowest <= MAX_WAIT_MS and refused.retry_after_s == pytest.approx(slowest / 1000, rel=1e-6)
+    assert (await limiter.adjust("slow", quotas, tokens=10, now_ms=2000))["tokens"] == pytest.approx(50)
+    assert 0 < await redis_client.pttl("t:bucket:slow:tokens") <= MAX_WAIT_MS + 1000
+    assert wait_ms_for(0, 60, BucketLimit(rate_per_min=1e-300, capacity=100)) == MAX_WAIT_MS

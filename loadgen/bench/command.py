@@ -157,6 +157,11 @@ def bench_gateway(
     except (BenchSetupError, WrkError) as err:
         console.print(f"[red]{err}[/]")
         raise typer.Exit(1) from err
+    except KeyboardInterrupt:  # run_bench stopped every process it started on the way out
+        console.print(
+            f"[yellow]interrupted: the targets, Redis and the fake upstream were stopped; no report ({out})"
+        )
+        raise typer.Exit(130) from None
     print_report(report, console)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     written = [out / "bench.json"]

@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +36,7 @@ from loadgen.fleet.config import FleetConfig
 from loadgen.fleet.doc import DOC, IMG, line_plot, table, write_section
 from loadgen.fleet.run import run_scenario
 from loadgen.scenario import Scenario, parse_scenario
+from loadgen.stack import terminate_as_exit
 from policies.classes import ClassPolicy, default_classes
 from policies.windows import WindowConfig
 
@@ -138,12 +141,22 @@ def meets(s: Mapping[str, Any]) -> bool:
     return s["goodput"] is not None and s["goodput"] >= GOOD
 
 
+def _ignore_sigint() -> None:
+    """Pool processes leave Ctrl-C to their parent, which stops them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def parallel(fn: Callable[..., Any], args: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """``fn(*a)`` for each ``a`` in a process pool (one process per CPU), results in order."""
+    """``fn(*a)`` for each ``a`` in a process pool (one process per CPU), results in order.
+
+    Ctrl-C, SIGTERM or SIGHUP stop the pool's processes at once (``multiprocessing.Pool`` terminates them
+    on the way out); ``concurrent.futures``' pool waited for every queued run after Ctrl-C, and its
+    processes outlived a parent stopped by SIGTERM."""
     if len(args) == 1:
         return [fn(*args[0])]
-    with ProcessPoolExecutor(max_workers=min(len(args), os.cpu_count() or 1)) as pool:
-        return list(pool.map(fn, *zip(*args, strict=True)))
+    processes = min(len(args), os.cpu_count() or 1)
+    with terminate_as_exit(), multiprocessing.Pool(processes, initializer=_ignore_sigint) as pool:
+        return pool.starmap(fn, args)
 
 
 def smallest_fleet(
@@ -320,7 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object per line and experiment")
     args = ap.parse_args(argv)
     for name in experiments if args.name == "all" else [args.name]:
-        result = experiments[name]()
+        try:
+            result = experiments[name]()
+        except KeyboardInterrupt:
+            print(f"interrupted during {name}: its figures were not written", file=sys.stderr)
+            return 130
         lines = result if isinstance(result, list) else [result]
         for line in lines:
             print(json.dumps(line, default=str) if args.json else f"== {name}: {line}", flush=True)
