@@ -51,6 +51,8 @@ CLASS_ENV = {
         }
     ),
 }
+CPU_CALIBRATION = 0.9
+"""Default of ``--calibration``: cover 90% of each class's first tokens with its TTFT prediction."""
 HEADER = ("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
 BREAKDOWN_HEADER = (
     "class",
@@ -302,6 +304,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "others (engine.cpu_affinity), so the load generator does not take the engine's CPU (default: off; "
         "on 2 cores the engine then runs on one, each step about twice as long)",
     )
+    parser.add_argument(
+        "--calibration",
+        type=float,
+        default=CPU_CALIBRATION,
+        help="scheduler.prediction_calibration_quantile of the gateway (default %(default)s: on this CPU "
+        "worker the TTFT model predicts interactive first tokens at about half their time; 0: off, the "
+        "gateway's default, made for engines the model fits)",
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument(
         "--write-doc",
@@ -321,9 +331,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"{flag} must be above {smallest} (got {value:g})")
     if args.window_max < 0:
         parser.error(f"--window-max must be 0 or more (got {args.window_max})")
+    if not 0 <= args.calibration < 1:
+        parser.error(f"--calibration must be in [0, 1) (got {args.calibration:g})")
     if args.json and not Path(args.json).resolve().parent.is_dir():  # not found out after the run
         parser.error(f"--json: no folder {Path(args.json).parent}")
     env = dict(CLASS_ENV)
+    env["RADIXGATE_SCHEDULER__PREDICTION_CALIBRATION_QUANTILE"] = repr(args.calibration)
     if args.window_max > 0:
         env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))
         env["RADIXGATE_SCHEDULER__WINDOW_MAX"] = str(args.window_max)
@@ -389,6 +402,15 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
     if args.capacity != "closed":
         which += "-open"
         flag += f" --capacity {args.capacity}"
+    if args.calibration != CPU_CALIBRATION:
+        which += f"-cal{args.calibration:g}"
+        flag += f" --calibration {args.calibration:g}"
+    calibration = (
+        f"TTFT predictions calibrated to cover {args.calibration:.0%} of each class's first tokens "
+        "(`scheduler.prediction_calibration_quantile`)"
+        if args.calibration
+        else "uncalibrated TTFT predictions (the gateway's default)"
+    )
     window = (
         f"windows of at most {args.window_max} requests"
         if args.window_max
@@ -418,7 +440,7 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
             f"{figures['offered_rps']:.2f} req/s for {args.duration_s:g} s; the worker served "
             f"{figures['served_rps']:.2f} req/s under that load, and interactive alone asked "
             f"{figures['interactive_share_of_served']:.0%} of that. Classes sized for the CPU "
-            "(TTFT goals 1.5 / 4 / 15 s). Run on "
+            f"(TTFT goals 1.5 / 4 / 15 s); {calibration}. Run on "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}; figures vary from run to run with the "
             "machine's load.",
             table(HEADER, rows),
