@@ -431,7 +431,8 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
     ]
     body = "\n\n".join(
         [
-            f"## Real CPU worker: three classes at {args.overload:g}x overload, {window}",
+            f"## Real CPU worker: three classes at {args.overload:g}x overload, {window}, "
+            f"{'calibrated' if args.calibration else 'uncalibrated'} TTFT predictions",
             f"Command: `python -m loadgen.priority_overload{flag} --write-doc` (real Redis, gateway and one "
             "SGLang CPU worker with SmolLM2-135M-Instruct on this 2-core machine, wall-clock time; "
             f"{placement}). Capacity ({capacity_words(figures)}): {figures['capacity_rps']:.2f} req/s "
