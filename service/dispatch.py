@@ -314,6 +314,8 @@ class Dispatcher:
         pieces = self._pieces(prepared, run)
         try:
             while True:  # run.until_revoked inlined: it runs once per chunk
+                if revocable.error is not None:  # revoked while the last event was being sent
+                    raise run.revoked() or revocable.error
                 revocable.task = asyncio.current_task()
                 try:
                     piece = await anext(pieces, None)

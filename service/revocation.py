@@ -42,8 +42,11 @@ class Revocable:
         tenant_id: its tenant.
         key_id: the id of the API key it came with.
         task: the task now serving it (the dispatcher sets it: a stream moves from the route's task to
-            the response's once its first event is out).
-        error: why it was ended (set just before its task is cancelled), else None.
+            the response's once its first event is out), None while it awaits nothing that may be cut
+            (a stream handing an event to its client).
+        error: why it was ended (set just before its task, if any, is cancelled; a stream checks it
+            before each await of its worker, so a revocation while it sends an event is not lost), else
+            None.
     """
 
     rid: str
@@ -123,10 +126,12 @@ class RevocationRegistry:
         entries = list(self._by.get(kind, {}).get(name, {}).values())
         ended = 0
         for entry in entries:
-            if entry.error is None and entry.task is not None and not entry.task.done():
-                entry.error = error
+            if entry.error is not None or (entry.task is not None and entry.task.done()):
+                continue
+            entry.error = error
+            if entry.task is not None:
                 entry.task.cancel()
-                ended += 1
+            ended += 1
         if ended:
             log.info("requests_revoked", kind=kind, id=name, requests=ended, code=error.code)
         return ended

@@ -246,3 +246,17 @@ def test_with_end_revoked_requests_off_a_stream_runs_to_its_end(
         thread.join(5)
         assert out[-1] == "[DONE]" and not any('"error"' in e for e in out[1:])
         assert_openai_error(client.post("/v1/chat/completions", json=chat(), headers=auth(key)), 403)
+
+
+async def test_a_revocation_between_two_awaits_is_kept_for_the_next_one() -> None:
+    """A stream's task is not tracked while it hands an event to the client (``entry.task`` None); a
+    revocation then must not be lost: the entry keeps its error and the next await ends with it."""
+    checks = Checks()
+    checks.errors = {"t1": PermissionDenied("disabled", code="tenant_disabled")}
+    registry = RevocationRegistry(checks.check, checks.check)
+    entry = registry.track("a", "t1", "k1")
+    entry.task = None  # between two chunks: the event is being sent
+    assert registry.end("tenant", "t1", PermissionDenied("disabled", code="tenant_disabled")) == 1
+    assert entry.error is not None and entry.error.code == "tenant_disabled"
+    assert entry.take_error() is entry.error  # no cancellation to take back: the error alone
+    registry.untrack(entry)
