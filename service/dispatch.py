@@ -166,14 +166,24 @@ class Dispatcher:
         """:meth:`prepare` in a worker thread, at most ``api.max_offloaded_prepares`` at once (later calls
         wait): for long prompts, whose token count would otherwise stall every request on the event loop
         (the tokenizer releases Python's lock for long texts, :meth:`PromptRenderer.encode`). Waiters take
-        turns across tenants (:class:`FairSlots`). Same result and errors as :meth:`prepare`, and
+        turns across tenants (:class:`FairSlots`). Cancelled while waiting, it gives up its place; while
+        counting, it keeps its slot until the thread is done (threads stay bounded). Same result and
+        errors as :meth:`prepare`, and
 
         Raises:
             RateLimited: the tenant already has ``api.max_offload_waiting_per_tenant`` requests waiting.
         """
         try:
             async with self._offload_slots.hold(tenant.id):
-                return await asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
+                work = asyncio.ensure_future(
+                    asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
+                )
+                try:
+                    return await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    with anyio.CancelScope(shield=True):
+                        await asyncio.wait([work])
+                    raise
         except TooManyWaiting:
             raise RateLimited(
                 f"Tenant '{tenant.id}' has too many long prompts waiting to be prepared; retry shortly.",

@@ -8,6 +8,7 @@ short request sent while a 3 MB prompt is being counted is answered first.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -162,3 +163,38 @@ def test_one_tenant_may_have_only_so_many_long_prompts_waiting(
         for name in ("a1", "a2", "b1"):  # all counted in turn: each past the 512-token context
             assert_openai_error(answers[name], 400, "context_length_exceeded")
         assert usage_of(http, tenant_a)["requests"] == 0
+
+
+def test_a_client_that_leaves_while_its_long_prompt_waits_gives_up_its_place(
+    redis_url: str, stub_model_dir: Path, fake: str
+) -> None:
+    """One preparation at a time, one waiter per tenant: while tenant a's 3 MB prompt is counted, its
+    second long prompt waits and its client leaves; that place is free again at once, so a third long
+    prompt of the same tenant waits its turn (not 429) and is answered."""
+    settings = gateway_with(
+        redis_url, stub_model_dir, fake, 32_768, max_offloaded_prepares=1, max_offload_waiting_per_tenant=1
+    )
+    medium = "word " * 20_000  # 100 kB: offloaded, counted in a moment (past the context as well)
+    with (
+        ThreadedServer(create_app(settings)) as server,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+    ):
+        _, key = new_tenant(http)
+        answers: dict[str, httpx.Response] = {}
+
+        def send(name: str, content: str, timeout: float = 60) -> None:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+            with contextlib.suppress(httpx.TimeoutException):  # the client left
+                answers[name] = httpx.post(
+                    f"{server.url}/v1/chat/completions", json=body, headers=auth(key), timeout=timeout
+                )
+
+        first = threading.Thread(target=send, args=("a1", LONG))
+        first.start()
+        time.sleep(0.5)  # a1's count has started (about 1.5 s)
+        send("a2", medium, timeout=0.3)  # waits behind a1, then its client leaves
+        assert "a2" not in answers
+        time.sleep(0.2)
+        send("a3", medium)
+        first.join()
+        assert_openai_error(answers["a3"], 400, "context_length_exceeded")

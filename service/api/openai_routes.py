@@ -61,7 +61,11 @@ async def _serve(
     arrival = time.perf_counter()
     dispatcher = state.dispatcher
     if body_bytes > state.settings.api.offload_body_bytes:
-        prepared = await dispatcher.prepare_offloaded(tenant, req, request_id(request), arrival)
+        try:  # a client that leaves while its long prompt waits for a slot gives up its place
+            work = dispatcher.prepare_offloaded(tenant, req, request_id(request), arrival)
+            prepared = await until_disconnect(request, work)
+        except ClientDisconnected:
+            return Response(status_code=499)
     else:
         prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
     reservation = await dispatcher.admit(prepared)
