@@ -62,8 +62,8 @@ async def _serve(
     dispatcher = state.dispatcher
     if body_bytes > state.settings.api.offload_body_bytes:
         try:  # a client that leaves while its long prompt waits for a slot gives up its place
-            work = dispatcher.prepare_offloaded(tenant, req, request_id(request), arrival)
-            prepared = await until_disconnect(request, work)
+            offloaded = dispatcher.prepare_offloaded(tenant, req, request_id(request), arrival)
+            prepared = await until_disconnect(request, offloaded)
         except ClientDisconnected:
             return Response(status_code=499)
     else:
