@@ -122,15 +122,18 @@ class RevocationRegistry:
             self.end(kind, name, error)
 
     def end(self, kind: str, name: str, error: GatewayError) -> int:
-        """End every request of tenant or key ``name`` with ``error``; returns how many were ended."""
+        """End every request of tenant or key ``name`` with ``error``; returns how many were ended. One
+        already cancelled from elsewhere (its client left) is left to its clean-up: a second cancellation
+        would cut short its abort at the worker."""
         entries = list(self._by.get(kind, {}).get(name, {}).values())
         ended = 0
         for entry in entries:
-            if entry.error is not None or (entry.task is not None and entry.task.done()):
-                continue
+            task = entry.task
+            if entry.error is not None or (task is not None and (task.done() or task.cancelling())):
+                continue  # ended already, or cancelled from elsewhere (its client left): let it clean up
             entry.error = error
-            if entry.task is not None:
-                entry.task.cancel()
+            if task is not None:
+                task.cancel()
             ended += 1
         if ended:
             log.info("requests_revoked", kind=kind, id=name, requests=ended, code=error.code)

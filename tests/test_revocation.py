@@ -260,3 +260,32 @@ async def test_a_revocation_between_two_awaits_is_kept_for_the_next_one() -> Non
     assert entry.error is not None and entry.error.code == "tenant_disabled"
     assert entry.take_error() is entry.error  # no cancellation to take back: the error alone
     registry.untrack(entry)
+
+
+async def test_a_request_already_being_cancelled_is_left_to_finish_its_clean_up() -> None:
+    """A request whose client left runs its clean-up (abort at the worker, reading what it computed)
+    under the client's cancellation; a revocation then must not cancel it a second time and cut that
+    clean-up short."""
+    checks = Checks()
+    registry = RevocationRegistry(checks.check, checks.check)
+    cleaned = asyncio.Event()
+    release = asyncio.Event()
+
+    async def request() -> None:
+        registry.track("a", "t1", "k1")
+        try:
+            await asyncio.Event().wait()  # the worker call
+        except asyncio.CancelledError:  # the client left: abort at the worker (takes a moment)
+            await release.wait()
+            cleaned.set()
+            raise
+
+    task = asyncio.create_task(request())
+    await asyncio.sleep(0)
+    task.cancel()  # the client's disconnect
+    await asyncio.sleep(0)
+    assert registry.end("tenant", "t1", PermissionDenied("disabled", code="tenant_disabled")) == 0
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned.is_set()
