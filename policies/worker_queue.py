@@ -136,16 +136,21 @@ class WorkerQueue:
         """Predicted TTFT of ``req`` queued here now, s: queue wait plus engine TTFT.
 
         The wait is the requests served before it (higher bands, earlier WFQ tags in its band) beyond the free
-        window, over the measured capacity left by the higher bands' arrivals (Little's law); the engine part
-        is the measured TTFT after the prefill backlog plus its own ``uncached`` tokens. Zero wait while the
-        capacity is unknown. Scaled by the class's calibration (:meth:`WorkerEstimates.prediction_scale`).
+        window (a request of n choices needs n slots, at most the whole window or its band's share: one
+        wider goes alone, :meth:`band_fits`), over the measured capacity left by the higher bands' arrivals
+        (Little's law); the engine part is the measured TTFT after the prefill backlog plus its own
+        ``uncached`` tokens. Zero wait while the capacity is unknown. Scaled by the class's calibration
+        (:meth:`WorkerEstimates.prediction_scale`).
         """
         cls = classes[req.band]
-        free = self.window.size + self.headroom(req.band, top) - self.in_flight
-        free = min(free, self.band_room(req.band, cls, top))
+        widest = self.window.size + self.headroom(req.band, top)
+        free = min(widest - self.in_flight, self.band_room(req.band, cls, top))
+        if cls.window_share < 1.0:
+            widest = min(widest, max(1, int(cls.window_share * self.window.size)))
         flow = req.tenant if fair_queuing else "*"
         ahead = self.bands.count_ahead(req.band, flow, req.weight, float(req.cost))
-        need = ahead + req.sequences - max(free, 0)
+        # one wider than the window (or its band's share) goes alone once that is free (band_fits)
+        need = ahead + min(req.sequences, widest) - max(free, 0)
         wait = 0.0
         if need > 0:
             capacity = self.est.capacity(now, self.window.size)

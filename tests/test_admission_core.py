@@ -379,3 +379,20 @@ def test_calibration_learns_per_class_what_the_pooled_ttft_model_cannot(quantile
     assert isinstance(s, Dispatch) and isinstance(i, Dispatch)
     ratio = s.predicted_ttft_s / i.predicted_ttft_s
     assert ratio >= 2.5 if apart else ratio < 1.5
+
+
+@pytest.mark.parametrize(
+    ("window", "share", "sequences"),
+    [(2, 1.0, 8), (2, 1.0, 3), (4, 0.5, 4), (4, 0.5, 8)],
+)
+def test_a_request_wider_than_the_window_is_not_shed_on_an_idle_worker(
+    window: int, share: float, sequences: int
+) -> None:
+    """A request of n choices wider than the window (or its band's share) is sent alone to an idle worker:
+    its predicted wait there is none, not n - window completions (which shed it on every retry, however
+    idle the worker)."""
+    classes = {**CLASSES, "standard": dataclasses.replace(CLASSES["standard"], window_share=share)}
+    c = core(window=window, classes=classes, estimates=EstimateConfig(min_history_s=1.0))
+    t = warm(c, W1, 0.0, per_s=1.0, ttft=0.05, e2e=2.0)  # measured: about 1 request/s
+    out = c.arrive(dataclasses.replace(wide("n", sequences), arrival=t), t)
+    assert ids(out, Dispatch) == ["n"], out
