@@ -41,7 +41,8 @@ class ClassPolicy:
             Required (and used as the only deadline) when ``serve_late``.
         max_queue_len: most requests of this class waiting in the gateway.
         min_share: fraction (0..1) of dispatched tokens the class is guaranteed while backlogged.
-        window_share: fraction (0..1] of a worker's window this class may fill; the rest stays free for
+        window_share: fraction (0..1] of a worker's window this class may fill (at least one request,
+            however small the window); the rest stays free for
             higher classes, which otherwise wait for a lower class's long generations to end (a
             partitioned limit, as the partitions of Netflix's ``concurrency-limits``).
 

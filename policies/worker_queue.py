@@ -113,10 +113,12 @@ class WorkerQueue:
         return min(self.window.headroom, max(0, lower))
 
     def band_room(self, band: str, cls: ClassPolicy, top: str) -> int:
-        """Slots ``band`` may still take here under the class's ``window_share``."""
+        """Slots ``band`` may still take here under the class's ``window_share``: that fraction of the
+        window, rounded down, but at least one (a small window, e.g. one an adaptive window shrank to,
+        would otherwise give the class none and starve it on an idle worker)."""
         if cls.window_share >= 1.0:
             return self.window.size + self.headroom(band, top)
-        return int(cls.window_share * self.window.size) - self.band_in_flight.get(band, 0)
+        return max(1, int(cls.window_share * self.window.size)) - self.band_in_flight.get(band, 0)
 
     def band_fits(self, req: AdmissionRequest, cls: ClassPolicy, top: str) -> bool:
         """Whether ``req``'s sequences fit in its band's room (:meth:`band_room`); one wider than the

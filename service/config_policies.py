@@ -47,7 +47,10 @@ class PriorityClassSettings(BaseModel):
         _CLASS.min_share, ge=0, lt=1, description="Guaranteed fraction of dispatched tokens."
     )
     window_share: float = Field(
-        _CLASS.window_share, gt=0, le=1, description="Fraction of a worker's window this class may fill."
+        _CLASS.window_share,
+        gt=0,
+        le=1,
+        description="Fraction of a worker's window this class may fill (at least one request).",
     )
 
     @model_validator(mode="after")

@@ -260,6 +260,19 @@ def test_window_share_keeps_room_for_higher_classes() -> None:
     assert ids(c.arrive(req("s"), 0.0), Dispatch) == ["s"]
 
 
+@pytest.mark.parametrize(
+    ("window", "share", "at_once"), [(1, 0.5, 1), (3, 0.3, 1), (4, 0.5, 2), (1, 0.01, 1)]
+)
+def test_a_window_share_below_one_slot_still_leaves_the_class_one(
+    window: int, share: float, at_once: int
+) -> None:
+    # int(share x window) is 0 for a small window: the class would wait on an idle worker until its deadline
+    classes = {**CLASSES, "batch": dataclasses.replace(CLASSES["batch"], window_share=share)}
+    c = core(window=window, classes=classes)
+    out = [d for k in range(3) for d in c.arrive(req(f"b{k}", "batch"), 0.0)]
+    assert len(ids(out, Dispatch)) == at_once
+
+
 def test_silent_requests_count_in_the_prefill_backlog_until_their_predicted_first_token() -> None:
     c = core(window=8, estimates=EstimateConfig(min_history_s=1.0, long_prefill_tokens=100))
     t = warm(c, W1, 0.0, per_s=10.0, ttft=0.05)  # engine TTFT of short prefills: 50 ms
