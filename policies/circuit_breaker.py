@@ -140,6 +140,13 @@ class CircuitBreaker:
             self.successes = 0
         return self.state != "open"
 
+    def reopens_in(self, now: float) -> float | None:
+        """Seconds from ``now`` until an open breaker lets traffic through again (0 when due); None when
+        it is not open."""
+        if self.state != "open":
+            return None
+        return max(0.0, self.opened_at + self.cooldown_s - now)
+
     def apply(self, verdict: Verdict, now: float) -> BreakerState:
         """Apply a :func:`judge` verdict at ``now`` (s); returns the new state."""
         if verdict == "ignore":

@@ -286,7 +286,10 @@ class Scheduler:
                 m.child(m.shed, d.band, d.reason).inc()
                 m.child(m.scheduler_outcomes, d.band, tenant, "shed").inc()
                 error: Exception = (
-                    NoWorkerAvailable("No healthy worker is available; retry shortly.", retry_after_s=1.0)
+                    NoWorkerAvailable(
+                        "No healthy worker is available; retry shortly.",
+                        retry_after_s=self._pool.retry_after_s(),
+                    )
                     if d.reason == "no_worker"
                     else Overloaded(_shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s))
                 )

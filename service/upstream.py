@@ -139,7 +139,9 @@ class UpstreamCaller:
             if worker is None:
                 if last_error is not None:
                     raise last_error
-                raise NoWorkerAvailable("No healthy worker is available; retry shortly.", retry_after_s=1.0)
+                raise NoWorkerAvailable(
+                    "No healthy worker is available; retry shortly.", retry_after_s=self._pool.retry_after_s()
+                )
         assert worker is not None
         tried.add(worker)
         outcome.worker, outcome.attempts = worker, outcome.attempts + 1

@@ -213,3 +213,25 @@ async def test_stop_cancels_a_confirmation_in_flight_and_unknown_workers_are_ign
     await pool.stop()
     await pool.settle_confirmations()  # nothing left in flight
     assert verdicts == []
+
+
+async def test_retry_after_says_when_a_worker_may_take_traffic_again() -> None:
+    """A request refused for want of a worker is told to come back when one may take it: an open breaker's
+    remaining cool-down, the next health probe of a worker not yet seen up; 1 s at least, 60 s at most."""
+    clock = [0.0]
+    async with SGLangClient() as client:
+        pool = WorkerPool(["http://a", "http://b"], client, 2.0, clock=lambda: clock[0])
+        pool.record("http://a", "refused")  # open at t=0 for 30 s
+        pool.drain("http://b")  # a draining worker says nothing
+        clock[0] = 10.0
+        assert pool.retry_after_s() == pytest.approx(20.0)
+        pool.add("http://c")  # not yet seen up: its first probe comes within the health interval
+        assert pool.retry_after_s() == pytest.approx(2.0)
+        pool.record("http://c", "request_ok")  # seen up: nothing to wait for but the floor
+        assert pool.retry_after_s() == 1.0
+        long = WorkerPool(
+            ["http://d"], client, 2.0, breaker=BreakerConfig(open_cooldown_s=300.0), clock=lambda: clock[0]
+        )
+        long.record("http://d", "refused")
+        assert long.retry_after_s() == 60.0  # capped
+        assert WorkerPool([], client, 2.0).retry_after_s() == 1.0

@@ -163,6 +163,20 @@ class WorkerPool:
             for w in self._workers.values()
         ]
 
+    def retry_after_s(self, floor_s: float = 1.0, cap_s: float = 60.0) -> float:
+        """When a request refused for want of an eligible worker may be retried, s: the soonest any
+        worker may take traffic again (an open breaker's remaining cool-down; a worker not yet seen up:
+        the next health probe), within ``[floor_s, cap_s]``; ``floor_s`` when no worker says more (none,
+        or only draining ones). A fixed 1 s sent clients back 30 times per 30 s cool-down."""
+        now = self._clock()
+        waits: list[float] = []
+        for w in self._workers.values():
+            if w.draining:
+                continue
+            reopens = w.breaker.reopens_in(now)
+            waits.append(reopens if reopens is not None else (0.0 if w.seen_up else self._interval))
+        return min(cap_s, max(floor_s, min(waits))) if waits else floor_s
+
     def eligibility(self) -> list[tuple[str, bool]]:
         """``(url, eligible now)`` of every worker: what :meth:`views` says of them, without building
         the views (the scheduler asks on every request)."""
