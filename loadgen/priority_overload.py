@@ -34,6 +34,7 @@ from rich.table import Table
 
 from loadgen.latency_breakdown import breakdown, read_request_lines
 from loadgen.stack import LocalStack, terminate_as_exit
+from policies.estimates import EstimateConfig
 
 CLASSES = ("interactive", "standard", "batch")
 # CPU-sized classes: wait budget and TTFT goal (ms) per class, ranks 2/1/0
@@ -51,8 +52,8 @@ CLASS_ENV = {
         }
     ),
 }
-CPU_CALIBRATION = 0.9
-"""Default of ``--calibration``: cover 90% of each class's first tokens with its TTFT prediction."""
+CPU_CALIBRATION = EstimateConfig().calibration_target
+"""Default of ``--calibration``: the gateway's own (scheduler.prediction_calibration_target)."""
 HEADER = ("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
 BREAKDOWN_HEADER = (
     "class",
@@ -248,6 +249,11 @@ def print_figures(figures: dict[str, Any]) -> None:
         f"req/s ({figures['overload']:g}x); served {figures['served_rps']:.2f} req/s under that load, "
         f"of which interactive alone asked {figures['interactive_share_of_served']:.0%}"
     )
+    scales = figures.get("prediction_scale") or {}
+    console.print(
+        "TTFT prediction scale at the end (calibration): "
+        + (", ".join(f"{band} {x:g}" for band, x in scales.items()) or "none")
+    )
     table = Table(*HEADER)
     for r in figures["classes"]:
         table.add_row(
@@ -308,9 +314,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--calibration",
         type=float,
         default=CPU_CALIBRATION,
-        help="scheduler.prediction_calibration_quantile of the gateway (default %(default)s: on this CPU "
-        "worker the TTFT model predicts interactive first tokens at about half their time; 0: off, the "
-        "gateway's default, made for engines the model fits)",
+        help="scheduler.prediction_calibration_target of the gateway (default %(default)s, the gateway's: "
+        "scale TTFT predictions up while fewer than this share of requests admitted as on time meet their "
+        "goal; on this CPU worker the TTFT model predicts interactive first tokens at about 0.6x their "
+        "time; 0: off)",
     )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument(
@@ -336,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json and not Path(args.json).resolve().parent.is_dir():  # not found out after the run
         parser.error(f"--json: no folder {Path(args.json).parent}")
     env = dict(CLASS_ENV)
-    env["RADIXGATE_SCHEDULER__PREDICTION_CALIBRATION_QUANTILE"] = repr(args.calibration)
+    env["RADIXGATE_SCHEDULER__PREDICTION_CALIBRATION_TARGET"] = repr(args.calibration)
     if args.window_max > 0:
         env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))
         env["RADIXGATE_SCHEDULER__WINDOW_MAX"] = str(args.window_max)
@@ -347,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         with terminate_as_exit(), LocalStack(Path(".run/priority-overload"), env=env) as stack:
             keys = {cls: stack.create_tenant(f"tenant-{cls}", priority_class=cls) for cls in CLASSES}
             figures = asyncio.run(run(stack.url, keys, args))
+            figures["prediction_scale"] = prediction_scales(stack)
             log = read_request_lines(stack.run_dir / "gateway.log")
     except KeyboardInterrupt:  # the stack is stopped by now (Redis, gateway, its SGLang worker)
         print("interrupted: the stack was stopped; no figures", file=sys.stderr)
@@ -358,6 +366,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     if args.write_doc:
         write_doc(figures, args)
+
+
+def prediction_scales(stack: LocalStack) -> dict[str, float]:
+    """The gateway's calibration scale of its TTFT predictions per class, on the (one) worker at the end
+    of the run (``GET /admin/workers``)."""
+    with stack.admin() as http:
+        workers = http.get("/admin/workers").raise_for_status().json()["data"]
+    return {band: round(x, 3) for w in workers for band, x in w.get("prediction_scale", {}).items()}
+
+
+def scale_words(figures: dict[str, Any]) -> str:
+    """The calibration scales at the end of the run, in words ('' when none was learned)."""
+    scales = figures.get("prediction_scale") or {}
+    if not scales:
+        return ""
+    return "; scale of the predictions at the end: " + ", ".join(f"{b} {x:.2f}" for b, x in scales.items())
 
 
 def capacity_words(figures: dict[str, Any]) -> str:
@@ -406,10 +430,12 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
         which += f"-cal{args.calibration:g}"
         flag += f" --calibration {args.calibration:g}"
     calibration = (
-        f"TTFT predictions calibrated to cover {args.calibration:.0%} of each class's first tokens "
-        "(`scheduler.prediction_calibration_quantile`)"
+        f"TTFT predictions calibrated until {args.calibration:.0%} of the requests admitted as on time "
+        "meet their goal (`scheduler.prediction_calibration_target`, the gateway's default)"
+        if args.calibration == CPU_CALIBRATION
+        else f"`scheduler.prediction_calibration_target` {args.calibration:g}"
         if args.calibration
-        else "uncalibrated TTFT predictions (the gateway's default)"
+        else "uncalibrated TTFT predictions (`scheduler.prediction_calibration_target` 0)"
     )
     window = (
         f"windows of at most {args.window_max} requests"
@@ -441,7 +467,7 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
             f"{figures['offered_rps']:.2f} req/s for {args.duration_s:g} s; the worker served "
             f"{figures['served_rps']:.2f} req/s under that load, and interactive alone asked "
             f"{figures['interactive_share_of_served']:.0%} of that. Classes sized for the CPU "
-            f"(TTFT goals 1.5 / 4 / 15 s); {calibration}. Run on "
+            f"(TTFT goals 1.5 / 4 / 15 s); {calibration}{scale_words(figures)}. Run on "
             f"{time.strftime('%Y-%m-%d', time.gmtime())}; figures vary from run to run with the "
             "machine's load.",
             table(HEADER, rows),

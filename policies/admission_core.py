@@ -149,6 +149,7 @@ class AdmissionCore:
                 len(w.bands),
                 w.est.capacity(now, w.window.size),
                 w.est.ttft_base.value(now),
+                {band: w.est.prediction_scale(band) for band in w.est.log_scale},
             )
             for w in self._workers.values()
         ]
@@ -203,7 +204,9 @@ class AdmissionCore:
         prefilled(e)
         uncached = e.uncached if cached_tokens is None else max(0, e.req.prompt_tokens - cached_tokens)
         e.worker.est.on_first_token(now, now - e.dispatched_at, e.backlog_at_dispatch + uncached)
-        e.worker.est.on_prediction_outcome(e.req.band, now - e.req.arrival, e.predicted)
+        if self.config.slo_admission and not e.cls.serve_late and not e.beyond_goal:
+            # admitted as on time: did it keep that promise?
+            e.worker.est.on_goal_outcome(e.req.band, now - e.req.arrival <= e.cls.ttft_goal_s, now)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
 
     def finish(

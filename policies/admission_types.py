@@ -175,6 +175,8 @@ class WorkerSnapshot:
         queued: requests waiting in the gateway for this worker.
         capacity_rps: measured completions per second when saturated (None while unknown).
         engine_ttft_s: measured engine TTFT of short prefills, s (None while unknown).
+        prediction_scales: per class (band) with a calibrated scale, the factor its TTFT predictions on
+            this worker are scaled by (:meth:`policies.estimates.WorkerEstimates.on_goal_outcome`).
     """
 
     url: str
@@ -184,3 +186,4 @@ class WorkerSnapshot:
     queued: int
     capacity_rps: float | None
     engine_ttft_s: float | None
+    prediction_scales: dict[str, float] = field(default_factory=dict)

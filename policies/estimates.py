@@ -157,12 +157,15 @@ class EstimateConfig:
         e2e_alpha: weight of each dispatch-to-done sample.
         long_prefill_tokens: uncached prompt tokens from which a request's TTFT is treated as
             prefill-dominated (``per_token`` model) rather than as the short-request ``base``.
-        calibration_quantile: 0 (off), or the share of each class's TTFTs that its predictions should
-            cover (e.g. 0.9): the predictions are then scaled per worker and class until that share of
-            measured TTFTs comes in at or under them (:meth:`WorkerEstimates.on_prediction_outcome`).
-        calibration_step: how fast that scale moves, in log units per sample (0.05: a few tens of first
-            tokens to move it by half).
-        calibration_max: the scale stays within ``[1 / calibration_max, calibration_max]``.
+        calibration_target: 0 (off), or the share of each class's requests admitted as on time whose
+            first tokens must meet the class's TTFT goal (0.99, for P99 goals): while fewer do, that
+            class's predictions on the worker are scaled up, so admission sheds more of what the model lets in
+            (:meth:`WorkerEstimates.on_goal_outcome`). Never scaled below the model (scale >= 1), so on an
+            engine the model describes, where admitted requests already meet their goals, it does nothing.
+        calibration_step: how fast that scale moves, in log units per sample (0.2: at a target of 0.99 a
+            miss raises it by about 22% and a hundred met goals take that back; a CPU worker serves only
+            a few requests per second, so a smaller step would leave a 2-minute overload uncorrected).
+        calibration_max: the scale stays within ``[1, calibration_max]``.
     """
 
     rate_tau_s: float = 5.0
@@ -170,8 +173,8 @@ class EstimateConfig:
     ttft_alpha: float = 0.05
     e2e_alpha: float = 0.02
     long_prefill_tokens: int = 1024
-    calibration_quantile: float = 0.0
-    calibration_step: float = 0.05
+    calibration_target: float = 0.99
+    calibration_step: float = 0.2
     calibration_max: float = 4.0
 
 
@@ -216,29 +219,31 @@ class WorkerEstimates:
             self.ttft_base.update(max(0.0, engine_ttft_s - explained), now)
 
     def prediction_scale(self, band: str) -> float:
-        """The factor ``band``'s TTFT predictions on this worker are scaled by (1 while calibration is off
-        or has no sample yet)."""
+        """The factor ``band``'s TTFT predictions on this worker are scaled by, >= 1 (1 while calibration
+        is off or its admitted requests meet their goal)."""
         scale = self.log_scale.get(band)
         return 1.0 if scale is None else math.exp(scale)
 
-    def on_prediction_outcome(self, band: str, measured_s: float, predicted_s: float) -> None:
-        """Learn from a first token of ``band`` measured ``measured_s`` after arrival, when (scaled)
-        ``predicted_s`` was predicted at admission.
+    def on_goal_outcome(self, band: str, met: bool, now: float) -> None:
+        """Learn from a first token of ``band``, at ``now`` (s), that was predicted at admission to meet its
+        TTFT goal: ``met`` says whether it did. Ignored until the worker's capacity is measured
+        (``min_history_s``): before that, waits are predicted as zero, and the misses of a cold start
+        (empty caches, windows still growing) say nothing about the model.
 
-        Stochastic-approximation quantile tracking (Robbins & Monro, 1951) on the log of the scale: a
-        miss raises it by ``step x q``, a hit lowers it by ``step x (1 - q)``, so it settles where a share
-        ``q`` of measured TTFTs is at or under the prediction. It corrects what the TTFT model leaves
-        out on a real engine (a CPU's step-quantized decode batches, preemption and re-prefill); on an
-        engine the model describes it stays near 1. No-op while ``calibration_quantile`` is 0.
+        Stochastic-approximation quantile tracking (Robbins & Monro, 1951) on the log of the scale: a miss
+        raises it by ``step x target``, a hit lowers it by ``step x (1 - target)``, so it settles where a
+        share ``target`` of the requests admitted as on time meet their goal, and stays at 1 where more do.
+        It corrects what the TTFT model leaves out on a real engine (a CPU's step-quantized decode
+        batches, preemption and re-prefill) by the measure the operator set: goal attainment, the
+        quantity SLO-oriented serving optimizes (SLOs-Serve, Chen et al. 2025; SCORPIO, 2025), not the
+        model's error. No-op while ``calibration_target`` is 0.
         """
         cfg = self.config
-        q = cfg.calibration_quantile
-        if q <= 0.0 or predicted_s <= 0.0:
+        target = cfg.calibration_target
+        if target <= 0.0 or self.completions.rate(now) is None:
             return
-        scale = self.log_scale.get(band, 0.0)
-        scale += cfg.calibration_step * (q - (1.0 if measured_s <= predicted_s else 0.0))
-        bound = math.log(cfg.calibration_max)
-        self.log_scale[band] = min(bound, max(-bound, scale))
+        scale = self.log_scale.get(band, 0.0) + cfg.calibration_step * (target - (1.0 if met else 0.0))
+        self.log_scale[band] = min(math.log(cfg.calibration_max), max(0.0, scale))
 
     def on_done(self, now: float, e2e_s: float) -> None:
         """Learn from a request that finished at ``now`` after ``e2e_s`` on the worker."""

@@ -124,17 +124,17 @@ class SchedulerSettings(BaseModel):
     load_poll_interval_s: float = Field(
         _CORE.load_report_interval_s, gt=0, description="Period of worker /metrics load polls, s."
     )
-    prediction_calibration_quantile: float = Field(
-        _CORE.estimates.calibration_quantile,
+    prediction_calibration_target: float = Field(
+        _CORE.estimates.calibration_target,
         ge=0,
         lt=1,
-        description="0: off; else scale each worker's TTFT predictions per class until this share of "
-        "measured TTFTs comes in under them (e.g. 0.9), for engines the TTFT model misjudges (CPU workers).",
+        description="0: off; else scale each worker's TTFT predictions per class up while fewer than this "
+        "share of requests admitted as on time meet their TTFT goal (for engines the model misjudges).",
     )
 
     def estimate_config(self) -> EstimateConfig:
         """The worker estimates' settings."""
-        return replace(_CORE.estimates, calibration_quantile=self.prediction_calibration_quantile)
+        return replace(_CORE.estimates, calibration_target=self.prediction_calibration_target)
 
     def window_config(self) -> WindowConfig:
         """The window controller's settings."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -89,23 +90,50 @@ def test_engine_ttft_of_a_lower_class_counts_the_higher_classes_prefills_that_go
 
 
 @pytest.mark.parametrize(
-    ("quantile", "late_by", "low", "high"),
+    ("target", "late_by", "low", "high", "warm"),
     [
-        (0.0, 2.0, 1.0, 1.0),  # off: predictions stay as the model makes them
-        (0.9, 2.0, 1.95, 2.3),  # first tokens at twice the prediction: the scale settles just above 2
-        (0.9, 1.0, 0.9, 1.1),  # an engine the model describes: about 1
-        (0.5, 0.5, 0.45, 0.6),  # predictions twice too long: scaled down
-        (0.9, 10.0, 4.0, 4.0),  # never beyond calibration_max
+        (0.0, 2.0, 1.0, 1.0, True),  # off: predictions stay as the model makes them
+        (
+            0.95,
+            1.0,
+            1.0,
+            1.0,
+            True,
+        ),  # an engine the model describes: goals met, scale 1
+        (
+            0.95,
+            0.5,
+            1.0,
+            1.0,
+            True,
+        ),  # a model that predicts too long: never scaled down
+        (
+            0.95,
+            2.0,
+            1.75,
+            2.05,
+            True,
+        ),  # first tokens at twice the prediction: 95% met at about 1.9
+        (0.8, 2.0, 1.45, 1.8, True),  # a laxer target: 80% met at about 1.6
+        (0.95, 10.0, 3.9, 4.0, True),  # at (never beyond) calibration_max
+        (0.95, 2.0, 1.0, 1.0, False),  # misses of a cold start (capacity not yet measured) are not counted
     ],
 )
-def test_predictions_are_scaled_until_the_quantile_of_first_tokens_is_covered(
-    quantile: float, late_by: float, low: float, high: float
+def test_predictions_are_scaled_up_until_the_target_share_of_admitted_requests_meets_its_goal(
+    target: float, late_by: float, low: float, high: float, warm: bool
 ) -> None:
-    est = WorkerEstimates(EstimateConfig(calibration_quantile=quantile))
-    raw = 0.2  # the model's prediction, s
-    for _ in range(400):
-        est.on_prediction_outcome(
-            "interactive", measured_s=late_by * raw, predicted_s=raw * est.prediction_scale("interactive")
-        )
+    """Closed loop: the model's raw predictions are spread over [0, goal); admission lets in those whose
+    scaled prediction is within the goal; their first tokens come ``late_by`` x the raw prediction. With
+    a scale s the share that misses is 1 - s / late_by, so the scale settles where it is 1 - target."""
+    est = WorkerEstimates(EstimateConfig(calibration_target=target, calibration_step=0.05))
+    now = 0.0
+    for now in range(1, 8 if warm else 3):  # completions for 6 s: capacity measured (min_history_s 5)
+        est.on_done(float(now), 1.0)
+    rng = random.Random(7)
+    goal = 1.0
+    for _ in range(20_000):
+        raw = rng.uniform(0.0, goal)
+        if raw * est.prediction_scale("interactive") <= goal:  # admitted as on time
+            est.on_goal_outcome("interactive", late_by * raw <= goal, float(now))
     assert low <= est.prediction_scale("interactive") <= high
     assert est.prediction_scale("batch") == 1.0  # per class

@@ -208,6 +208,7 @@ def test_a_request_of_n_choices_takes_n_slots_of_the_window(
             "data"
         ]
         assert listed["window"] == 2 and listed["queued"] == 1  # waits for the n=2 request's slots
+        assert listed["capacity_rps"] is None and listed["prediction_scale"] == {}  # nothing measured yet
         assert len(worker.received) == 2
         wide.join(10)
         narrow.join(10)

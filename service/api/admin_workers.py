@@ -43,10 +43,12 @@ async def _find(state: GatewayState, wid: str) -> tuple[str, WorkerMode | None]:
 
 @router.get("")
 async def list_workers(state: StateDep) -> dict[str, Any]:
-    """Every worker this replica knows, with its source, mode, breaker, in-flight and window."""
+    """Every worker this replica knows, with its source, mode, breaker, in-flight and window, and what
+    admission measured of it: capacity (req/s), engine TTFT of short prefills (ms) and, per class, the
+    calibration scale of its TTFT predictions (``scheduler.prediction_calibration_target``)."""
     entries = await state.registry.entries()
     urls = list(dict.fromkeys([w.url for w in state.pool.workers] + list(entries)))
-    queued = {snap.url: snap.queued for snap in state.scheduler.snapshot()}
+    snaps = {snap.url: snap for snap in state.scheduler.snapshot()}
     data = []
     for url in urls:
         worker = state.pool.get(url)
@@ -62,7 +64,12 @@ async def list_workers(state: StateDep) -> dict[str, Any]:
                 "in_flight": worker.in_flight if worker else 0,
                 "in_flight_tokens": worker.in_flight_tokens if worker else 0,
                 "window": window.size if worker and (window := state.scheduler.window(url)) else None,
-                "queued": queued.get(url, 0),
+                "queued": snap.queued if (snap := snaps.get(url)) else 0,
+                "capacity_rps": snap.capacity_rps if snap else None,
+                "engine_ttft_ms": None
+                if snap is None or snap.engine_ttft_s is None
+                else snap.engine_ttft_s * 1e3,
+                "prediction_scale": dict(snap.prediction_scales) if snap else {},
             }
         )
     return {"object": "list", "data": data}
