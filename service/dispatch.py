@@ -322,6 +322,10 @@ class Dispatcher:
         outcome = run.outcome
         self._metrics.in_flight.inc()
         pieces = self._pieces(prepared, run)
+        # events of chunks that came in one read from the worker are sent in one write (one syscall
+        # instead of one per chunk); never held across a wait (n > 1 interleaves streams: no holding)
+        held: list[bytes] = []
+        coalesce = prepared.n == 1
         try:
             while True:  # run.until_revoked inlined: it runs once per chunk
                 if revocable.error is not None:  # revoked while the last event was being sent
@@ -342,17 +346,20 @@ class Dispatcher:
                     outcome.ttft_s = time.perf_counter() - prepared.arrival
                 state = run.states[index]
                 first = not state.started
-                for event in shaper.events(state, state.step(chunk), first):
-                    yield event
-            for event in shaper.end(run.usage()):
-                yield event
+                held.extend(shaper.events(state, state.step(chunk), first))
+                if held and not (coalesce and chunk.more_ready):
+                    yield held[0] if len(held) == 1 else b"".join(held)
+                    held.clear()
+            held.extend(shaper.end(run.usage()))
+            if held:
+                yield b"".join(held)
         except GatewayError as err:
             outcome.status = http_status(err)
             outcome.error_code = outcome.error_code or err.code
             if not any(s.started for s in run.states):
                 raise  # nothing sent yet: the route answers with a real HTTP status
-            for event in shaper.error(err):
-                yield event
+            held.extend(shaper.error(err))
+            yield b"".join(held)
         except (asyncio.CancelledError, GeneratorExit):
             outcome.status = 499
             raise

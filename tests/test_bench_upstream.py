@@ -135,6 +135,12 @@ def test_gateway_serves_chat_from_the_fake_upstream(gateway: tuple[str, str]) ->
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
         assert text == "alpha beta gamma delta"
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        # the fake writes a whole answer at once: its chunks' events reach the client in one write
+        # (one HTTP chunk), not one write per token; [DONE] follows once the worker's response has ended
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+            writes = [piece for piece in resp.iter_raw() if piece]
+        assert b"".join(writes).count(b"data: ") == len(events)
+        assert len(writes) <= 2 and writes[0].count(b"data: ") >= len(events) - 1, [w[:60] for w in writes]
 
 
 def test_bench_gateway_json_from_a_tiny_run(tmp_path: Path) -> None:

@@ -96,6 +96,40 @@ async def test_sse_lines_longer_than_the_read_buffer_are_parsed() -> None:
     assert text == "a" * 300_000 + " b"
 
 
+async def test_chunks_of_one_read_say_that_more_follow_at_once(fake: tuple[FakeSGLang, str]) -> None:
+    """A worker that sent several chunks in one write: each but the last of them says ``more_ready``, so
+    the gateway may forward them in one write; chunks that come apart never do."""
+    _, url = fake  # writes a whole streamed answer at once
+    async with SGLangClient() as client:
+        together = [c async for c in client.stream(url, BODY)]
+        worker = FakeWorker()
+        worker.delay_s = 0.05  # one chunk per 50 ms
+        with ThreadedServer(worker.app) as server:
+            apart = [c async for c in client.stream(server.url, BODY)]
+    assert len(together) >= 4 and len(apart) >= 2
+    assert [c.more_ready for c in together] == [True] * (len(together) - 1) + [False]
+    assert not any(c.more_ready for c in apart)
+
+
+async def test_an_error_after_good_chunks_of_one_read_comes_after_them() -> None:
+    """An error event in the same read as good chunks is raised once those chunks are out (the client
+    keeps what was generated; the stream resumes after it)."""
+    good = b'data: {"text": "hi", "meta_info": {"completion_tokens": 1}}\n\n'
+    bad = b'data: {"error": {"message": "engine failed"}}\n\n'
+
+    async def answer(request: Request) -> Response:
+        return Response(good + bad, media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/generate", answer, methods=["POST"])])
+    seen: list[str] = []
+    with ThreadedServer(app) as server:
+        async with SGLangClient() as client:
+            with pytest.raises(UpstreamError):
+                async for chunk in client.stream(server.url, BODY):
+                    seen.append(chunk.text)
+    assert seen == ["hi"]
+
+
 async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked() -> None:
     """SGLang serves /metrics with prometheus_client's ASGI app, which gzips the text for a client that
     accepts gzip; aiohttp sends ``Accept-Encoding: gzip`` by default and the pool does not decompress, so

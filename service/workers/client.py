@@ -54,6 +54,8 @@ class UpstreamChunk:
         output_ids: the token ids new in this chunk (all of them for a non-streamed answer), if sent.
         logprobs: the log probabilities of the tokens new in this chunk, when asked for
             (``return_logprob``); None otherwise.
+        more_ready: another chunk of this stream came in the same read and follows at once (no wait),
+            so its events may go to the client in one write with this one's.
     """
 
     text: str
@@ -63,6 +65,7 @@ class UpstreamChunk:
     finish_reason: str | None
     output_ids: tuple[int, ...] | None = None
     logprobs: tuple[WorkerLogprob, ...] | None = None
+    more_ready: bool = False
 
 
 def worker_logprobs(meta: dict[str, Any]) -> tuple[WorkerLogprob, ...] | None:
@@ -163,6 +166,7 @@ def _chunk(
     text: str,
     output_ids: tuple[int, ...] | None,
     logprobs: tuple[WorkerLogprob, ...] | None = None,
+    more_ready: bool = False,
 ) -> UpstreamChunk:
     meta = payload.get("meta_info") or {}
     return UpstreamChunk(
@@ -173,6 +177,7 @@ def _chunk(
         finish_reason=finish_reason_of(meta),
         output_ids=output_ids,
         logprobs=logprobs,
+        more_ready=more_ready,
     )
 
 
@@ -378,27 +383,43 @@ class SGLangClient:
             ) as resp:
                 if resp.status != 200:
                     raise http_error(worker, resp.status, await resp.body())
-                async for line in resp.lines():
-                    if done or not line.startswith(b"data:"):
+                async for batch in resp.line_batches():
+                    if done:
                         continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        done = True  # read on to the end of the response: the connection is reused
-                        continue
-                    try:
-                        payload = orjson.loads(data)
-                        failed = "error" in payload
-                        if not failed:
+                    # parse what this read brought, then yield it: each chunk says whether another
+                    # follows at once; an error after good chunks is raised once they are out
+                    steps: list[tuple[dict[str, Any], str, tuple[int, ...] | None, Any]] = []
+                    failure: UpstreamError | None = None
+                    for line in batch:
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            done = True  # read on to the end of the response: the connection is reused
+                            break
+                        try:
+                            payload = orjson.loads(data)
+                            if "error" in payload:
+                                failure = stream_error(worker, payload)
+                                break
                             text, ids = deltas.step(payload)
-                            chunk = _chunk(payload, text, ids, deltas.new_logprobs(payload))
-                    except MALFORMED_ANSWER as exc:
-                        raise malformed_error(worker, exc) from exc
-                    if failed:
-                        raise stream_error(worker, payload)
-                    if chunk.finish_reason == "abort":
-                        raise abort_error(worker, payload.get("meta_info") or {})
-                    finished = finished or chunk.finish_reason is not None
-                    yield chunk
+                            steps.append((payload, text, ids, deltas.new_logprobs(payload)))
+                        except MALFORMED_ANSWER as exc:
+                            failure = malformed_error(worker, exc)
+                            failure.__cause__ = exc
+                            break
+                    last = len(steps) - 1
+                    for i, (payload, text, ids, logprobs) in enumerate(steps):
+                        try:
+                            chunk = _chunk(payload, text, ids, logprobs, i < last)
+                        except MALFORMED_ANSWER as exc:
+                            raise malformed_error(worker, exc) from exc
+                        if chunk.finish_reason == "abort":
+                            raise abort_error(worker, payload.get("meta_info") or {})
+                        finished = finished or chunk.finish_reason is not None
+                        yield chunk
+                    if failure is not None:
+                        raise failure
         except TransportFailure as exc:
             if not done:  # after [DONE] the answer is whole: a failure while draining costs the connection
                 raise self._transport_error(worker, exc) from exc

@@ -103,8 +103,10 @@ class OpenStream:
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from exc
 
-    async def lines(self) -> AsyncIterator[bytes]:
-        """The body's lines (without ``\\n``; a ``\\r`` before it is kept), to its end. Lines are not
+    async def line_batches(self) -> AsyncIterator[list[bytes]]:
+        """The body's lines (without ``\\n``; a ``\\r`` before it is kept), to its end, in batches: the
+        lines completed by one read of the socket (never empty). A batch holds what the worker sent
+        while the gateway was busy elsewhere, which the caller may forward in one write. Lines are not
         bounded in length (a cumulative SGLang chunk grows with the answer). Raises
         :class:`TransportFailure`."""
         assert self._resp is not None
@@ -122,12 +124,11 @@ class OpenStream:
                 else:
                     parts = data.split(b"\n")
                 pending += parts.pop()
-                for line in parts:
-                    yield line
+                yield parts
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from exc
         if pending:
-            yield bytes(pending)
+            yield [bytes(pending)]
 
 
 class WorkerHTTP:
