@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -229,6 +230,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry
         )
         log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
+        # the objects built so far (settings, tokenizer, routes, schemas) live as long as the process: move
+        # them out of the cyclic collector's generations, so collections scan only per-request garbage
+        # (CPython's gc.freeze; bench c64: 0.57-0.61 -> 0.54 CPU ms/request, same machine state)
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
