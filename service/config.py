@@ -212,7 +212,15 @@ class UpstreamSettings(BaseModel):
         gt=0,
         description="Idle worker connections are closed after this long, s (below SGLang's own 5 s).",
     )
-    read_timeout_s: float = Field(300.0, gt=0, description="Longest silence on a worker stream, seconds.")
+    read_timeout_s: float = Field(
+        300.0, gt=0, description="Longest silence on a worker call before its answer or first token, s."
+    )
+    stream_idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest silence on a worker stream after its first token, s; then it resumes on "
+        "another worker (a hung engine).",
+    )
     health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
     health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")
     deep_probe_every: int = Field(

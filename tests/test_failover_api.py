@@ -53,6 +53,7 @@ def http(
                 "breaker_failures": 2,
                 "breaker_cooldown_s": 60,
                 "retry_backoff_s": 0.01,
+                "stream_idle_timeout_s": 1.0,
             },
             "routing": {"policy": "round_robin"},
             "api": {"tokenizer_path": str(stub_model_dir)},
@@ -88,6 +89,24 @@ def test_broken_stream_is_resumed_on_the_other_worker(
     assert text == "alpha beta" + " ".join(WORDS[:4])  # the fake restarts its words: no duplicate chunk
     usage = events[-1]["usage"]
     assert usage["completion_tokens"] == 6  # type: ignore[index]
+    assert usage_of(http, tenant_id)["completion_tokens"] == 6
+
+
+def test_a_stream_gone_silent_is_resumed_on_the_other_worker(
+    http: httpx.Client, pair: tuple[FakeWorker, FakeWorker]
+) -> None:
+    """A hung engine keeps its connection open and sends nothing more: after stream_idle_timeout_s (1 s
+    here) of silence the stream resumes on the other worker, instead of waiting out read_timeout_s
+    (300 s)."""
+    a, b = pair
+    tenant_id, key = new_tenant(http)
+    a.mode = "hang_after_2"
+    started = time.monotonic()
+    text, events = stream_chat(http, key, max_tokens=6)
+    assert time.monotonic() - started < 5.0
+    assert not any("error" in e for e in events)
+    assert b.received[0]["text"] == a.received[0]["text"] + "alpha beta"
+    assert text == "alpha beta" + " ".join(WORDS[:4])
     assert usage_of(http, tenant_id)["completion_tokens"] == 6
 
 

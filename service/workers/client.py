@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.compact_json import compact_json
 from service.config import UpstreamSettings
+from service.workers.stall_watch import StallWatch, StreamStalled
 from service.workers.transport import TransportFailure, WorkerHTTP
 from service.workers.upstream_errors import (
     MALFORMED_ANSWER,
@@ -286,7 +287,9 @@ class SGLangClient:
     """
 
     def __init__(self, settings: UpstreamSettings | None = None) -> None:
-        self._http = WorkerHTTP(settings or UpstreamSettings())
+        settings = settings or UpstreamSettings()
+        self._http = WorkerHTTP(settings)
+        self._idle_s = settings.stream_idle_timeout_s
         self._info: dict[str, WorkerInfo] = {}
 
     async def aclose(self) -> None:
@@ -372,57 +375,65 @@ class SGLangClient:
 
     async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
         """Streamed ``/generate``: yields deltas (see :class:`StreamDeltas`). Raises :class:`UpstreamError`
-        (also mid-stream). The response is read past ``data: [DONE]`` to its end, so its connection is
-        reused."""
+        (also mid-stream, and after ``stream_idle_timeout_s`` of silence once a token came: a
+        :class:`~service.workers.stall_watch.StallWatch`). The response is read past ``data: [DONE]`` to
+        its end, so its connection is reused."""
         info = self._info.get(worker) or await self.learn(worker)
         deltas = StreamDeltas(info.incremental_streaming if info else None)
         done = finished = False
         try:
-            async with await self._http.stream(
-                worker, "/generate", compact_json({**body, "stream": True})
-            ) as resp:
-                if resp.status != 200:
-                    raise http_error(worker, resp.status, await resp.body())
-                async for batch in resp.line_batches():
-                    if done:
-                        continue
-                    # parse what this read brought, then yield it: each chunk says whether another
-                    # follows at once; an error after good chunks is raised once they are out
-                    steps: list[tuple[dict[str, Any], str, tuple[int, ...] | None, Any]] = []
-                    failure: UpstreamError | None = None
-                    for line in batch:
-                        if not line.startswith(b"data:"):
+            with StallWatch(self._idle_s) as watch:
+                async with await self._http.stream(
+                    worker, "/generate", compact_json({**body, "stream": True})
+                ) as resp:
+                    if resp.status != 200:
+                        raise http_error(worker, resp.status, await resp.body())
+                    batches = resp.line_batches()
+                    while (batch := await watch.read(anext(batches, None))) is not None:
+                        if done:
                             continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            done = True  # read on to the end of the response: the connection is reused
-                            break
-                        try:
-                            payload = orjson.loads(data)
-                            if "error" in payload:
-                                failure = stream_error(worker, payload)
+                        # parse what this read brought, then yield it: each chunk says whether another
+                        # follows at once; an error after good chunks is raised once they are out
+                        steps: list[tuple[dict[str, Any], str, tuple[int, ...] | None, Any]] = []
+                        failure: UpstreamError | None = None
+                        for line in batch:
+                            if not line.startswith(b"data:"):
+                                continue
+                            data = line[5:].strip()
+                            if data == b"[DONE]":
+                                done = True  # read on to the end of the response: the connection is reused
                                 break
-                            text, ids = deltas.step(payload)
-                            steps.append((payload, text, ids, deltas.new_logprobs(payload)))
-                        except MALFORMED_ANSWER as exc:
-                            failure = malformed_error(worker, exc)
-                            failure.__cause__ = exc
-                            break
-                    last = len(steps) - 1
-                    for i, (payload, text, ids, logprobs) in enumerate(steps):
-                        try:
-                            chunk = _chunk(payload, text, ids, logprobs, i < last)
-                        except MALFORMED_ANSWER as exc:
-                            raise malformed_error(worker, exc) from exc
-                        if chunk.finish_reason == "abort":
-                            raise abort_error(worker, payload.get("meta_info") or {})
-                        finished = finished or chunk.finish_reason is not None
-                        yield chunk
-                    if failure is not None:
-                        raise failure
+                            try:
+                                payload = orjson.loads(data)
+                                if "error" in payload:
+                                    failure = stream_error(worker, payload)
+                                    break
+                                text, ids = deltas.step(payload)
+                                steps.append((payload, text, ids, deltas.new_logprobs(payload)))
+                            except MALFORMED_ANSWER as exc:
+                                failure = malformed_error(worker, exc)
+                                failure.__cause__ = exc
+                                break
+                        last = len(steps) - 1
+                        if steps:
+                            watch.arm()  # a token came: from now on silence means a stuck engine
+                        for i, (payload, text, ids, logprobs) in enumerate(steps):
+                            try:
+                                chunk = _chunk(payload, text, ids, logprobs, i < last)
+                            except MALFORMED_ANSWER as exc:
+                                raise malformed_error(worker, exc) from exc
+                            if chunk.finish_reason == "abort":
+                                raise abort_error(worker, payload.get("meta_info") or {})
+                            finished = finished or chunk.finish_reason is not None
+                            yield chunk
+                        if failure is not None:
+                            raise failure
         except TransportFailure as exc:
             if not done:  # after [DONE] the answer is whole: a failure while draining costs the connection
                 raise self._transport_error(worker, exc) from exc
+        except StreamStalled as exc:
+            if not done:
+                raise UpstreamError(worker, str(exc)) from exc
         if not finished:
             raise UpstreamError(worker, "stream ended before the answer finished")
 

@@ -31,7 +31,8 @@ class FakeWorker:
     """State and behaviour of the fake worker.
 
     Attributes:
-        mode: ``"ok"``, ``"error500"`` or ``"break_after_2"`` (stream dies after 2 chunks).
+        mode: ``"ok"``, ``"error500"``, ``"break_after_2"`` (stream dies after 2 chunks) or
+            ``"hang_after_2"`` (stream goes silent after 2 chunks, its connection open: a hung engine).
         received: bodies of ``/generate`` calls.
         aborted: rids passed to ``/abort_request``.
         delay_s: pause per generated word (between streamed chunks; summed for non-streamed answers).
@@ -173,6 +174,8 @@ class FakeWorker:
             for i in range(1, n + 1):
                 if self.mode == "break_after_2" and i > 2:
                     raise RuntimeError("worker died")
+                if self.mode == "hang_after_2" and i > 2:
+                    await asyncio.sleep(3600)
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 if incremental:  # SGLang --incremental-streaming-output: deltas
