@@ -157,9 +157,10 @@ class EstimateConfig:
         e2e_alpha: weight of each dispatch-to-done sample.
         long_prefill_tokens: uncached prompt tokens from which a request's TTFT is treated as
             prefill-dominated (``per_token`` model) rather than as the short-request ``base``.
-        calibration_target: 0 (off), or the share of each class's requests admitted as on time whose
-            first tokens must meet the class's TTFT goal (0.99, for P99 goals): while fewer do, that
-            class's predictions on the worker are scaled up, so admission sheds more of what the model lets in
+        calibration_target: 0 (off, the default), or the share of each class's requests admitted as on
+            time whose first tokens must meet the class's TTFT goal (e.g. 0.99 for P99 goals): while fewer
+            do, that class's predictions on the worker are scaled up, so admission sheds more of what the
+            model lets in
             (:meth:`WorkerEstimates.on_goal_outcome`). Never scaled below the model (scale >= 1), so on an
             engine the model describes, where admitted requests already meet their goals, it does nothing.
         calibration_step: how fast that scale moves, in log units per sample (0.2: at a target of 0.99 a
@@ -173,7 +174,7 @@ class EstimateConfig:
     ttft_alpha: float = 0.05
     e2e_alpha: float = 0.02
     long_prefill_tokens: int = 1024
-    calibration_target: float = 0.99
+    calibration_target: float = 0.0
     calibration_step: float = 0.2
     calibration_max: float = 4.0
 

@@ -129,7 +129,8 @@ class SchedulerSettings(BaseModel):
         ge=0,
         lt=1,
         description="0: off; else scale each worker's TTFT predictions per class up while fewer than this "
-        "share of requests admitted as on time meet their TTFT goal (for engines the model misjudges).",
+        "share of requests admitted as on time meet their TTFT goal (e.g. 0.99, for engines the model "
+        "misjudges; a single-tenant fleet).",
     )
 
     def estimate_config(self) -> EstimateConfig:
