@@ -132,3 +132,22 @@ def test_a_worker_from_the_settings_cannot_be_taken_over_by_the_admin_api(
                 upstream.url.rstrip("/"): "settings",
                 other: "admin",
             }
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"url": "http://10.0.0.5:30000", "mode": "draining"},  # looks honoured, but the worker came up active
+        {"url": "http://10.0.0.5:30000", "weight": 2},
+        {"url": 30000},  # strict, as every admin body: not coerced to anything
+    ],
+)
+def test_a_worker_body_with_unknown_or_mistyped_fields_is_refused(
+    replicas: tuple[httpx.Client, httpx.Client], body: dict[str, object]
+) -> None:
+    """``POST /admin/workers`` refuses what it does not serve, as the tenant admin bodies do: an unknown
+    field was silently ignored, so ``"mode": "draining"`` answered 201 and registered an active worker."""
+    r1, _ = replicas
+    err = assert_openai_error(r1.post("/admin/workers", json=body, headers=ADMIN), 400)
+    assert err["param"] in {"mode", "weight", "url"}
+    assert workers(r1) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, Field, HttpUrl, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
@@ -18,7 +18,10 @@ router = APIRouter(prefix="/admin/workers", tags=["admin"], dependencies=[AdminD
 
 
 class WorkerAdd(BaseModel):
-    """Body of ``POST /admin/workers``."""
+    """Body of ``POST /admin/workers``: strict, and an unknown field is refused (400), as in every admin
+    body (``tenancy.models``); ignoring one answered ``"mode": "draining"`` with an active worker."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     url: HttpUrl = Field(..., description="Base URL of an SGLang worker, e.g. http://10.0.0.5:30000")
 
