@@ -204,8 +204,10 @@ class AdmissionCore:
         prefilled(e)
         uncached = e.uncached if cached_tokens is None else max(0, e.req.prompt_tokens - cached_tokens)
         e.worker.est.on_first_token(now, now - e.dispatched_at, e.backlog_at_dispatch + uncached)
-        if self.config.slo_admission and not e.cls.serve_late and not e.beyond_goal:
-            # admitted as on time: did it keep that promise?
+        if self.config.slo_admission and not e.cls.serve_late and not e.beyond_goal and e.capacity_known:
+            # admitted as on time, on a measured capacity: did it keep that promise? (one admitted at a
+            # cold start, its wait predicted as zero, may reach its first token after the capacity is
+            # measured: its miss says nothing about the model)
             e.worker.est.on_goal_outcome(e.req.band, now - e.req.arrival <= e.cls.ttft_goal_s, now)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
 
@@ -360,6 +362,7 @@ class AdmissionCore:
                 return Shed(req.rid, req.band, "costly_miss", self._retry_after(cls), predicted)
         self.router.commit(choice.url, req.prompt, now)
         e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
+        e.capacity_known = choice.est.completions.rate(now) is not None
         e.beyond_goal = beyond_goal and cfg.slo_admission and not cls.serve_late
         e.deadline = self._deadline(e, choice, now)
         flow = req.tenant if cfg.fair_queuing else "*"

@@ -229,7 +229,8 @@ class WorkerEstimates:
         """Learn from a first token of ``band``, at ``now`` (s), that was predicted at admission to meet its
         TTFT goal: ``met`` says whether it did. Ignored until the worker's capacity is measured
         (``min_history_s``): before that, waits are predicted as zero, and the misses of a cold start
-        (empty caches, windows still growing) say nothing about the model.
+        (empty caches, windows still growing) say nothing about the model (the admission core also leaves
+        out requests admitted before then, whose first tokens may come after).
 
         Stochastic-approximation quantile tracking (Robbins & Monro, 1951) on the log of the scale: a miss
         raises it by ``step x target``, a hit lowers it by ``step x (1 - target)``, so it settles where a

@@ -47,6 +47,9 @@ class Entry:
         beyond_goal: its own prefill alone cannot meet its class's goal (a long prompt on a slow engine):
             admitted only to a worker with an empty queue, it may then wait up to its goal and is
             dispatched even when late (refusing it would refuse it on every retry).
+        capacity_known: its worker's capacity was measured when it was admitted there, so its prediction
+            was the model's (before, waits are predicted as zero): only then does its outcome calibrate
+            the predictions (:meth:`WorkerEstimates.on_goal_outcome`).
     """
 
     req: AdmissionRequest
@@ -61,6 +64,7 @@ class Entry:
     backlog_at_dispatch: int = 0
     first_token_seen: bool = False
     beyond_goal: bool = False
+    capacity_known: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -411,3 +411,23 @@ def test_a_request_wider_than_the_window_is_not_shed_on_an_idle_worker(
     t = warm(c, W1, 0.0, per_s=1.0, ttft=0.05, e2e=2.0)  # measured: about 1 request/s
     out = c.arrive(dataclasses.replace(wide("n", sequences), arrival=t), t)
     assert ids(out, Dispatch) == ["n"], out
+
+
+def test_calibration_ignores_requests_admitted_before_the_worker_capacity_was_measured() -> None:
+    """A request admitted at a cold start was predicted with no measured capacity (its wait as zero), so
+    its miss says nothing about the model, even when its first token comes after the capacity is
+    measured: here b waits behind a (window 1) until the first completion starts the rate's history, and
+    its late first token came once that history was long enough. Counting it scaled standard's
+    predictions up by 22% on a worker the model had never predicted for."""
+    c = core(window=1, estimates=EstimateConfig(min_history_s=1.0, calibration_target=0.99))
+    (a,) = c.arrive(req("a", at=0.0), 0.0)
+    assert isinstance(a, Dispatch)
+    assert c.arrive(req("b", at=0.0), 0.0) == []  # queued, admitted on a prediction without capacity
+    c.first_token("a", 0.1)
+    (b,) = c.finish("a", 1.0)  # the first completion: capacity known from 2.0 on
+    assert isinstance(b, Dispatch) and b.rid == "b"
+    c.first_token("b", 2.5)  # past standard's 2 s goal, with the capacity measured by now
+    c.finish("b", 2.6)
+    (snap,) = c.snapshot(2.6)
+    assert snap.capacity_rps is not None
+    assert snap.prediction_scales.get("standard", 1.0) == 1.0
