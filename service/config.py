@@ -19,6 +19,7 @@ from policies.admission_types import CoreConfig
 from policies.classes import PREEMPTION_THRESHOLD
 from service.config_checks import CpuCores, HttpUrls, LogLevel, RedisUrl
 from service.config_policies import (
+    FINITE,
     PriorityClassSettings,
     RoutingSettings,
     SchedulerSettings,
@@ -39,6 +40,8 @@ def default_cpu_shim() -> Path | None:
 
 class RedisSettings(BaseModel):
     """Connection to the shared Redis that holds tenants, keys, token buckets and usage."""
+
+    model_config = FINITE
 
     url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
     key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
@@ -110,6 +113,8 @@ class EngineSettings(BaseModel):
 
     The command is ``python -m sglang.launch_server`` from ``python`` (the engine's own virtualenv).
     """
+
+    model_config = FINITE
 
     launch: bool = Field(False, description="Start SGLang workers as child processes at startup.")
     python: Path = Field(
@@ -196,6 +201,8 @@ class EngineSettings(BaseModel):
 class UpstreamSettings(BaseModel):
     """Workers the gateway sends requests to, and how it talks to them."""
 
+    model_config = FINITE
+
     workers: HttpUrls = Field(default_factory=list, description="Base URLs of running SGLang workers.")
     connect_timeout_s: float = Field(3.0, gt=0, description="TCP connect timeout to a worker, seconds.")
     max_connections: int = Field(
@@ -257,6 +264,8 @@ class UpstreamSettings(BaseModel):
 
 class ApiSettings(BaseModel):
     """Limits and defaults of the OpenAI-compatible API."""
+
+    model_config = FINITE
 
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted, bytes.")
     body_timeout_s: float = Field(
@@ -320,6 +329,8 @@ class ApiSettings(BaseModel):
 class ObservabilitySettings(BaseModel):
     """Logs and metrics."""
 
+    model_config = FINITE
+
     log_level: LogLevel = Field("INFO", description="Log level of the JSON logs.")
     max_tenant_labels: int = Field(
         100, ge=1, description="Distinct tenant label values in metrics; the rest report as 'other'."
@@ -343,7 +354,11 @@ class Settings(BaseSettings):
     """Root of radixgate's configuration. Env prefix ``RADIXGATE_``, nested delimiter ``__``."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RADIXGATE_", env_nested_delimiter="__", extra="ignore", env_file=None
+        env_prefix="RADIXGATE_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        env_file=None,
+        allow_inf_nan=False,
     )
 
     host: str = Field("127.0.0.1", description="Interface the gateway listens on.")

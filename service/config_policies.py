@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.admission_types import CoreConfig
 from policies.cache_aware import CacheAwareConfig
@@ -17,6 +17,11 @@ from policies.classes import ClassPolicy, default_classes
 from policies.estimates import EstimateConfig
 from policies.routing import RouterName
 from policies.windows import WindowConfig, WindowMode
+
+FINITE = ConfigDict(allow_inf_nan=False)
+"""Config of every settings model: ``inf`` passes any ``ge``/``gt`` bound, and a timeout of ``inf`` failed
+the gateway's startup with a traceback (aiohttp and redis-py take ``ceil`` of it) or never fired, so
+``inf`` and ``nan`` are refused like any other bad value (one line, exit 2)."""
 
 _CLASS = ClassPolicy(rank=0, sglang_priority=0, ttft_goal_s=1.0)  # field defaults of policies.classes
 _WINDOW = WindowConfig()
@@ -29,6 +34,8 @@ class PriorityClassSettings(BaseModel):
 
     Translated into :class:`policies.classes.ClassPolicy` (:meth:`policy`), where the defaults live.
     """
+
+    model_config = FINITE
 
     rank: int = Field(..., description="Higher rank is served first (strict priority between bands).")
     sglang_priority: int = Field(..., description="'priority' sent to SGLang (higher runs first).")
@@ -97,6 +104,8 @@ class SchedulerSettings(BaseModel):
     Translated into :class:`policies.admission_types.CoreConfig` by :meth:`Settings.core_config`.
     """
 
+    model_config = FINITE
+
     max_queue_total: int = Field(_CORE.max_queue_total, ge=1, description="Most requests queued in all.")
     window_mode: WindowMode = Field(
         _WINDOW.mode, description="engine (from max_running_requests, queue and KV), aimd, or fixed."
@@ -156,6 +165,8 @@ class SchedulerSettings(BaseModel):
 
 class RoutingSettings(BaseModel):
     """How a request picks its worker (``policies.routing``; defaults from SGLang's router)."""
+
+    model_config = FINITE
 
     policy: RouterName = Field(
         CoreConfig().routing, description="Routing policy: the worker a request waits for."

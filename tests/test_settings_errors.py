@@ -7,9 +7,11 @@ import asyncio
 import os
 import signal
 import time
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from service import __main__ as service_main
@@ -159,3 +161,40 @@ def test_a_worker_that_does_not_start_is_one_clear_line(monkeypatch: pytest.Monk
     result = CliRunner().invoke(cli, ["worker"])
     assert result.exit_code == 1 and SlowWorker.stopped, result.output
     assert "Traceback" not in result.output and "exited with 1" in result.output, result.output
+
+
+def _float_settings(model: type[BaseModel], prefix: str) -> list[str]:
+    """The environment names of every float setting under ``model``."""
+    names: list[str] = []
+    for name, field in model.model_fields.items():
+        kinds = typing.get_args(field.annotation) or (field.annotation,)
+        nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if nested:
+            names += _float_settings(nested[0], f"{prefix}{name.upper()}__")
+        elif float in kinds:
+            names.append(prefix + name.upper())
+    return names
+
+
+FLOAT_SETTINGS = _float_settings(Settings, "RADIXGATE_")
+
+
+def test_every_float_setting_is_listed() -> None:
+    assert len(FLOAT_SETTINGS) > 30 and "RADIXGATE_REDIS__SOCKET_TIMEOUT_S" in FLOAT_SETTINGS
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+def test_a_non_finite_number_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path, name: str, value: str
+) -> None:
+    """``inf`` passed every ``ge``/``gt`` bound of 28 settings, and the gateway then failed at startup
+    with a traceback (``RADIXGATE_REDIS__SOCKET_TIMEOUT_S=inf``: aiohttp/redis-py ``ceil(inf)``,
+    OverflowError, "Application startup failed") or ran with a timeout that never fires."""
+    monkeypatch.setattr(service_main.uvicorn, "run", refuse_to_serve)
+    monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
+    monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.splitlines()) <= 3, result.output
+    assert result.output.startswith("invalid setting") and name in result.output, result.output
