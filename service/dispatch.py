@@ -63,9 +63,10 @@ class _Run:
 
     ``outcome`` is the request's own (status, error, TTFT; for n = 1 the one choice's); for n > 1 it is
     filled from the choices' when the request ends (:func:`service.openai.fanout.merge_choices`).
+    ``revocable`` is its entry in the replica's :class:`RevocationRegistry`.
     """
 
-    def __init__(self, prepared: PreparedRequest, renderer: PromptRenderer) -> None:
+    def __init__(self, prepared: PreparedRequest, renderer: PromptRenderer, revocable: Revocable) -> None:
         self.parts = choice_requests(prepared)
         self.choices = [Outcome() for _ in self.parts]
         for part, choice in zip(self.parts, self.choices, strict=True):
@@ -74,29 +75,22 @@ class _Run:
         self.outcome = self.choices[0] if prepared.n == 1 else Outcome()
         tokens = renderer if prepared.output.logprobs is not None else None
         self.states = [ChoiceState(i, prepared.rid, prepared.output, tokens) for i in range(prepared.n)]
-        self.revocable: Revocable | None = None
+        self.revocable = revocable
 
     async def until_revoked(self, work: Awaitable[T]) -> T:
-        """Await ``work``, which :mod:`service.revocation` may cancel while it runs (only then: the request's
-        task is named for that await alone). Raises the revocation's :class:`GatewayError` then."""
-        entry = self.revocable
-        if entry is None:
-            return await work
-        entry.task = asyncio.current_task()
+        """Await ``work``, which :mod:`service.revocation` may cancel while it runs
+        (:meth:`Revocable.guard`); a revocation's :class:`GatewayError` is raised and marks the outcome."""
         try:
-            return await work
-        except asyncio.CancelledError:
-            revoked = self.revoked()
-            if revoked is None:
-                raise
-            raise revoked from None
-        finally:
-            entry.task = None
+            return await self.revocable.guard(work)
+        except GatewayError as err:
+            if err is self.revocable.error:
+                self.outcome.revoked = True
+            raise
 
     def revoked(self) -> GatewayError | None:
         """After a cancellation: the revocation's error if it was one (the task is uncancelled and the
         outcome marked), else None."""
-        revoked = self.revocable.take_error() if self.revocable is not None else None
+        revoked = self.revocable.take_error()
         if revoked is not None:
             self.outcome.revoked = True
         return revoked
@@ -274,8 +268,7 @@ class Dispatcher:
             GatewayError: shed or timed out in the queue, attempts spent, the worker rejected the input, or
                 the key or tenant was revoked meanwhile (:mod:`service.revocation`).
         """
-        run = _Run(prepared, self._renderer)
-        run.revocable = self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
+        run = _Run(prepared, self._renderer, self._track(prepared, key_id))
         self._metrics.in_flight.inc()
         try:
             if prepared.n == 1:
@@ -317,8 +310,8 @@ class Dispatcher:
         key or tenant (API key ``key_id``) ends it like an error (:mod:`service.revocation`).
         """
         shaper = shaper or self.shaper(prepared)
-        run = _Run(prepared, self._renderer)
-        revocable = run.revocable = self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
+        run = _Run(prepared, self._renderer, self._track(prepared, key_id))
+        revocable = run.revocable
         outcome = run.outcome
         self._metrics.in_flight.inc()
         pieces = self._pieces(prepared, run)
@@ -368,11 +361,14 @@ class Dispatcher:
                 await pieces.aclose()
             await self._finish(prepared, reservation, run)
 
+    def _track(self, prepared: PreparedRequest, key_id: str) -> Revocable:
+        """Register the request (of API key ``key_id``) with the revocation registry until it ends."""
+        return self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
+
     async def _finish(self, prepared: PreparedRequest, reservation: Reservation, run: _Run) -> None:
         """Release the queue slot, abort unfinished upstream requests, settle. Shielded from cancel."""
         self._metrics.in_flight.dec()
-        if run.revocable is not None:
-            self._revocations.untrack(run.revocable)
+        self._revocations.untrack(run.revocable)
         merge_choices(run.outcome, run.choices)
         outcome = run.outcome
         slot = outcome.slot

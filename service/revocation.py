@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -27,6 +28,8 @@ from tenancy.errors import TenantNotFoundError
 from tenancy.store import TenantStore
 
 log = structlog.get_logger("radixgate.revocation")
+
+T = TypeVar("T")
 
 Check = Callable[[str], Awaitable[GatewayError | None]]
 """Reads a tenant (or key) again: the error a new request of it would get now, or None if it still
@@ -64,6 +67,24 @@ class Revocable:
         if task is not None and task.cancelling():
             task.uncancel()
         return self.error
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await ``work`` as the request's cancellable step: :meth:`RevocationRegistry.end` may cancel it
+        only while it runs (the task is named for this await alone).
+
+        Raises:
+            GatewayError: the revocation's error, when it ended the request meanwhile.
+        """
+        self.task = asyncio.current_task()
+        try:
+            return await work
+        except asyncio.CancelledError:
+            error = self.take_error()
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            self.task = None
 
 
 class RevocationRegistry:

@@ -126,16 +126,24 @@ def test_the_prompt_caches_take_concurrent_threads() -> None:
     assert cache.weight <= 64 and cache.weight == sum(w for _, w in cache._entries.values())
 
 
+MEDIUM = "word " * 20_000
+"""A 100 kB prompt: offloaded, counted in a moment (and past the 512-token context as well)."""
+
+
+def one_at_a_time(redis_url: str, stub_model_dir: Path, fake: str) -> Settings:
+    """A gateway that prepares one long prompt at a time and lets each tenant have one waiting."""
+    return gateway_with(
+        redis_url, stub_model_dir, fake, 32_768, max_offloaded_prepares=1, max_offload_waiting_per_tenant=1
+    )
+
+
 def test_one_tenant_may_have_only_so_many_long_prompts_waiting(
     redis_url: str, stub_model_dir: Path, fake: str
 ) -> None:
     """One preparation at a time, one waiter per tenant: while tenant a's 3 MB prompt is counted, its
     second long prompt waits, its third is refused (429, nothing charged), and tenant b's still waits its
     turn and is answered."""
-    settings = gateway_with(
-        redis_url, stub_model_dir, fake, 32_768, max_offloaded_prepares=1, max_offload_waiting_per_tenant=1
-    )
-    medium = "word " * 20_000  # 100 kB: offloaded, counted in a moment (past the context as well)
+    settings = one_at_a_time(redis_url, stub_model_dir, fake)
     with (
         ThreadedServer(create_app(settings)) as server,
         httpx.Client(base_url=server.url, timeout=60) as http,
@@ -152,10 +160,10 @@ def test_one_tenant_may_have_only_so_many_long_prompts_waiting(
         threads[0].start()
         time.sleep(0.5)  # a1's count has started (about 1.5 s)
         for name, key in (("a2", key_a), ("b1", key_b)):
-            threads.append(threading.Thread(target=send, args=(name, key, medium)))
+            threads.append(threading.Thread(target=send, args=(name, key, MEDIUM)))
             threads[-1].start()
         time.sleep(0.2)
-        send("a3", key_a, medium)
+        send("a3", key_a, MEDIUM)
         assert_openai_error(answers["a3"], 429, "too_many_long_prompts")
         assert answers["a3"].headers["retry-after"] == "1"
         for thread in threads:
@@ -171,10 +179,7 @@ def test_a_client_that_leaves_while_its_long_prompt_waits_gives_up_its_place(
     """One preparation at a time, one waiter per tenant: while tenant a's 3 MB prompt is counted, its
     second long prompt waits and its client leaves; that place is free again at once, so a third long
     prompt of the same tenant waits its turn (not 429) and is answered."""
-    settings = gateway_with(
-        redis_url, stub_model_dir, fake, 32_768, max_offloaded_prepares=1, max_offload_waiting_per_tenant=1
-    )
-    medium = "word " * 20_000  # 100 kB: offloaded, counted in a moment (past the context as well)
+    settings = one_at_a_time(redis_url, stub_model_dir, fake)
     with (
         ThreadedServer(create_app(settings)) as server,
         httpx.Client(base_url=server.url, timeout=60) as http,
@@ -192,9 +197,9 @@ def test_a_client_that_leaves_while_its_long_prompt_waits_gives_up_its_place(
         first = threading.Thread(target=send, args=("a1", LONG))
         first.start()
         time.sleep(0.5)  # a1's count has started (about 1.5 s)
-        send("a2", medium, timeout=0.3)  # waits behind a1, then its client leaves
+        send("a2", MEDIUM, timeout=0.3)  # waits behind a1, then its client leaves
         assert "a2" not in answers
         time.sleep(0.2)
-        send("a3", medium)
+        send("a3", MEDIUM)
         first.join()
         assert_openai_error(answers["a3"], 400, "context_length_exceeded")

@@ -19,7 +19,7 @@ from service.config import Settings
 from service.errors import GatewayError, PermissionDenied
 from service.revocation import RevocationRegistry
 from tests.conftest import ADMIN_TOKEN
-from tests.support.fake_worker import FakeWorker
+from tests.support.fake_worker import FakeWorker, served_fake_worker
 from tests.support.servers import ThreadedServer
 from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
@@ -45,19 +45,10 @@ class Checks:
 async def _served(
     registry: RevocationRegistry, rid: str, tenant: str, key: str, work: asyncio.Future[str]
 ) -> str:
-    """A request's await on its worker, as the dispatcher makes it (:meth:`_Run.until_revoked`)."""
+    """A request's await on its worker, as the dispatcher makes it (:meth:`Revocable.guard`)."""
     entry = registry.track(rid, tenant, key)
     try:
-        entry.task = asyncio.current_task()
-        try:
-            return await work
-        except asyncio.CancelledError:
-            error = entry.take_error()
-            if error is None:
-                raise
-            raise error from None
-        finally:
-            entry.task = None
+        return await entry.guard(work)
     finally:
         registry.untrack(entry)
 
@@ -121,9 +112,7 @@ async def test_a_cancellation_from_elsewhere_still_propagates_and_a_disabled_reg
 # -- end to end --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeWorker]:
-    worker = FakeWorker()
-    with ThreadedServer(worker.app) as server:
-        worker.url = server.url  # type: ignore[attr-defined]
+    with served_fake_worker() as worker:
         yield worker
 
 
@@ -142,7 +131,7 @@ def _settings(redis_url: str, stub_model_dir: Path, fake: FakeWorker, prefix: st
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": prefix},
             "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},  # type: ignore[attr-defined]
+            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},
             "api": {"tokenizer_path": str(stub_model_dir), **api},
         }
     )

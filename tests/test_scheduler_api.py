@@ -15,7 +15,7 @@ import pytest
 from service.app import create_app
 from service.config import Settings
 from tests.conftest import ADMIN_TOKEN
-from tests.support.fake_worker import FakeWorker
+from tests.support.fake_worker import FakeWorker, served_fake_worker
 from tests.support.servers import ThreadedServer
 from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
@@ -26,9 +26,7 @@ def band(rank: int, prio: int, goal_ms: float, max_len: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeWorker]:
-    worker = FakeWorker()
-    with ThreadedServer(worker.app) as server:
-        worker.url = server.url  # type: ignore[attr-defined]
+    with served_fake_worker() as worker:
         yield worker
 
 
@@ -47,7 +45,7 @@ def http(redis_url: str, stub_model_dir: Path, fake: FakeWorker) -> Iterator[htt
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "sched:"},
             "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},  # type: ignore[attr-defined]
+            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},
             "api": {"tokenizer_path": str(stub_model_dir)},
             # one request at a time on the worker: everything else waits in the gateway's queue
             "scheduler": {
@@ -186,7 +184,7 @@ def test_a_request_of_n_choices_takes_n_slots_of_the_window(
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "sched-n:"},
             "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": [worker.url], "health_interval_s": 0.2},  # type: ignore[attr-defined]
+            "upstream": {"workers": [worker.url], "health_interval_s": 0.2},
             "api": {"tokenizer_path": str(stub_model_dir)},
             "scheduler": {"window_mode": "fixed", "window_initial": 2, "top_band_headroom": 0},
         }

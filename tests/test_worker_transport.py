@@ -111,23 +111,31 @@ async def test_chunks_of_one_read_say_that_more_follow_at_once(fake: tuple[FakeS
     assert not any(c.more_ready for c in apart)
 
 
-async def test_an_error_after_good_chunks_of_one_read_comes_after_them() -> None:
-    """An error event in the same read as good chunks is raised once those chunks are out (the client
-    keeps what was generated; the stream resumes after it)."""
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'data: {"error": {"message": "engine failed"}}\n\n',  # an error event
+        b'data: {"text": "hi there", "meta_info": {"finish_reason": {"type": "abort"}}}\n\n',  # aborted
+        b"data: {not json\n\n",  # malformed
+    ],
+)
+async def test_an_error_after_good_chunks_of_one_read_comes_after_them(bad: bytes) -> None:
+    """An error in the same read as good chunks is raised once those chunks are out (the client keeps
+    what was generated; the stream resumes after it), and the last good chunk does not say that more
+    follow at once: the resume elsewhere is a wait its events must not be held over."""
     good = b'data: {"text": "hi", "meta_info": {"completion_tokens": 1}}\n\n'
-    bad = b'data: {"error": {"message": "engine failed"}}\n\n'
 
     async def answer(request: Request) -> Response:
         return Response(good + bad, media_type="text/event-stream")
 
     app = Starlette(routes=[Route("/generate", answer, methods=["POST"])])
-    seen: list[str] = []
+    seen: list[tuple[str, bool]] = []
     with ThreadedServer(app) as server:
         async with SGLangClient() as client:
             with pytest.raises(UpstreamError):
                 async for chunk in client.stream(server.url, BODY):
-                    seen.append(chunk.text)
-    assert seen == ["hi"]
+                    seen.append((chunk.text, chunk.more_ready))
+    assert seen == [("hi", False)]
 
 
 async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked() -> None:

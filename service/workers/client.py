@@ -12,7 +12,7 @@ What a worker can take and how it streams is learned from the worker itself (``G
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
@@ -180,6 +180,43 @@ def _chunk(
         logprobs=logprobs,
         more_ready=more_ready,
     )
+
+
+def _batch_chunks(
+    worker: str, batch: list[bytes], deltas: StreamDeltas
+) -> tuple[list[UpstreamChunk], UpstreamError | None, bool]:
+    """The chunks of the SSE lines one read of ``worker``'s stream brought (``batch``), each but the last
+    marked ``more_ready``; the error that ends the stream after them (an error event, a malformed or
+    aborted chunk), if any; and whether ``data: [DONE]`` came. The last chunk before an error is not
+    marked: the stream may then resume elsewhere, a wait its events must not be held over."""
+    chunks: list[UpstreamChunk] = []
+    failure: UpstreamError | None = None
+    done = False
+    for line in batch:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            done = True  # the caller reads on to the end of the response: the connection is reused
+            break
+        try:
+            payload = orjson.loads(data)
+            if "error" in payload:
+                failure = stream_error(worker, payload)
+                break
+            text, ids = deltas.step(payload)
+            chunk = _chunk(payload, text, ids, deltas.new_logprobs(payload), True)
+        except MALFORMED_ANSWER as exc:
+            failure = malformed_error(worker, exc)
+            failure.__cause__ = exc
+            break
+        if chunk.finish_reason == "abort":
+            failure = abort_error(worker, payload.get("meta_info") or {})
+            break
+        chunks.append(chunk)
+    if chunks:
+        chunks[-1] = replace(chunks[-1], more_ready=False)
+    return chunks, failure, done
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,38 +429,10 @@ class SGLangClient:
                     while (batch := await watch.read(anext(batches, None))) is not None:
                         if done:
                             continue
-                        # parse what this read brought, then yield it: each chunk says whether another
-                        # follows at once; an error after good chunks is raised once they are out
-                        steps: list[tuple[dict[str, Any], str, tuple[int, ...] | None, Any]] = []
-                        failure: UpstreamError | None = None
-                        for line in batch:
-                            if not line.startswith(b"data:"):
-                                continue
-                            data = line[5:].strip()
-                            if data == b"[DONE]":
-                                done = True  # read on to the end of the response: the connection is reused
-                                break
-                            try:
-                                payload = orjson.loads(data)
-                                if "error" in payload:
-                                    failure = stream_error(worker, payload)
-                                    break
-                                text, ids = deltas.step(payload)
-                                steps.append((payload, text, ids, deltas.new_logprobs(payload)))
-                            except MALFORMED_ANSWER as exc:
-                                failure = malformed_error(worker, exc)
-                                failure.__cause__ = exc
-                                break
-                        last = len(steps) - 1
-                        if steps:
+                        chunks, failure, done = _batch_chunks(worker, batch, deltas)
+                        if chunks:
                             watch.arm()  # a token came: from now on silence means a stuck engine
-                        for i, (payload, text, ids, logprobs) in enumerate(steps):
-                            try:
-                                chunk = _chunk(payload, text, ids, logprobs, i < last)
-                            except MALFORMED_ANSWER as exc:
-                                raise malformed_error(worker, exc) from exc
-                            if chunk.finish_reason == "abort":
-                                raise abort_error(worker, payload.get("meta_info") or {})
+                        for chunk in chunks:
                             finished = finished or chunk.finish_reason is not None
                             yield chunk
                         if failure is not None:

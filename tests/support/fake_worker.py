@@ -14,8 +14,9 @@ so tests can assert that bad input never reached it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -57,6 +58,7 @@ class FakeWorker:
     """
 
     def __init__(self) -> None:
+        self.url = ""  # set while served (:func:`served_fake_worker`)
         self.mode = "ok"
         self.received: list[dict[str, Any]] = []
         self.aborted: list[str] = []
@@ -187,3 +189,14 @@ class FakeWorker:
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@contextlib.contextmanager
+def served_fake_worker() -> Iterator[FakeWorker]:
+    """A :class:`FakeWorker` served on a free local port (its ``url`` set) until the block ends."""
+    from tests.support.servers import ThreadedServer
+
+    worker = FakeWorker()
+    with ThreadedServer(worker.app) as server:
+        worker.url = server.url
+        yield worker
