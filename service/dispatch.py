@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -260,9 +261,16 @@ class Dispatcher:
         reservation: Reservation,
         shaper: Shaper | None = None,
         key_id: str = "",
+        after_response: list[Callable[[], Awaitable[None]]] | None = None,
     ) -> dict[str, Any]:
         """Serve a non-streamed request (of API key ``key_id``); returns the response object
         (``shaper``'s, by default the chat or text completion).
+
+        ``after_response``: where the settle of a served answer (its quota reconcile and usage, one
+        Redis round trip, and its log line) is left for the caller to run once the response is sent
+        (:meth:`service.app.GatewayApp._serve_completion` does), so it is not on the answer's latency
+        path; the reservation made at admission already holds the tokens meanwhile. None: settled here,
+        before returning. Requests that fail are always settled here.
 
         Raises:
             GatewayError: shed or timed out in the queue, attempts spent, the worker rejected the input, or
@@ -291,7 +299,7 @@ class Dispatcher:
             run.outcome.status = 499
             raise
         finally:
-            await self._finish(prepared, reservation, run)
+            await self._finish(prepared, reservation, run, after_response)
 
     async def stream(
         self,
@@ -299,6 +307,7 @@ class Dispatcher:
         reservation: Reservation,
         shaper: Shaper | None = None,
         key_id: str = "",
+        after_response: list[Callable[[], Awaitable[None]]] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """Serve a streamed request as server-sent events (``shaper``'s, by default OpenAI's chunks ending
         with ``data: [DONE]``).
@@ -308,6 +317,8 @@ class Dispatcher:
         stream that breaks later is resumed on another worker; if that fails too the stream ends with an
         error event. Cancellation aborts the upstream requests and refunds the unused tokens. A revoked
         key or tenant (API key ``key_id``) ends it like an error (:mod:`service.revocation`).
+        ``after_response``: as in :meth:`complete` (the settle of a stream that ended well waits for it,
+        not the end of the response body).
         """
         shaper = shaper or self.shaper(prepared)
         run = _Run(prepared, self._renderer, self._track(prepared, key_id))
@@ -359,14 +370,21 @@ class Dispatcher:
         finally:
             with anyio.CancelScope(shield=True):
                 await pieces.aclose()
-            await self._finish(prepared, reservation, run)
+            await self._finish(prepared, reservation, run, after_response)
 
     def _track(self, prepared: PreparedRequest, key_id: str) -> Revocable:
         """Register the request (of API key ``key_id``) with the revocation registry until it ends."""
         return self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
 
-    async def _finish(self, prepared: PreparedRequest, reservation: Reservation, run: _Run) -> None:
-        """Release the queue slot, abort unfinished upstream requests, settle. Shielded from cancel."""
+    async def _finish(
+        self,
+        prepared: PreparedRequest,
+        reservation: Reservation,
+        run: _Run,
+        after_response: list[Callable[[], Awaitable[None]]] | None = None,
+    ) -> None:
+        """Release the queue slot, abort unfinished upstream requests, settle (a served answer's settle
+        goes to ``after_response`` when given). Shielded from cancel."""
         self._metrics.in_flight.dec()
         self._revocations.untrack(run.revocable)
         merge_choices(run.outcome, run.choices)
@@ -381,6 +399,9 @@ class Dispatcher:
         with anyio.CancelScope(shield=True):
             if outcome.status != 200:
                 await self._abort(prepared, run.choices)
+            elif after_response is not None:
+                after_response.append(partial(self._settle, prepared, reservation, outcome))
+                return
             await self._settle(prepared, reservation, outcome)
 
     async def _abort(self, prepared: PreparedRequest, choices: Sequence[Outcome]) -> None:
@@ -416,9 +437,9 @@ class Dispatcher:
             used: int | None = outcome.prompt_tokens + outcome.completion_tokens
         else:
             usage, used = {"errors": errors}, None  # refund it all
+        latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
         # one round trip for buckets and usage; retried in the background if Redis is short
         await self._settler.settle(Settlement(prepared.rid, reservation, used, usage))
-        latency = time.perf_counter() - prepared.arrival
         m = self._metrics.request_series(self._metrics.tenant(tenant_id), prepared.model, outcome.status)
         m.requests.inc()
         m.e2e.observe(latency)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -517,12 +518,20 @@ def test_one_json_log_line_per_request_without_prompt_or_key(http: httpx.Client,
         secret_prompt = "zebra-unique-prompt-words"
         resp = http.post("/v1/chat/completions", json=chat(secret_prompt, max_tokens=2), headers=auth(key))
         rid = resp.headers["x-request-id"]
+        deadline = time.monotonic() + 5  # the line is written once the answer is sent and settled
+
+        def mine() -> list[dict[str, Any]]:
+            lines = [json.loads(line) for line in buf.getvalue().splitlines() if line.startswith("{")]
+            return [ln for ln in lines if ln.get("event") == "request" and ln.get("request_id") == rid]
+
+        while not mine() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # a second line, were there one, would come with the first
+        found = mine()
     finally:
         configure_logging("INFO")
-    lines = [json.loads(line) for line in buf.getvalue().splitlines() if line.startswith("{")]
-    mine = [line for line in lines if line.get("event") == "request" and line.get("request_id") == rid]
-    assert len(mine) == 1
-    entry = mine[0]
+    assert len(found) == 1
+    entry = found[0]
     assert entry["tenant"] == tenant_id and entry["status"] == 200 and entry["worker"]
     assert entry["completion_tokens"] == 2 and entry["ttft_ms"] is not None and entry["latency_ms"] > 0
     # where the time went: the gateway's queue, and what admission predicted (0: rates not measured yet)

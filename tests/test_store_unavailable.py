@@ -239,7 +239,8 @@ def test_redis_failing_during_settle_keeps_the_answer_and_charges_it_later(
         pauser.join()
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["message"]["content"] == "alpha beta"
-        assert "radixgate_settle_deferred_total 1.0" in http.get("/metrics").text
+        # the answer goes out before its settle (off the latency path), which then waits out the pause
+        metrics_once_shown(http, "radixgate_settle_deferred_total 1.0")
         usage = resp.json()["usage"]
         deadline = time.monotonic() + 20
         charged: dict[str, Any] = {}
@@ -274,6 +275,44 @@ def test_settle_retries_spent_count_the_request_lost(
         assert "radixgate_settle_deferred_total 1.0" in metrics
         time.sleep(max(0.0, started + 3.6 - time.monotonic()))  # past the pause: nothing landed late
         assert http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()["requests"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_served_answer_does_not_wait_for_its_settle(
+    own_redis: tuple[str, int, Path],
+    stub_model_dir: Path,
+    fake: tuple[FakeWorker, str],
+    worker: FakeWorker,
+    stream: bool,
+) -> None:
+    """The settle (quota reconcile and usage, a Redis round trip) runs once the answer is sent: with Redis
+    stalled from before the answer's end, the answer still comes when the worker's does, and the
+    request is charged when Redis answers (before, the answer waited out the stall)."""
+    url = own_redis[0]
+    worker.delay_s = 0.4  # 2 words: the answer takes 0.8 s
+    prefix = f"after-{stream}:"
+    settings = settings_for(url, stub_model_dir, fake[1], prefix, redis={"socket_timeout_s": 5.0})
+    with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
+        tenant_id, key = new_tenant(http)
+        pauser = threading.Timer(0.4, lambda: r.execute_command("CLIENT", "PAUSE", "2500", "WRITE"))
+        started = time.monotonic()
+        pauser.start()  # Redis holds writes from 0.4 s to 2.9 s: the settle waits, not the answer
+        body = chat(max_tokens=2, stream=stream)
+        resp = http.post("/v1/chat/completions", json=body, headers=auth(key))  # the whole body read
+        answered_s = time.monotonic() - started
+        pauser.join()
+        assert resp.status_code == 200, resp.text
+        assert resp.text.rstrip().endswith("data: [DONE]") if stream else resp.json()["usage"]
+        assert answered_s < 2.0, answered_s  # the worker's 0.8 s, not the stall's 2.9 s
+        usage = http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()
+        assert usage["requests"] == 0, usage  # its settle is still held by the stall
+        deadline = time.monotonic() + 10
+        while usage["requests"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            usage = http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()
+        assert usage["requests"] == 1 and usage["completion_tokens"] == 2, usage
+        metrics = http.get("/metrics").text
+        assert "radixgate_settle_deferred_total 0.0" in metrics  # settled once, not retried
 
 
 def test_redis_at_maxmemory_gives_503_and_the_served_answer_is_charged_once_it_frees(
