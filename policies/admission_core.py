@@ -149,7 +149,7 @@ class AdmissionCore:
                 len(w.bands),
                 w.est.capacity(now, w.window.size),
                 w.est.ttft_base.value(now),
-                {band: w.est.prediction_scale(band) for band in w.est.log_scale},
+                w.est.prediction_scales(now),
             )
             for w in self._workers.values()
         ]
@@ -208,7 +208,8 @@ class AdmissionCore:
             # admitted as on time, on a measured capacity: did it keep that promise? (one admitted at a
             # cold start, its wait predicted as zero, may reach its first token after the capacity is
             # measured: its miss says nothing about the model)
-            e.worker.est.on_goal_outcome(e.req.band, now - e.req.arrival <= e.cls.ttft_goal_s, now)
+            met = now - e.req.arrival <= e.cls.ttft_goal_s
+            e.worker.est.on_goal_outcome(e.req.band, e.req.tenant, met, now)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
 
     def finish(
@@ -386,14 +387,15 @@ class AdmissionCore:
             return min(cap, arrival + cls.ttft_goal_s)
         # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
-        engine = w.engine_ttft(e.uncached, cls.rank, now) * w.est.prediction_scale(e.req.band)
+        scale = w.est.prediction_scale(e.req.band, e.req.tenant, now)
+        engine = w.engine_ttft(e.uncached, cls.rank, now) * scale
         return min(cap, arrival + cls.ttft_goal_s - engine)
 
     def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
         if not self.config.slo_admission or e.cls.serve_late or e.beyond_goal:
             return False
-        scale = w.est.prediction_scale(e.req.band)
+        scale = w.est.prediction_scale(e.req.band, e.req.tenant, now)
         engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now) * scale
         first_token = now + engine * (1.0 + self.config.dispatch_margin)
         return first_token > e.req.arrival + e.cls.ttft_goal_s

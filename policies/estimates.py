@@ -167,6 +167,11 @@ class EstimateConfig:
             miss raises it by about 22% and a hundred met goals take that back; a CPU worker serves only
             a few requests per second, so a smaller step would leave a 2-minute overload uncorrected).
         calibration_max: the scale stays within ``[1, calibration_max]``.
+        calibration_decay_s: time constant, s, of each scale's return toward 1 (its log decays as
+            ``exp(-dt / tau)``; 0: no decay). 60 s: a scale learned in an overload is mostly gone a few
+            minutes after it ends, even where no more requests of that tenant and class come to show that
+            they meet their goal; while the misses go on, their updates (hundreds a minute on a GPU
+            worker, a few a second on a CPU one) hold it up.
     """
 
     rate_tau_s: float = 5.0
@@ -177,6 +182,19 @@ class EstimateConfig:
     calibration_target: float = 0.0
     calibration_step: float = 0.2
     calibration_max: float = 4.0
+    calibration_decay_s: float = 60.0
+
+
+def calibration_key(band: str, tenant: str) -> str:
+    """What a calibration scale is kept per (on each worker): the class (band) and the tenant, as
+    ``"band/tenant"``. Per tenant, so one tenant whose requests miss their goals (a flood that its fair
+    share queues behind the others) sheds its own requests, not every tenant's of its class."""
+    return f"{band}/{tenant}"
+
+
+_CALIBRATION_KEEP = 64
+"""Scales per worker above which those that decayed to about 1 are dropped (memory stays bounded by
+the tenants missing their goals now, whatever the number of tenants)."""
 
 
 @dataclass(slots=True)
@@ -196,8 +214,9 @@ class WorkerEstimates:
     e2e: Ewma = field(init=False)
     ttft_base: DecayingEwma = field(init=False)
     ttft_per_token: DecayingEwma = field(init=False)
-    log_scale: dict[str, float] = field(default_factory=dict)
-    """Per class (band): log of the factor its TTFT predictions are scaled by (0: none)."""
+    log_scale: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per :func:`calibration_key`: (log of the factor its TTFT predictions are scaled by, s it was set
+    at); it decays with ``calibration_decay_s`` from then. Absent: 1."""
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -219,33 +238,58 @@ class WorkerEstimates:
             explained = per_token * prefill_tokens if per_token is not None else 0.0
             self.ttft_base.update(max(0.0, engine_ttft_s - explained), now)
 
-    def prediction_scale(self, band: str) -> float:
-        """The factor ``band``'s TTFT predictions on this worker are scaled by, >= 1 (1 while calibration
-        is off or its admitted requests meet their goal)."""
-        scale = self.log_scale.get(band)
-        return 1.0 if scale is None else math.exp(scale)
+    def _log_scale(self, key: str, now: float) -> float:
+        entry = self.log_scale.get(key)
+        if entry is None:
+            return 0.0
+        value, at = entry
+        tau = self.config.calibration_decay_s
+        return value * math.exp(-max(0.0, now - at) / tau) if tau > 0 else value
 
-    def on_goal_outcome(self, band: str, met: bool, now: float) -> None:
-        """Learn from a first token of ``band``, at ``now`` (s), that was predicted at admission to meet its
-        TTFT goal: ``met`` says whether it did. Ignored until the worker's capacity is measured
-        (``min_history_s``): before that, waits are predicted as zero, and the misses of a cold start
-        (empty caches, windows still growing) say nothing about the model (the admission core also leaves
-        out requests admitted before then, whose first tokens may come after).
+    def prediction_scale(self, band: str, tenant: str, now: float) -> float:
+        """The factor the TTFT predictions of ``tenant``'s requests of class ``band`` on this worker are
+        scaled by at ``now`` (s), >= 1 (1 while calibration is off or their admitted requests meet their
+        goal)."""
+        if not self.log_scale:  # calibration off, or every goal met: no key to build
+            return 1.0
+        key = calibration_key(band, tenant)
+        return 1.0 if key not in self.log_scale else math.exp(self._log_scale(key, now))
+
+    def prediction_scales(self, now: float) -> dict[str, float]:
+        """Every scale above 1 at ``now`` (s), per :func:`calibration_key`."""
+        return {key: math.exp(self._log_scale(key, now)) for key in self.log_scale}
+
+    def on_goal_outcome(self, band: str, tenant: str, met: bool, now: float) -> None:
+        """Learn from a first token of ``tenant``'s class-``band`` request, at ``now`` (s), that was
+        predicted at admission to meet its TTFT goal: ``met`` says whether it did. Ignored until the
+        worker's capacity is measured (``min_history_s``): before that, waits are predicted as zero, and
+        the misses of a cold start (empty caches, windows still growing) say nothing about the model (the
+        admission core also leaves out requests admitted before then, whose first tokens may come after).
+        Kept per :func:`calibration_key`.
 
         Stochastic-approximation quantile tracking (Robbins & Monro, 1951) on the log of the scale: a miss
         raises it by ``step x target``, a hit lowers it by ``step x (1 - target)``, so it settles where a
         share ``target`` of the requests admitted as on time meet their goal, and stays at 1 where more do.
-        It corrects what the TTFT model leaves out on a real engine (a CPU's step-quantized decode
-        batches, preemption and re-prefill) by the measure the operator set: goal attainment, the
-        quantity SLO-oriented serving optimizes (SLOs-Serve, Chen et al. 2025; SCORPIO, 2025), not the
-        model's error. No-op while ``calibration_target`` is 0.
+        Between samples it decays toward 1 (``calibration_decay_s``). It corrects what the TTFT model
+        leaves out on a real engine (a CPU's step-quantized decode batches, preemption and re-prefill) by
+        the measure the operator set: goal attainment, the quantity SLO-oriented serving optimizes
+        (SLOs-Serve, Chen et al. 2025; SCORPIO, 2025), not the model's error. No-op while
+        ``calibration_target`` is 0.
         """
         cfg = self.config
         target = cfg.calibration_target
         if target <= 0.0 or self.completions.rate(now) is None:
             return
-        scale = self.log_scale.get(band, 0.0) + cfg.calibration_step * (target - (1.0 if met else 0.0))
-        self.log_scale[band] = min(math.log(cfg.calibration_max), max(0.0, scale))
+        key = calibration_key(band, tenant)
+        value = self._log_scale(key, now) + cfg.calibration_step * (target - (1.0 if met else 0.0))
+        value = min(math.log(cfg.calibration_max), value)
+        if value <= 0.0:
+            self.log_scale.pop(key, None)
+            return
+        self.log_scale[key] = (value, now)
+        if len(self.log_scale) > _CALIBRATION_KEEP:
+            for k in [k for k in self.log_scale if self._log_scale(k, now) < 1e-3]:
+                del self.log_scale[k]
 
     def on_done(self, now: float, e2e_s: float) -> None:
         """Learn from a request that finished at ``now`` after ``e2e_s`` on the worker."""
