@@ -370,8 +370,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def prediction_scales(stack: LocalStack) -> dict[str, float]:
-    """The gateway's calibration scale of its TTFT predictions per class and tenant (``band/tenant``), on
-    the (one) worker at the end of the run (``GET /admin/workers``)."""
+    """The gateway's calibration scale of its TTFT predictions per class, on the (one) worker at the end
+    of the run (``GET /admin/workers``)."""
     with stack.admin() as http:
         workers = http.get("/admin/workers").raise_for_status().json()["data"]
     return {band: round(x, 3) for w in workers for band, x in w.get("prediction_scale", {}).items()}

@@ -209,7 +209,7 @@ class AdmissionCore:
             # cold start, its wait predicted as zero, may reach its first token after the capacity is
             # measured: its miss says nothing about the model)
             met = now - e.req.arrival <= e.cls.ttft_goal_s
-            e.worker.est.on_goal_outcome(e.req.band, e.req.tenant, met, now)
+            e.worker.est.on_goal_outcome(e.req.band, met, now)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
 
     def finish(
@@ -387,7 +387,7 @@ class AdmissionCore:
             return min(cap, arrival + cls.ttft_goal_s)
         # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
-        scale = w.est.prediction_scale(e.req.band, e.req.tenant, now)
+        scale = w.est.prediction_scale(e.req.band, now)
         engine = w.engine_ttft(e.uncached, cls.rank, now) * scale
         return min(cap, arrival + cls.ttft_goal_s - engine)
 
@@ -395,7 +395,7 @@ class AdmissionCore:
         """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
         if not self.config.slo_admission or e.cls.serve_late or e.beyond_goal:
             return False
-        scale = w.est.prediction_scale(e.req.band, e.req.tenant, now)
+        scale = w.est.prediction_scale(e.req.band, now)
         engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now) * scale
         first_token = now + engine * (1.0 + self.config.dispatch_margin)
         return first_token > e.req.arrival + e.cls.ttft_goal_s

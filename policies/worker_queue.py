@@ -164,7 +164,7 @@ class WorkerQueue:
                 higher = sum(r.rate(now) or 0.0 for k, r in self.arrivals.items() if k > cls.rank)
                 wait = need / max(capacity - higher, capacity * MIN_RESIDUAL)
         engine = self.engine_ttft(self.backlog(now) + uncached, cls.rank, now)
-        return (wait + engine) * self.est.prediction_scale(req.band, req.tenant, now)
+        return (wait + engine) * self.est.prediction_scale(req.band, now)
 
     def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
         """Predicted dispatch-to-first-token time of a class-``rank`` request after ``prefill_tokens`` of

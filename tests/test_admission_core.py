@@ -392,8 +392,8 @@ def test_calibration_learns_per_class_the_goal_misses_the_pooled_ttft_model_lets
             t += 0.05
 
     (snap,) = c.snapshot(t)  # what GET /admin/workers shows
-    assert snap.prediction_scales.get("standard/t", 1.0) == 1.0  # per class and tenant
-    assert snap.prediction_scales.get("interactive/t", 1.0) >= 2.0 if apart else snap.prediction_scales == {}
+    assert snap.prediction_scales.get("standard", 1.0) == 1.0
+    assert snap.prediction_scales.get("interactive", 1.0) >= 2.0 if apart else snap.prediction_scales == {}
 
 
 @pytest.mark.parametrize(
@@ -430,4 +430,4 @@ def test_calibration_ignores_requests_admitted_before_the_worker_capacity_was_me
     c.finish("b", 2.6)
     (snap,) = c.snapshot(2.6)
     assert snap.capacity_rps is not None
-    assert snap.prediction_scales.get("standard/t", 1.0) == 1.0
+    assert snap.prediction_scales.get("standard", 1.0) == 1.0

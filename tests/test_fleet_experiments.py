@@ -20,6 +20,7 @@ from loadgen.fleet import experiments_load
 from loadgen.fleet.experiments import capacity, workers_figures
 from loadgen.fleet.experiments import main as experiments_main
 from loadgen.fleet.experiments_load import fairness_figures, overload_figures, routing_figures
+from policies.estimates import EstimateConfig
 
 
 def test_workers_the_default_windows_cost_no_gpus() -> None:
@@ -49,9 +50,16 @@ def test_overload_protects_classes_in_order_and_keeps_goodput_at_capacity() -> N
     assert g["batch"] <= g["standard"]
 
 
-def test_fairness_quiet_tenants_keep_their_goodput() -> None:
+@pytest.mark.parametrize(
+    "estimates",
+    [EstimateConfig(), EstimateConfig(calibration_target=0.99)],
+    ids=["default", "calibrated"],
+)
+def test_fairness_quiet_tenants_keep_their_goodput(estimates: EstimateConfig) -> None:
+    """Calibrated too (``scheduler.prediction_calibration_target`` 0.99): the per-class scale the noisy
+    tenant's misses raise sheds no quiet tenant's requests."""
     cap = capacity(workers=1, lo=10.0, hi=100.0, steps=5, duration_s=30.0)
-    head, _ = fairness_figures(workers=1, duration_s=30.0, cap=cap)
+    head, _ = fairness_figures(workers=1, duration_s=30.0, cap=cap, estimates=estimates)
     assert head["quiet_goodput_min"] >= 0.99 and head["jain_quiet"] >= 0.99
 
 

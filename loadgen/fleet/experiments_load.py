@@ -311,13 +311,14 @@ def noisy(rate: float, duration_s: float = 60, warmup_s: float = 10) -> Scenario
 
 
 def fairness_figures(
-    workers: int = 4, duration_s: float = 60, cap: float | None = None
+    workers: int = 4, duration_s: float = 60, cap: float | None = None, **core: Any
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """Experiment 4's headline (the nine quiet tenants' goodput and Jain index) and both runs."""
+    """Experiment 4's headline (the nine quiet tenants' goodput and Jain index) and both runs; ``core``:
+    changes to the gateway's defaults (``CoreConfig`` fields) in both."""
     cap = cap if cap is not None else capacity(workers, duration_s=duration_s)
     variants = {
-        "WFQ (gateway)": fleet(workers, SLO_MS),
-        "FIFO (ablation)": fleet(workers, SLO_MS, fair_queuing=False),
+        "WFQ (gateway)": fleet(workers, SLO_MS, **core),
+        "FIFO (ablation)": fleet(workers, SLO_MS, **{"fair_queuing": False, **core}),
     }
     sc = noisy(1.5 * cap, duration_s, min(10.0, duration_s / 6))
     runs = dict(zip(variants, parallel(summarize, [(sc, c) for c in variants.values()]), strict=True))
