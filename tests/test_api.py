@@ -347,6 +347,13 @@ def test_admin_tenant_lifecycle(http: httpx.Client) -> None:
         **quotas,
         "request_burst": None,
     }
+    # PATCH merges quotas (RFC 7386): the fields it leaves out are kept, null makes one unlimited
+    url = f"/admin/tenants/{tenant_id}"
+    merged = http.patch(url, json={"quotas": {"requests_per_min": 20}}, headers=ADMIN).json()["quotas"]
+    assert merged == {**quotas, "requests_per_min": 20, "request_burst": None}
+    cleared = http.patch(url, json={"quotas": {"tokens_per_min": None}}, headers=ADMIN).json()["quotas"]
+    assert cleared == {**quotas, "requests_per_min": 20, "tokens_per_min": None, "request_burst": None}
+    assert http.get(url, headers=ADMIN).json()["quotas"] == cleared
     second = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()
     keys = http.get(f"/admin/tenants/{tenant_id}/keys", headers=ADMIN).json()["data"]
     assert len(keys) == 2 and all("digest" not in k and "api_key" not in k for k in keys)

@@ -122,13 +122,19 @@ async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
 
 @router.patch("/tenants/{tenant_id}")
 async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
-    """Partial update (name, class, weight, quotas, caps, models, enabled)."""
+    """Partial update (name, class, weight, quotas, caps, models, enabled), as a JSON merge patch
+    (RFC 7386): absent fields are kept, and so are the quota fields ``quotas`` leaves out
+    (``{"quotas": {"requests_per_min": 20}}`` keeps the tenant's TPM; ``null`` makes one unlimited).
+    ``PUT /admin/tenants/{id}/quotas`` replaces them all."""
     patch = parse(TenantPatch, body)
-    _check_quotas(patch.quotas)
     try:
         current = await state.tenants.get(tenant_id)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
+    if patch.quotas is not None:
+        given = {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}
+        patch = patch.model_copy(update={"quotas": current.quotas.model_copy(update=given)})
+    _check_quotas(patch.quotas)
     _check_tenant(
         state.settings,
         patch.priority_class or current.priority_class,
