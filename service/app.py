@@ -97,7 +97,10 @@ class GatewayApp(FastAPI):
     ) -> None:
         rid = new_request_id()
         scope["app"] = self
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        after: list[Callable[[], Awaitable[None]]] = []
+        state[AFTER_RESPONSE] = after  # the route leaves a served answer's settle here
         request = Request(scope, receive, send)
         try:
             try:
@@ -107,7 +110,6 @@ class GatewayApp(FastAPI):
             response.raw_headers.append((b"x-request-id", rid.encode()))
             await response(scope, receive, send)
         finally:  # a served answer's settle, off its latency path (Dispatcher.complete)
-            after = scope["state"].get(AFTER_RESPONSE)
             if after:
                 with anyio.CancelScope(shield=True):
                     for work in after:

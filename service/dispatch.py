@@ -26,7 +26,6 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -400,7 +399,7 @@ class Dispatcher:
             if outcome.status != 200:
                 await self._abort(prepared, run.choices)
             elif after_response is not None:
-                after_response.append(partial(self._settle, prepared, reservation, outcome))
+                after_response.append(self._settle_later(prepared, reservation, outcome))
                 return
             await self._settle(prepared, reservation, outcome)
 
@@ -411,6 +410,26 @@ class Dispatcher:
                 await self._client.abort(choice.worker, choice.upstream_rid or prepared.rid)
 
     # 4. settle -------------------------------------------------------------------------------------
+    async def settled(self, tenant_id: str) -> None:
+        """Wait for the settles of ``tenant_id``'s answers already sent (:meth:`Settler.settled`)."""
+        await self._settler.settled(tenant_id)
+
+    def _settle_later(
+        self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
+    ) -> Callable[[], Awaitable[None]]:
+        """:meth:`_settle` as work for later, announced now (usage reads of the tenant on this replica
+        wait for it, :meth:`Settler.settled`)."""
+        tenant_id = prepared.tenant.id
+        done = self._settler.expect(tenant_id)
+
+        async def run() -> None:
+            try:
+                await self._settle(prepared, reservation, outcome)
+            finally:
+                self._settler.forget(tenant_id, done)
+
+        return run
+
     async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
         """Reconcile quota, record usage and metrics, and log one line. Never raises.
 

@@ -75,6 +75,7 @@ class Settler:
         self._once_s = settings.settle_marker_ttl_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = asyncio.Event()
+        self._expected: dict[str, set[asyncio.Event]] = {}
 
     @property
     def pending(self) -> int:
@@ -98,6 +99,37 @@ class Settler:
             self._lost(item, "error", attempts=1)
             return "lost"
         return "settled"
+
+    def expect(self, tenant_id: str) -> asyncio.Event:
+        """Announce a settle of ``tenant_id`` that will run later (a served answer's, once its response is
+        sent); set the returned event when it has run (landed, deferred or lost). Until then
+        :meth:`settled` waits for it."""
+        done = asyncio.Event()
+        self._expected.setdefault(tenant_id, set()).add(done)
+        return done
+
+    def forget(self, tenant_id: str, done: asyncio.Event) -> None:
+        """The settle announced by :meth:`expect` has run: set ``done`` and stop waiting for it."""
+        done.set()
+        waiting = self._expected.get(tenant_id)
+        if waiting is not None:
+            waiting.discard(done)
+            if not waiting:
+                del self._expected[tenant_id]
+
+    async def settled(self, tenant_id: str) -> None:
+        """Wait until the settles of ``tenant_id`` announced so far (:meth:`expect`) have run, at most
+        one Redis call's bound (``pool_timeout_s + socket_timeout_s``): a client that reads its usage
+        after an answer from this replica sees that answer counted (read-your-writes on one replica)."""
+        waiting = self._expected.get(tenant_id)
+        if waiting:
+            bound = self._cfg.pool_timeout_s + self._cfg.socket_timeout_s
+            waits = [asyncio.ensure_future(e.wait()) for e in waiting]
+            try:
+                await asyncio.wait(waits, timeout=bound)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     def _defer(self, item: Settlement, cause: str) -> SettleResult:
         if self._cfg.settle_retries == 0 or self._draining.is_set():

@@ -219,9 +219,11 @@ async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo
 
 @router.get("/tenants/{tenant_id}/usage")
 async def tenant_usage(tenant_id: str, state: StateDep) -> Usage:
-    """Usage counters of any tenant."""
+    """Usage counters of any tenant (with the answers this replica has sent it counted: their settles
+    are awaited, :meth:`service.settlement.Settler.settled`)."""
     try:
         await state.tenants.get(tenant_id)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
+    await state.dispatcher.settled(tenant_id)
     return await state.usage.get(tenant_id)

@@ -39,8 +39,9 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 AFTER_RESPONSE = "after_response"
 """Key in the ASGI scope's state of the work (``list[Callable[[], Awaitable[None]]]``) a completion route
-leaves to run once its response is sent: :meth:`service.app.GatewayApp._serve_completion` runs it,
-shielded from cancellation, whether the response was sent, failed or never made."""
+leaves to run once its response is sent: :meth:`service.app.GatewayApp._serve_completion` puts the list
+there and runs it, shielded from cancellation, whether the response was sent, failed or never made. Where
+it is absent (the route reached another way), the route's settle runs before it answers."""
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -77,7 +78,8 @@ async def _serve(
     request.scope["state"]["admitted"] = True  # the dispatcher's settle logs and counts it from here
     shape = shaper(prepared) if shaper is not None else None
     key_id = request.scope["state"].get("key_id", "")
-    after = request.scope["state"].setdefault(AFTER_RESPONSE, [])
+    # set only where GatewayApp's direct entry runs it once the response is sent; else settled inline
+    after = request.scope["state"].get(AFTER_RESPONSE)
     if not prepared.stream:
         try:
             work = dispatcher.complete(prepared, reservation, shape, key_id, after)
@@ -188,6 +190,8 @@ async def retrieve_model(model_id: str, tenant: TenantDep, state: StateDep) -> d
 
 @router.get("/usage")
 async def own_usage(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
-    """``GET /v1/usage``: the caller's own tenant's usage counters and quotas."""
+    """``GET /v1/usage``: the caller's own tenant's usage counters and quotas (its answers this replica
+    has sent counted: their settles are awaited, :meth:`service.settlement.Settler.settled`)."""
+    await state.dispatcher.settled(tenant.id)
     usage = await state.usage.get(tenant.id)
     return {**usage.model_dump(), "total_tokens": usage.total_tokens, "quotas": tenant.quotas.model_dump()}
