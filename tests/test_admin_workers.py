@@ -124,6 +124,22 @@ def test_a_worker_from_the_settings_cannot_be_taken_over_by_the_admin_api(
             assert err["code"] == "worker_exists" and err["param"] == "url"
             (listed,) = workers(http)
             assert listed["url"] == upstream.url.rstrip("/") and listed["source"] == "settings"
+            # nor drained or removed by it: that reached this replica only, could not be undone (the worker
+            # left the list and the pool: 503 until a restart) and freed its URL to be registered above
+            for method, path in (
+                ("POST", f"/admin/workers/{listed['id']}/drain"),
+                ("DELETE", f"/admin/workers/{listed['id']}"),
+            ):
+                err = assert_openai_error(http.request(method, path, headers=ADMIN), 409)
+                assert err["code"] == "worker_exists"
+            (still,) = workers(http)
+            assert still["in_pool"] and still["mode"] == "active"
+            assert http.post("/admin/workers", json={"url": upstream.url}, headers=ADMIN).status_code == 409
+            _, key = new_tenant(http)
+            assert (
+                http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code
+                == 200
+            )
             # an admin-added worker may still be registered (and registered again) as before
             other = "http://127.0.0.1:9"
             assert http.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201

@@ -44,6 +44,19 @@ async def _find(state: GatewayState, wid: str) -> tuple[str, WorkerMode | None]:
     raise APIError(404, f"Worker '{wid}' does not exist.", code="worker_not_found")
 
 
+def _managed_in_settings(url: str) -> APIError:
+    """409 for a worker from this replica's settings: the admin API neither registers, drains nor removes
+    it (a drain or removal would reach this replica only, could not be undone, and would leave its URL
+    free to be registered over the admin API for every replica)."""
+    return APIError(
+        409,
+        f"Worker '{url}' comes from the gateway's settings (RADIXGATE_UPSTREAM__WORKERS or a launched "
+        "engine); it is managed there.",
+        code="worker_exists",
+        param="url",
+    )
+
+
 @router.get("")
 async def list_workers(state: StateDep) -> dict[str, Any]:
     """Every worker this replica knows, with its source, mode, breaker, in-flight and window, and what
@@ -88,13 +101,7 @@ async def add_worker(body: JsonBody, state: StateDep) -> dict[str, Any]:
     """
     url = str(parse(WorkerAdd, body).url).rstrip("/")
     if state.pool.get(url) is not None and url not in await state.registry.entries():
-        raise APIError(
-            409,
-            f"Worker '{url}' comes from the gateway's settings (RADIXGATE_UPSTREAM__WORKERS or a launched "
-            "engine); it is managed there.",
-            code="worker_exists",
-            param="url",
-        )
+        raise _managed_in_settings(url)
     await state.registry.add(url)
     state.pool.add(url)  # this replica at once; the others at their next sync
     return {"id": worker_id(url), "url": url, "mode": "active"}
@@ -102,20 +109,30 @@ async def add_worker(body: JsonBody, state: StateDep) -> dict[str, Any]:
 
 @router.post("/{wid}/drain")
 async def drain_worker(wid: str, state: StateDep) -> dict[str, Any]:
-    """Stop new traffic to a worker; it leaves the pool once its in-flight requests finish."""
+    """Stop new traffic to a worker; it leaves the pool once its in-flight requests finish.
+
+    Raises:
+        APIError: 409 ``worker_exists`` for a worker from this replica's settings.
+    """
     url, mode = await _find(state, wid)
-    if mode is not None:
-        await state.registry.set_mode(url, "draining")
+    if mode is None:
+        raise _managed_in_settings(url)
+    await state.registry.set_mode(url, "draining")
     state.pool.drain(url)
     return {"id": wid, "url": url, "mode": "draining"}
 
 
 @router.delete("/{wid}", status_code=204)
 async def remove_worker(wid: str, state: StateDep) -> Response:
-    """Remove a worker now (requests already running on it finish)."""
+    """Remove a worker now (requests already running on it finish).
+
+    Raises:
+        APIError: 409 ``worker_exists`` for a worker from this replica's settings.
+    """
     url, mode = await _find(state, wid)
-    if mode is not None:
-        await state.registry.remove(url)
+    if mode is None:
+        raise _managed_in_settings(url)
+    await state.registry.remove(url)
     state.pool.remove(url)
     state.scheduler.remove_worker(url)
     return Response(status_code=204)
