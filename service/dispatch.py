@@ -266,10 +266,11 @@ class Dispatcher:
         (``shaper``'s, by default the chat or text completion).
 
         ``after_response``: where the settle of a served answer (its quota reconcile and usage, one
-        Redis round trip, and its log line) is left for the caller to run once the response is sent
-        (:meth:`service.app.GatewayApp._serve_completion` does), so it is not on the answer's latency
-        path; the reservation made at admission already holds the tokens meanwhile. None: settled here,
-        before returning. Requests that fail are always settled here.
+        Redis round trip, and its log line), started here as a task, is left for the caller to await once
+        the response is sent (:meth:`service.app.GatewayApp._serve_completion` does), so it is not on the
+        answer's latency path but reaches Redis before a request the client sends next; the reservation
+        made at admission holds the tokens meanwhile. None: settled here, before returning. Requests that
+        fail are always settled here.
 
         Raises:
             GatewayError: shed or timed out in the queue, attempts spent, the worker rejected the input, or
@@ -399,7 +400,11 @@ class Dispatcher:
             if outcome.status != 200:
                 await self._abort(prepared, run.choices)
             elif after_response is not None:
-                after_response.append(self._settle_later(prepared, reservation, outcome))
+                # started now, awaited once the response is sent: the answer never waits for Redis, yet
+                # the refund is under way before the client holds the answer, so a next request it sends
+                # at once is not reserved first (a 429 its quota did not call for)
+                settle = self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
+                after_response.append(lambda: settle)
                 return
             await self._settle(prepared, reservation, outcome)
 
@@ -413,22 +418,6 @@ class Dispatcher:
     async def settled(self, tenant_id: str) -> None:
         """Wait for the settles of ``tenant_id``'s answers already sent (:meth:`Settler.settled`)."""
         await self._settler.settled(tenant_id)
-
-    def _settle_later(
-        self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
-    ) -> Callable[[], Awaitable[None]]:
-        """:meth:`_settle` as work for later, announced now (usage reads of the tenant on this replica
-        wait for it, :meth:`Settler.settled`)."""
-        tenant_id = prepared.tenant.id
-        done = self._settler.expect(tenant_id)
-
-        async def run() -> None:
-            try:
-                await self._settle(prepared, reservation, outcome)
-            finally:
-                self._settler.forget(tenant_id, done)
-
-        return run
 
     async def _settle(self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome) -> None:
         """Reconcile quota, record usage and metrics, and log one line. Never raises.

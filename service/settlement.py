@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
@@ -75,7 +75,7 @@ class Settler:
         self._once_s = settings.settle_marker_ttl_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = asyncio.Event()
-        self._expected: dict[str, set[asyncio.Event]] = {}
+        self._running: dict[str, set[asyncio.Task[None]]] = {}
 
     @property
     def pending(self) -> int:
@@ -100,36 +100,29 @@ class Settler:
             return "lost"
         return "settled"
 
-    def expect(self, tenant_id: str) -> asyncio.Event:
-        """Announce a settle of ``tenant_id`` that will run later (a served answer's, once its response is
-        sent); set the returned event when it has run (landed, deferred or lost). Until then
-        :meth:`settled` waits for it."""
-        done = asyncio.Event()
-        self._expected.setdefault(tenant_id, set()).add(done)
-        return done
+    def start(self, tenant_id: str, settle: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``settle`` (of ``tenant_id``'s served answer) as a task, started now so that it reaches Redis
+        before a request the client sends once it holds the answer; the caller awaits the task once the
+        response is sent. Until it is done, :meth:`settled` waits for it."""
+        task = asyncio.ensure_future(settle)
+        running = self._running.setdefault(tenant_id, set())
+        running.add(task)
 
-    def forget(self, tenant_id: str, done: asyncio.Event) -> None:
-        """The settle announced by :meth:`expect` has run: set ``done`` and stop waiting for it."""
-        done.set()
-        waiting = self._expected.get(tenant_id)
-        if waiting is not None:
-            waiting.discard(done)
-            if not waiting:
-                del self._expected[tenant_id]
+        def done(_: asyncio.Task[None]) -> None:
+            running.discard(task)
+            if not running and self._running.get(tenant_id) is running:
+                del self._running[tenant_id]
+
+        task.add_done_callback(done)
+        return task
 
     async def settled(self, tenant_id: str) -> None:
-        """Wait until the settles of ``tenant_id`` announced so far (:meth:`expect`) have run, at most
-        one Redis call's bound (``pool_timeout_s + socket_timeout_s``): a client that reads its usage
-        after an answer from this replica sees that answer counted (read-your-writes on one replica)."""
-        waiting = self._expected.get(tenant_id)
-        if waiting:
-            bound = self._cfg.pool_timeout_s + self._cfg.socket_timeout_s
-            waits = [asyncio.ensure_future(e.wait()) for e in waiting]
-            try:
-                await asyncio.wait(waits, timeout=bound)
-            finally:
-                for w in waits:
-                    w.cancel()
+        """Wait until the settles of ``tenant_id`` started so far (:meth:`start`) are done, at most one
+        Redis call's bound (``pool_timeout_s + socket_timeout_s``): a client that reads its usage after
+        an answer from this replica sees that answer counted (read-your-writes on one replica)."""
+        running = self._running.get(tenant_id)
+        if running:
+            await asyncio.wait(set(running), timeout=self._cfg.pool_timeout_s + self._cfg.socket_timeout_s)
 
     def _defer(self, item: Settlement, cause: str) -> SettleResult:
         if self._cfg.settle_retries == 0 or self._draining.is_set():

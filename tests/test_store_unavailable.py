@@ -21,6 +21,8 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
+from service.api.cancellation import SendBoundedStreamingResponse
+from service.api.errors import FastJSONResponse
 from service.app import create_app
 from service.config import Settings
 from tests.conftest import ADMIN_TOKEN
@@ -377,3 +379,47 @@ def test_a_redis_that_evicts_keys_is_named_at_startup(
         assert httpx.get(f"{gw.url}/healthz").status_code == 200
     lines = [e for e in logs if e["event"] == "redis_evicts_keys"]
     assert [e["maxmemory_policy"] for e in lines] == ([policy] if warned else [])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_refund_lands_before_a_next_request_the_client_sends_at_once(
+    redis_url: str,
+    stub_model_dir: Path,
+    fake: tuple[FakeWorker, str],
+    worker: FakeWorker,
+    stream: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The settle is off the answer's path, but under way before the answer's last byte: a tenant at its
+    token burst that sends its next request as soon as it holds the answer gets the refund of the
+    answer's unused reservation (before, the settle started only once the response had ended: the next
+    request could be reserved first and get a 429 its quota did not call for; 2 in 10 back-to-back
+    streams on the CPU worker). Here the end of each response is slowed, as a loaded loop slows it."""
+    for response_class in (SendBoundedStreamingResponse, FastJSONResponse):
+        sent = response_class.__call__
+
+        async def slow_end(self: Any, scope: Any, receive: Any, send: Any, sent: Any = sent) -> None:
+            await sent(self, scope, receive, send)
+            await asyncio.sleep(0.5)  # the client already holds the whole answer
+
+        monkeypatch.setattr(response_class, "__call__", slow_end)
+    worker.tokens, worker.finish = ["Hi", " there"], "stop"  # 2 of the 16 tokens reserved
+    try:
+        settings = settings_for(redis_url, stub_model_dir, fake[1], f"refund-{stream}:")
+        with gateway_client(settings) as http:
+            body = chat(max_tokens=16, stream=stream)
+            probe_id, probe_key = new_tenant(http, quotas=HUGE)
+            assert http.post("/v1/chat/completions", json=body, headers=auth(probe_key)).status_code == 200
+            time.sleep(0.6)
+            probe = http.get(f"/admin/tenants/{probe_id}/usage", headers=ADMIN).json()
+            reserved = probe["prompt_tokens"] + 16
+            assert probe["completion_tokens"] == 2, probe
+            # a burst for one request, plus what the first one leaves unused: the second fits once refunded
+            quotas = {"tokens_per_min": 0.001, "token_burst": 2 * reserved - 1}
+            _, key = new_tenant(http, quotas=quotas)
+            first = http.post("/v1/chat/completions", json=body, headers=auth(key))
+            assert first.status_code == 200, first.text
+            second = http.post("/v1/chat/completions", json=body, headers=auth(key))
+            assert second.status_code == 200, second.text
+    finally:
+        worker.tokens, worker.finish = FakeWorker().tokens, "length"
