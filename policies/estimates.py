@@ -244,8 +244,10 @@ class WorkerEstimates:
         return 1.0 if band not in self.log_scale else math.exp(self._log_scale(band, now))
 
     def prediction_scales(self, now: float) -> dict[str, float]:
-        """Every scale above 1 at ``now`` (s), per class (band)."""
-        return {key: math.exp(self._log_scale(key, now)) for key in self.log_scale}
+        """Every scale still above 1 at ``now`` (s; one that decayed to within 1% of 1 is left out), per
+        class (band)."""
+        scales = {key: math.exp(self._log_scale(key, now)) for key in self.log_scale}
+        return {key: x for key, x in scales.items() if x > 1.01}
 
     def on_goal_outcome(self, band: str, met: bool, now: float) -> None:
         """Learn from a first token of a class-``band`` request, at ``now`` (s), that was

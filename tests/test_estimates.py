@@ -161,3 +161,5 @@ def test_a_scale_returns_toward_1_with_time(decay_s: float, after_s: float, low:
     for _ in range(20):
         est.on_goal_outcome("interactive", False, 10.0)
     assert low <= est.prediction_scale("interactive", 10.0 + after_s) <= high
+    # what GET /admin/workers lists: a scale back to about 1 is no longer shown
+    assert bool(est.prediction_scales(10.0 + after_s)) == (high > 1.01)
