@@ -208,8 +208,7 @@ class AdmissionCore:
             # admitted as on time, on a measured capacity: did it keep that promise? (one admitted at a
             # cold start, its wait predicted as zero, may reach its first token after the capacity is
             # measured: its miss says nothing about the model)
-            met = now - e.req.arrival <= e.cls.ttft_goal_s
-            e.worker.est.on_goal_outcome(e.req.band, met, now)
+            e.worker.est.on_goal_outcome(e.req.band, now - e.req.arrival <= e.cls.ttft_goal_s, now)
         return self._pump(e.worker, now) if len(e.worker.bands) else []
 
     def finish(
@@ -387,8 +386,7 @@ class AdmissionCore:
             return min(cap, arrival + cls.ttft_goal_s)
         # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
         # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
-        scale = w.est.prediction_scale(e.req.band, now)
-        engine = w.engine_ttft(e.uncached, cls.rank, now) * scale
+        engine = w.engine_ttft(e.uncached, cls.rank, now) * w.est.prediction_scale(e.req.band, now)
         return min(cap, arrival + cls.ttft_goal_s - engine)
 
     def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:

@@ -101,6 +101,12 @@ class Ewma:
         return self.value
 
 
+def relaxed(value: float, since_s: float, tau_s: float) -> float:
+    """``value`` relaxed toward 0 for ``since_s`` seconds with time constant ``tau_s``:
+    ``value x exp(-since_s / tau_s)`` (no change for ``since_s <= 0``)."""
+    return value * math.exp(-max(0.0, since_s) / tau_s)
+
+
 class DecayingEwma:
     """An :class:`Ewma` of samples that relaxes towards zero when samples stop.
 
@@ -139,9 +145,7 @@ class DecayingEwma:
     def value(self, now: float) -> float | None:
         """The estimate at ``now``; None before the first sample."""
         v = self._ewma.value
-        if v is None:
-            return None
-        return v * math.exp(-max(0.0, now - self._last) / self._tau)
+        return None if v is None else relaxed(v, now - self._last, self._tau)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,13 +234,13 @@ class WorkerEstimates:
             explained = per_token * prefill_tokens if per_token is not None else 0.0
             self.ttft_base.update(max(0.0, engine_ttft_s - explained), now)
 
-    def _log_scale(self, key: str, now: float) -> float:
-        entry = self.log_scale.get(key)
+    def _log_scale(self, band: str, now: float) -> float:
+        entry = self.log_scale.get(band)
         if entry is None:
             return 0.0
         value, at = entry
         tau = self.config.calibration_decay_s
-        return value * math.exp(-max(0.0, now - at) / tau) if tau > 0 else value
+        return relaxed(value, now - at, tau) if tau > 0 else value
 
     def prediction_scale(self, band: str, now: float) -> float:
         """The factor ``band``'s TTFT predictions on this worker are scaled by at ``now`` (s), >= 1 (1 while
@@ -246,8 +250,8 @@ class WorkerEstimates:
     def prediction_scales(self, now: float) -> dict[str, float]:
         """Every scale still above 1 at ``now`` (s; one that decayed to within 1% of 1 is left out), per
         class (band)."""
-        scales = {key: math.exp(self._log_scale(key, now)) for key in self.log_scale}
-        return {key: x for key, x in scales.items() if x > 1.01}
+        scales = {band: math.exp(self._log_scale(band, now)) for band in self.log_scale}
+        return {band: x for band, x in scales.items() if x > 1.01}
 
     def on_goal_outcome(self, band: str, met: bool, now: float) -> None:
         """Learn from a first token of a class-``band`` request, at ``now`` (s), that was

@@ -8,7 +8,6 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import anyio
 import structlog
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
@@ -22,7 +21,7 @@ from policies.circuit_breaker import BreakerConfig
 from service.api import admin_routes, admin_workers, health_routes, openai_routes
 from service.api.deps import new_request_id
 from service.api.errors import install_error_handlers, response_for
-from service.api.openai_routes import AFTER_RESPONSE, COMPLETION_ROUTES
+from service.api.openai_routes import COMPLETION_ROUTES
 from service.api.openapi_bodies import install_body_schemas
 from service.config import RedisSettings, Settings
 from service.dispatch import Dispatcher
@@ -97,23 +96,14 @@ class GatewayApp(FastAPI):
     ) -> None:
         rid = new_request_id()
         scope["app"] = self
-        state = scope.setdefault("state", {})
-        state["request_id"] = rid
-        after: list[Callable[[], Awaitable[None]]] = []
-        state[AFTER_RESPONSE] = after  # the route leaves a served answer's settle here
+        scope.setdefault("state", {})["request_id"] = rid
         request = Request(scope, receive, send)
         try:
-            try:
-                response = await handler(request)
-            except Exception as exc:
-                response = await response_for(request, exc)
-            response.raw_headers.append((b"x-request-id", rid.encode()))
-            await response(scope, receive, send)
-        finally:  # a served answer's settle, off its latency path (Dispatcher.complete)
-            if after:
-                with anyio.CancelScope(shield=True):
-                    for work in after:
-                        await work()
+            response = await handler(request)
+        except Exception as exc:
+            response = await response_for(request, exc)
+        response.raw_headers.append((b"x-request-id", rid.encode()))
+        await response(scope, receive, send)
 
 
 def connect_redis(settings: RedisSettings) -> Redis:

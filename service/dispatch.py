@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -260,17 +260,13 @@ class Dispatcher:
         reservation: Reservation,
         shaper: Shaper | None = None,
         key_id: str = "",
-        after_response: list[Callable[[], Awaitable[None]]] | None = None,
     ) -> dict[str, Any]:
         """Serve a non-streamed request (of API key ``key_id``); returns the response object
         (``shaper``'s, by default the chat or text completion).
 
-        ``after_response``: where the settle of a served answer (its quota reconcile and usage, one
-        Redis round trip, and its log line), started here as a task, is left for the caller to await once
-        the response is sent (:meth:`service.app.GatewayApp._serve_completion` does), so it is not on the
-        answer's latency path but reaches Redis before a request the client sends next; the reservation
-        made at admission holds the tokens meanwhile. None: settled here, before returning. Requests that
-        fail are always settled here.
+        A served answer's settle (its quota reconcile and usage, one Redis round trip, and its log line)
+        is started as the answer is returned and not waited for (:meth:`_finish`); a failed request's is
+        done before it raises.
 
         Raises:
             GatewayError: shed or timed out in the queue, attempts spent, the worker rejected the input, or
@@ -299,7 +295,7 @@ class Dispatcher:
             run.outcome.status = 499
             raise
         finally:
-            await self._finish(prepared, reservation, run, after_response)
+            await self._finish(prepared, reservation, run)
 
     async def stream(
         self,
@@ -307,7 +303,6 @@ class Dispatcher:
         reservation: Reservation,
         shaper: Shaper | None = None,
         key_id: str = "",
-        after_response: list[Callable[[], Awaitable[None]]] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """Serve a streamed request as server-sent events (``shaper``'s, by default OpenAI's chunks ending
         with ``data: [DONE]``).
@@ -317,8 +312,7 @@ class Dispatcher:
         stream that breaks later is resumed on another worker; if that fails too the stream ends with an
         error event. Cancellation aborts the upstream requests and refunds the unused tokens. A revoked
         key or tenant (API key ``key_id``) ends it like an error (:mod:`service.revocation`).
-        ``after_response``: as in :meth:`complete` (the settle of a stream that ended well waits for it,
-        not the end of the response body).
+        As in :meth:`complete`, the end of a stream that went well does not wait for its settle.
         """
         shaper = shaper or self.shaper(prepared)
         run = _Run(prepared, self._renderer, self._track(prepared, key_id))
@@ -370,21 +364,19 @@ class Dispatcher:
         finally:
             with anyio.CancelScope(shield=True):
                 await pieces.aclose()
-            await self._finish(prepared, reservation, run, after_response)
+            await self._finish(prepared, reservation, run)
 
     def _track(self, prepared: PreparedRequest, key_id: str) -> Revocable:
         """Register the request (of API key ``key_id``) with the revocation registry until it ends."""
         return self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
 
-    async def _finish(
-        self,
-        prepared: PreparedRequest,
-        reservation: Reservation,
-        run: _Run,
-        after_response: list[Callable[[], Awaitable[None]]] | None = None,
-    ) -> None:
-        """Release the queue slot, abort unfinished upstream requests, settle (a served answer's settle
-        goes to ``after_response`` when given). Shielded from cancel."""
+    async def _finish(self, prepared: PreparedRequest, reservation: Reservation, run: _Run) -> None:
+        """Release the queue slot, abort unfinished upstream requests, settle. Shielded from cancel.
+
+        A served answer's settle is started here and not waited for (:meth:`Settler.start` owns it, and
+        :meth:`Settler.drain` waits for it at shutdown): the answer never waits for Redis, yet the refund
+        is under way before the client holds the answer, so a next request it sends at once is not
+        reserved first (a 429 its quota did not call for)."""
         self._metrics.in_flight.dec()
         self._revocations.untrack(run.revocable)
         merge_choices(run.outcome, run.choices)
@@ -397,15 +389,10 @@ class Dispatcher:
                 slot, ok=served_here, prompt_tokens=outcome.prompt_tokens, cached_tokens=cached
             )
         with anyio.CancelScope(shield=True):
-            if outcome.status != 200:
-                await self._abort(prepared, run.choices)
-            elif after_response is not None:
-                # started now, awaited once the response is sent: the answer never waits for Redis, yet
-                # the refund is under way before the client holds the answer, so a next request it sends
-                # at once is not reserved first (a 429 its quota did not call for)
-                settle = self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
-                after_response.append(lambda: settle)
+            if outcome.status == 200:
+                self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
                 return
+            await self._abort(prepared, run.choices)
             await self._settle(prepared, reservation, outcome)
 
     async def _abort(self, prepared: PreparedRequest, choices: Sequence[Outcome]) -> None:

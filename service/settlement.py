@@ -1,7 +1,9 @@
 """Settling requests so that a served request is always charged, even when Redis is briefly short.
 
 A request's settle (:meth:`tenancy.quota.QuotaLimiter.settle`: reconcile the reservation with the real
-usage and add the usage counters, one atomic Lua call) is tried once on the response path. When Redis is
+usage and add the usage counters, one atomic Lua call) is tried once: a failed request's before its error
+is sent, a served answer's in a task of its own started as the answer goes out (:meth:`Settler.start`), so
+the answer never waits for Redis. When Redis is
 unavailable then (its connection pool stayed exhausted under a burst, a reply timed out), the settle is
 handed to a small set of background retries owned by the app: up to ``redis.settle_retries`` more tries,
 each after a "full jitter" exponential backoff (AWS Architecture Blog, "Exponential Backoff and Jitter",
@@ -100,10 +102,9 @@ class Settler:
             return "lost"
         return "settled"
 
-    def start(self, tenant_id: str, settle: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``settle`` (of ``tenant_id``'s served answer) as a task, started now so that it reaches Redis
-        before a request the client sends once it holds the answer; the caller awaits the task once the
-        response is sent. Until it is done, :meth:`settled` waits for it."""
+    def start(self, tenant_id: str, settle: Coroutine[Any, Any, None]) -> None:
+        """Run ``settle`` (of ``tenant_id``'s served answer) in a task of its own, off the answer's
+        latency path; until it is done :meth:`settled` waits for it, and :meth:`drain` at shutdown."""
         task = asyncio.ensure_future(settle)
         running = self._running.setdefault(tenant_id, set())
         running.add(task)
@@ -114,7 +115,6 @@ class Settler:
                 del self._running[tenant_id]
 
         task.add_done_callback(done)
-        return task
 
     async def settled(self, tenant_id: str) -> None:
         """Wait until the settles of ``tenant_id`` started so far (:meth:`start`) are done, at most one
@@ -193,12 +193,14 @@ class Settler:
         )
 
     async def drain(self) -> None:
-        """Stop backing off and give the pending retries ``settle_drain_s`` to land; the ones still
-        pending then are cancelled and counted lost. Later failed settles are counted lost at once."""
+        """Stop backing off and give the settles under way (:meth:`start`) and the pending retries
+        ``settle_drain_s`` to land; the retries still pending then are cancelled and counted lost. Later
+        failed settles are counted lost at once."""
         self._draining.set()
-        if not self._tasks:
+        under_way = set(self._tasks).union(*self._running.values())
+        if not under_way:
             return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=self._cfg.settle_drain_s)
+        _, pending = await asyncio.wait(under_way, timeout=self._cfg.settle_drain_s)
         await stop_tasks(pending)  # they call Redis, which can swallow one cancel
 
 

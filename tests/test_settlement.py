@@ -131,6 +131,27 @@ async def test_drain_lands_pending_settles_without_backoff_and_counts_the_rest(
     await one_connection.connection_pool.release(conn)
 
 
+async def test_a_started_settle_is_waited_for_by_usage_reads_and_by_the_drain(
+    redis_client: aioredis.Redis,
+) -> None:
+    """A served answer's settle runs in a task of its own (Settler.start): a usage read of its tenant
+    (Settler.settled) and the drain at shutdown both wait for it; another tenant's read does not."""
+    settler, _, _ = settler_on(redis_client)
+    usage = UsageRecorder(redis_client, "s:")
+
+    async def settle_late(rid: str) -> None:  # as a settle slowed by a busy Redis
+        await asyncio.sleep(0.3)
+        assert await settler.settle(Settlement(rid, Reservation("t", QUOTAS, 1, 20), 10, SERVED)) == "settled"
+
+    settler.start("t", settle_late("r6"))
+    await asyncio.wait_for(settler.settled("other"), 0.05)  # nothing started for it: no wait
+    await asyncio.wait_for(settler.settled("t"), 5)
+    assert (await usage.get("t")).requests == 1  # read after the wait: the settle is counted
+    settler.start("t", settle_late("r7"))
+    await asyncio.wait_for(settler.drain(), 5)  # the drain waits for it too
+    assert (await usage.get("t")).requests == 2
+
+
 async def test_drain_past_its_bound_counts_what_is_still_pending(one_connection: aioredis.Redis) -> None:
     settler, _, metrics = settler_on(one_connection, settle_drain_s=0.2, settle_retries=1000)
     conn = await one_connection.connection_pool.get_connection()  # held through the drain

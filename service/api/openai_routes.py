@@ -37,12 +37,6 @@ from tenancy.models import Tenant
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-AFTER_RESPONSE = "after_response"
-"""Key in the ASGI scope's state of the work (``list[Callable[[], Awaitable[None]]]``) a completion route
-leaves to run once its response is sent: :meth:`service.app.GatewayApp._serve_completion` puts the list
-there and runs it, shielded from cancellation, whether the response was sent, failed or never made. Where
-it is absent (the route reached another way), the route's settle runs before it answers."""
-
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -78,16 +72,14 @@ async def _serve(
     request.scope["state"]["admitted"] = True  # the dispatcher's settle logs and counts it from here
     shape = shaper(prepared) if shaper is not None else None
     key_id = request.scope["state"].get("key_id", "")
-    # set only where GatewayApp's direct entry runs it once the response is sent; else settled inline
-    after = request.scope["state"].get(AFTER_RESPONSE)
     if not prepared.stream:
         try:
-            work = dispatcher.complete(prepared, reservation, shape, key_id, after)
+            work = dispatcher.complete(prepared, reservation, shape, key_id)
             result = await until_disconnect(request, work)
         except ClientDisconnected:
             return Response(status_code=499)
         return FastJSONResponse(result)
-    events = dispatcher.stream(prepared, reservation, shape, key_id, after)
+    events = dispatcher.stream(prepared, reservation, shape, key_id)
     try:
         # The first event arrives with the first token: errors before it get a real HTTP status.
         first = await until_disconnect(request, events.__anext__())
