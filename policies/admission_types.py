@@ -175,8 +175,8 @@ class WorkerSnapshot:
         queued: requests waiting in the gateway for this worker.
         capacity_rps: measured completions per second when saturated (None while unknown).
         engine_ttft_s: measured engine TTFT of short prefills, s (None while unknown).
-        prediction_scales: per class (band) with a calibrated scale, the factor its TTFT predictions on
-            this worker are scaled by now (:meth:`policies.estimates.WorkerEstimates.on_goal_outcome`).
+        prediction_scales: per class (band) with a calibrated scale, the factor its predicted queue waits
+            on this worker are scaled by now (:meth:`policies.estimates.WorkerEstimates.on_goal_outcome`).
     """
 
     url: str

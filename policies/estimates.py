@@ -162,9 +162,9 @@ class EstimateConfig:
         long_prefill_tokens: uncached prompt tokens from which a request's TTFT is treated as
             prefill-dominated (``per_token`` model) rather than as the short-request ``base``.
         calibration_target: 0 (off, the default), or the share of each class's requests admitted as on
-            time whose first tokens must meet the class's TTFT goal (e.g. 0.99 for P99 goals): while fewer
-            do, that class's predictions on the worker are scaled up, so admission sheds more of what the
-            model lets in
+            time after a predicted wait in the gateway's queue whose first tokens must meet the class's
+            TTFT goal (e.g. 0.99 for P99 goals): while fewer do, that class's predicted waits on the
+            worker are scaled up, so admission sheds more of what the queue model lets in
             (:meth:`WorkerEstimates.on_goal_outcome`). Never scaled below the model (scale >= 1), so on an
             engine the model describes, where admitted requests already meet their goals, it does nothing.
         calibration_step: how fast that scale moves, in log units per sample (0.2: at a target of 0.99 a
@@ -243,8 +243,8 @@ class WorkerEstimates:
         return relaxed(value, now - at, tau) if tau > 0 else value
 
     def prediction_scale(self, band: str, now: float) -> float:
-        """The factor ``band``'s TTFT predictions on this worker are scaled by at ``now`` (s), >= 1 (1 while
-        calibration is off or its admitted requests meet their goal)."""
+        """The factor ``band``'s predicted queue waits on this worker are scaled by at ``now`` (s), >= 1 (1
+        while calibration is off or its admitted requests meet their goal)."""
         return 1.0 if band not in self.log_scale else math.exp(self._log_scale(band, now))
 
     def prediction_scales(self, now: float) -> dict[str, float]:
@@ -254,8 +254,10 @@ class WorkerEstimates:
         return {band: x for band, x in scales.items() if x > 1.01}
 
     def on_goal_outcome(self, band: str, met: bool, now: float) -> None:
-        """Learn from a first token of a class-``band`` request, at ``now`` (s), that was
-        predicted at admission to meet its TTFT goal: ``met`` says whether it did. Ignored until the
+        """Learn from a first token of a class-``band`` request, at ``now`` (s), that was predicted at
+        admission to wait in the gateway's queue and still meet its TTFT goal: ``met`` says whether it did
+        (the admission core leaves out requests dispatched at once: their misses, a cold prefix or an
+        engine stall, are not in the wait this scale corrects). Ignored until the
         worker's capacity is measured (``min_history_s``): before that, waits are predicted as zero, and
         the misses of a cold start (empty caches, windows still growing) say nothing about the model (the
         admission core also leaves out requests admitted before then, whose first tokens may come after).
@@ -263,8 +265,10 @@ class WorkerEstimates:
         Stochastic-approximation quantile tracking (Robbins & Monro, 1951) on the log of the scale: a miss
         raises it by ``step x target``, a hit lowers it by ``step x (1 - target)``, so it settles where a
         share ``target`` of the requests admitted as on time meet their goal, and stays at 1 where more do.
-        Between samples it decays toward 1 (``calibration_decay_s``). It corrects what the TTFT model
-        leaves out on a real engine (a CPU's step-quantized decode batches, preemption and re-prefill) by
+        Between samples it decays toward 1 (``calibration_decay_s``). It corrects what the queue model
+        leaves out on a real engine (a capacity measured in completions/s overstates what a CPU's
+        step-quantized decode batches serve under open-loop arrivals, each of which stalls them for a
+        prefill step; preemption and re-prefill) by
         the measure the operator set: goal attainment, the quantity SLO-oriented serving optimizes
         (SLOs-Serve, Chen et al. 2025; SCORPIO, 2025), not the model's error. No-op while
         ``calibration_target`` is 0.

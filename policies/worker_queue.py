@@ -11,6 +11,7 @@ import heapq
 import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from policies.admission_types import AdmissionRequest
 from policies.classes import ClassPolicy
@@ -26,6 +27,25 @@ choice: a prediction of an infinite wait would shed what a burst's end lets thro
 MAX_PREFILL_SHARE = 0.8
 """Most of the engine's prefill time that higher bands' arrivals are assumed to take from a lower band's
 wait for its first token (project choice, the same guard against infinite predictions)."""
+
+
+class Prediction(NamedTuple):
+    """A request's predicted TTFT on one worker, s: ``wait_s`` in the gateway's queue (the model's),
+    ``engine_s`` from dispatch to first token, and the class's calibration ``scale`` of the wait."""
+
+    wait_s: float
+    engine_s: float
+    scale: float = 1.0
+
+    @property
+    def ttft_s(self) -> float:
+        """The calibrated prediction, s: what admission holds against the goal."""
+        return self.wait_s * self.scale + self.engine_s
+
+    @property
+    def model_ttft_s(self) -> float:
+        """The model's prediction, uncalibrated, s."""
+        return self.wait_s + self.engine_s
 
 
 @dataclass(slots=True, eq=False)
@@ -48,8 +68,9 @@ class Entry:
             admitted only to a worker with an empty queue, it may then wait up to its goal and is
             dispatched even when late (refusing it would refuse it on every retry).
         capacity_known: its worker's capacity was measured when it was admitted there, so its prediction
-            was the model's (before, waits are predicted as zero): only then does its outcome calibrate
-            the predictions (:meth:`WorkerEstimates.on_goal_outcome`).
+            was the model's (before, waits are predicted as zero).
+        waits: it was predicted to wait in the gateway's queue on a measured capacity: only then does its
+            outcome calibrate the predicted waits (:meth:`WorkerEstimates.on_goal_outcome`).
     """
 
     req: AdmissionRequest
@@ -65,6 +86,7 @@ class Entry:
     first_token_seen: bool = False
     beyond_goal: bool = False
     capacity_known: bool = False
+    waits: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -138,15 +160,18 @@ class WorkerQueue:
         classes: Mapping[str, ClassPolicy],
         top: str,
         fair_queuing: bool,
-    ) -> float:
-        """Predicted TTFT of ``req`` queued here now, s: queue wait plus engine TTFT.
+    ) -> Prediction:
+        """Predicted TTFT of ``req`` queued here now: queue wait plus engine TTFT, s.
 
         The wait is the requests served before it (higher bands, earlier WFQ tags in its band) beyond the free
         window (a request of n choices needs n slots, at most the whole window or its band's share: one
         wider goes alone, :meth:`band_fits`), over the measured capacity left by the higher bands' arrivals
         (Little's law); the engine part is the measured TTFT after the prefill backlog plus its own
-        ``uncached`` tokens. Zero wait while the capacity is unknown. Scaled by the class's calibration
-        (:meth:`WorkerEstimates.prediction_scale`).
+        ``uncached`` tokens. Zero wait while the capacity is unknown. The wait is scaled by the class's
+        calibration (:meth:`WorkerEstimates.prediction_scale`, in :attr:`Prediction.ttft_s`): what it
+        corrects is the queue model (a capacity measured as completions/s overstates what a
+        step-quantized engine serves under open-loop arrivals), not the engine TTFT, whose misses (cold
+        prefixes, engine stalls) no scale learned from earlier first tokens foresees.
         """
         cls = classes[req.band]
         widest = self.window.size + self.headroom(req.band, top)
@@ -164,7 +189,7 @@ class WorkerQueue:
                 higher = sum(r.rate(now) or 0.0 for k, r in self.arrivals.items() if k > cls.rank)
                 wait = need / max(capacity - higher, capacity * MIN_RESIDUAL)
         engine = self.engine_ttft(self.backlog(now) + uncached, cls.rank, now)
-        return (wait + engine) * self.est.prediction_scale(req.band, now)
+        return Prediction(wait, engine, self.est.prediction_scale(req.band, now) if wait else 1.0)
 
     def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
         """Predicted dispatch-to-first-token time of a class-``rank`` request after ``prefill_tokens`` of
