@@ -182,7 +182,11 @@ class WorkerWindow:
             return self._aimd(report, in_flight)
         tolerated = max(1.0, cfg.engine_queue_fraction * self.limit)
         target = self.ttft_target_s
-        self._queued_reports = self._queued_reports + 1 if report.queued > tolerated else 0
+        # what the gateway itself sent beyond the engine's max_running_requests (the top band's headroom,
+        # or a window since shrunk) must wait inside the engine: that queue says nothing about the engine
+        own_overflow = max(0, in_flight - self.engine_max) if self.engine_max is not None else 0
+        engine_queue = report.queued - own_overflow
+        self._queued_reports = self._queued_reports + 1 if engine_queue > tolerated else 0
         if report.kv_usage > cfg.kv_high:
             # KV nearly full: the engine cannot hold more than it runs
             self.limit = max(float(cfg.minimum), min(self.limit, float(report.running)) * cfg.decrease)

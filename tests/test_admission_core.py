@@ -329,6 +329,29 @@ def test_window_controllers(mode: str, reports: list[LoadReport], expected: int)
     assert window.size == expected
 
 
+def test_engine_window_ignores_the_engine_queue_of_its_own_overflow() -> None:
+    """The gateway sends the engine (max_running_requests 8) 10 requests: its window of 8 and the top
+    band's headroom of 2, so 2 of them must wait inside the engine. A standing queue beyond those shrinks
+    the window; the gateway's own overflow (in flight 10 > 8) is not a slower engine and must not keep
+    shrinking it while those long requests run (nu10: on a CPU worker the window went 8 -> 4 -> 2 -> 1 in
+    ten seconds with 10 requests in flight and queued 0, then every class was shed with Retry-After up to
+    60 s)."""
+    from policies.windows import WorkerWindow
+
+    window = WorkerWindow(WindowConfig(mode="engine", initial=8, maximum=1024))
+    for _ in range(3):  # 5 waiting, 2 of them the gateway's own overflow: a standing queue of 3 > 2
+        window.on_report(LoadReport(8, 5, 0.3, 8), in_flight=10, engine_ttft_s=None)
+    assert window.size == 7  # min(8 x 0.9, 8 + 2)
+    sizes = set()
+    for _ in range(20):  # only the overflow waits now: saturated, not queueing, so it grows back
+        window.on_report(LoadReport(8, 2, 0.3, 8), in_flight=10, engine_ttft_s=None)
+        sizes.add(window.size)
+    assert sizes == {8}
+    for _ in range(3):  # a queue beyond the overflow still shrinks it
+        window.on_report(LoadReport(8, 5, 0.3, 8), in_flight=10, engine_ttft_s=None)
+    assert window.size == 7
+
+
 def wide(rid: str, sequences: int, band: str = "standard", tenant: str = "t") -> AdmissionRequest:
     """A request of ``sequences`` choices (OpenAI's ``n``): ``max_tokens`` is their total."""
     return dataclasses.replace(req(rid, band, tenant, out=10 * sequences), sequences=sequences)
