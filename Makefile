@@ -11,10 +11,10 @@ engine:           ## SGLang CPU engine virtualenv + converted SmolLM2-135M-Instr
 	bash scripts/engine/setup.sh
 
 demo: setup engine  ## Redis + a CPU SGLang worker + the gateway; real requests; stops everything at the end
-	$(PY) scripts/demo.py
+	$(PY) scripts/demo.py $(ARGS)
 
 up: setup engine    ## like demo, but keeps the stack running until Ctrl-C
-	$(PY) scripts/demo.py --keep
+	$(PY) scripts/demo.py --keep $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .

@@ -33,28 +33,14 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.latency_breakdown import breakdown, read_request_lines
-from loadgen.stack import LocalStack, terminate_as_exit
+from loadgen.stack import CPU_PRIORITY_CLASSES, LocalStack, terminate_as_exit
 
 CLASSES = ("interactive", "standard", "batch")
-# CPU-sized classes: wait budget and TTFT goal (ms) per class, ranks 2/1/0
-CLASS_ENV = {
-    "RADIXGATE_PRIORITY_CLASSES": json.dumps(
-        {
-            "interactive": {
-                "rank": 2,
-                "sglang_priority": 10,
-                "queue_wait_budget_ms": 1500,
-                "ttft_goal_ms": 1500,
-            },
-            "standard": {"rank": 1, "sglang_priority": 5, "queue_wait_budget_ms": 4000, "ttft_goal_ms": 4000},
-            "batch": {"rank": 0, "sglang_priority": 0, "queue_wait_budget_ms": 15000, "ttft_goal_ms": 15000},
-        }
-    ),
-}
+CLASS_ENV = {"RADIXGATE_PRIORITY_CLASSES": CPU_PRIORITY_CLASSES}
+"""CPU-sized classes (:data:`loadgen.stack.CPU_PRIORITY_CLASSES`)."""
 CPU_CALIBRATION = 0.99
-"""Default of ``--calibration``: 99% of the requests admitted as on time should meet their goal (the
-gateway's default is off; on this CPU worker the TTFT model predicts interactive first tokens at about 0.6x
-their time)."""
+"""Default of ``--calibration``, the gateway's own: 99% of the requests admitted after a predicted wait should
+meet their goal."""
 HEADER = ("class", "sent", "served", "shed", "P50 TTFT ms", "P99 TTFT ms", "goal ms", "goodput")
 BREAKDOWN_HEADER = (
     "class",
@@ -315,10 +301,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--calibration",
         type=float,
         default=CPU_CALIBRATION,
-        help="scheduler.prediction_calibration_target of the gateway (default %(default)s): scale TTFT "
-        "predictions up while fewer than this share of requests admitted as on time meet their goal; on "
-        "this CPU worker the TTFT model predicts interactive first tokens at about 0.6x their time (0: off, "
-        "the gateway's default)",
+        help="scheduler.prediction_calibration_target of the gateway (default %(default)s, the gateway's "
+        "own): scale predicted queue waits up while fewer than this share of requests admitted after a "
+        "predicted wait meet their goal; on this CPU worker the TTFT model predicts interactive first "
+        "tokens at about 0.6x their time (0: off)",
     )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument(
@@ -432,12 +418,12 @@ def write_doc(figures: dict[str, Any], args: argparse.Namespace) -> None:
         flag += f" --calibration {args.calibration:g}"
     calibration = (
         f"TTFT predictions calibrated until {args.calibration:.0%} of the requests admitted as on time "
-        "meet their goal (`scheduler.prediction_calibration_target`; the gateway's default is off)"
+        "meet their goal (`scheduler.prediction_calibration_target`, the gateway's default: it scales "
+        "the predicted waits in the gateway's queue)"
         if args.calibration == CPU_CALIBRATION
         else f"`scheduler.prediction_calibration_target` {args.calibration:g}"
         if args.calibration
-        else "uncalibrated TTFT predictions (`scheduler.prediction_calibration_target` 0, the "
-        "gateway's default)"
+        else "uncalibrated TTFT predictions (`scheduler.prediction_calibration_target` 0)"
     )
     window = (
         f"windows of at most {args.window_max} requests"

@@ -6,6 +6,7 @@ run folder. Talks to the gateway over HTTP only.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -20,6 +21,18 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 import httpx
+
+CPU_PRIORITY_CLASSES = json.dumps(
+    {
+        "interactive": {"rank": 2, "sglang_priority": 10, "queue_wait_budget_ms": 1500, "ttft_goal_ms": 1500},
+        "standard": {"rank": 1, "sglang_priority": 5, "queue_wait_budget_ms": 4000, "ttft_goal_ms": 4000},
+        "batch": {"rank": 0, "sglang_priority": 0, "queue_wait_budget_ms": 15000, "ttft_goal_ms": 15000},
+    }
+)
+"""``RADIXGATE_PRIORITY_CLASSES`` sized for the CPU worker (TTFT goals 1.5 / 4 / 15 s, ranks 2 / 1 / 0): an
+idle SmolLM2-135M request on this CPU takes about 0.4-0.6 s to its first token and a decode step of 8
+requests about 0.3 s, so the gateway's GPU-sized defaults (0.5 / 2 / 30 s) would shed most interactive
+requests. Used by the demo (``make demo``/``make up``) and ``loadgen.priority_overload``."""
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ Run by ``make demo`` (or ``make up`` with ``--keep``). Steps:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from loadgen.stack import LocalStack, StackError, terminate_as_exit
+from loadgen.stack import CPU_PRIORITY_CLASSES, LocalStack, StackError, terminate_as_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / ".run"
@@ -147,9 +148,14 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the stack running until Ctrl-C")
     parser.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     args = parser.parse_args()
-    stack = LocalStack(RUN, port=args.port)
+    # priority classes sized for the CPU worker, unless the environment sets its own
+    classes = "RADIXGATE_PRIORITY_CLASSES" in os.environ
+    env = {} if classes else {"RADIXGATE_PRIORITY_CLASSES": CPU_PRIORITY_CLASSES}
+    stack = LocalStack(RUN, port=args.port, env=env)
     print(f"starting redis-server, one SGLang CPU worker and the gateway on {stack.url}")
     print(f"(logs in {RUN}; the worker needs 20-60 s to load the model)")
+    if not classes:
+        print("classes sized for the CPU worker: TTFT goals 1.5, 4 and 15 s (interactive, standard, batch)")
     t0 = time.monotonic()
     with terminate_as_exit():  # SIGTERM / SIGHUP (a closed terminal) stop the stack like Ctrl-C
         try:

@@ -137,9 +137,8 @@ class SchedulerSettings(BaseModel):
         _CORE.estimates.calibration_target,
         ge=0,
         lt=1,
-        description="0: off; else scale each worker's TTFT predictions per class up while fewer than this "
-        "share of requests admitted as on time meet their TTFT goal (e.g. 0.99, for engines the model "
-        "misjudges; a single-tenant fleet).",
+        description="Scale each worker's predicted queue waits per class up while fewer than this share "
+        "of requests admitted after a predicted wait meet their TTFT goal (0.99: P99 goals; 0: off).",
     )
 
     def estimate_config(self) -> EstimateConfig:

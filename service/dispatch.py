@@ -34,7 +34,7 @@ import structlog
 from service.api.errors import http_status
 from service.api.protocol import ChatCompletionRequest, CompletionRequest, UsageInfo, now_s
 from service.config import Settings
-from service.errors import GatewayError, RateLimited, RequestTooLarge, Unauthenticated
+from service.errors import GatewayError, Overloaded, RateLimited, RequestTooLarge, Unauthenticated
 from service.fair_slots import FairSlots, TooManyWaiting
 from service.metrics import GatewayMetrics
 from service.openai.choices import ChoiceState
@@ -288,8 +288,7 @@ class Dispatcher:
             run.outcome.ttft_s = time.perf_counter() - prepared.arrival
             return (shaper or self.shaper(prepared)).response(run.states, run.usage())
         except GatewayError as err:
-            run.outcome.status = http_status(err)
-            run.outcome.error_code = run.outcome.error_code or err.code
+            failed(run.outcome, err)
             raise
         except asyncio.CancelledError:
             run.outcome.status = 499
@@ -352,8 +351,7 @@ class Dispatcher:
             if held:
                 yield b"".join(held)
         except GatewayError as err:
-            outcome.status = http_status(err)
-            outcome.error_code = outcome.error_code or err.code
+            failed(outcome, err)
             if not any(s.started for s in run.states):
                 raise  # nothing sent yet: the route answers with a real HTTP status
             held.extend(shaper.error(err))
@@ -463,6 +461,20 @@ class Dispatcher:
             reserved_tokens=reservation.tokens,
             ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
             latency_ms=round(latency * 1000, 1),
-            queued_ms=None if slot is None else round(slot.queued_s * 1000, 1),
-            predicted_ttft_ms=None if slot is None else round(slot.predicted_ttft_s * 1000, 1),
+            queued_ms=None if slot is None else _ms(slot.queued_s),
+            predicted_ttft_ms=_ms(outcome.shed_predicted_ttft_s if slot is None else slot.predicted_ttft_s),
+            shed_reason=outcome.shed_reason,
         )
+
+
+def failed(outcome: Outcome, err: GatewayError) -> None:
+    """Record ``err`` on ``outcome``: its HTTP status, its code (the first one, when several came), and for a
+    request admission control shed, why and on what prediction (the ``request`` log line shows both)."""
+    outcome.status = http_status(err)
+    outcome.error_code = outcome.error_code or err.code
+    if isinstance(err, Overloaded):
+        outcome.shed_reason, outcome.shed_predicted_ttft_s = err.reason, err.predicted_ttft_s
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)

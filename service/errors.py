@@ -76,13 +76,17 @@ class Overloaded(GatewayError):
 
     Attributes:
         reason: the admission core's reason (``policies.admission_types.ShedReason``).
+        predicted_ttft_s: the predicted TTFT that refused it, s (None for the other reasons).
     """
 
     default_code = "overloaded"
 
-    def __init__(self, message: str, reason: str, retry_after_s: float) -> None:
+    def __init__(
+        self, message: str, reason: str, retry_after_s: float, predicted_ttft_s: float | None = None
+    ) -> None:
         super().__init__(message, retry_after_s=retry_after_s)
         self.reason = reason
+        self.predicted_ttft_s = predicted_ttft_s
 
 
 class QueueTimeout(GatewayError):

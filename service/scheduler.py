@@ -291,7 +291,9 @@ class Scheduler:
                         retry_after_s=self._pool.retry_after_s(),
                     )
                     if d.reason == "no_worker"
-                    else Overloaded(_shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s))
+                    else Overloaded(
+                        _shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s), d.predicted_ttft_s
+                    )
                 )
             else:
                 m.child(m.scheduler_outcomes, d.band, tenant, "expired").inc()

@@ -60,6 +60,8 @@ class Outcome:
     dispatched: bool = False  # an attempt was sent to a worker and has not failed (it may be computing)
     aborted: bool = False  # the gateway already asked the worker to abort it
     revoked: bool = False  # its API key or tenant was revoked while it ran (service.revocation)
+    shed_reason: str | None = None  # shed by admission control: the core's reason (policies.admission_types)
+    shed_predicted_ttft_s: float | None = None  # ... and the predicted TTFT that refused it, if one did
 
 
 @dataclass(slots=True)

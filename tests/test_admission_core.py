@@ -399,12 +399,12 @@ def test_n_choices_count_against_a_band_window_share() -> None:
 def test_calibration_scales_the_waits_the_queue_model_underpredicts_per_class(
     target: float, apart: bool
 ) -> None:
-    """Window 1, measured at 10 requests/s; then each request holds its slot 0.45 s (the engine slows
-    under load, as a CPU's step-quantized batches do). Each round two interactive requests arrive: the
-    first is dispatched at once, the second is predicted to wait about 0.1 s (the measured capacity) and
-    admitted, but waits 0.45 s and misses interactive's 500 ms goal. A calibrated core scales
-    interactive's predicted waits up (until such requests are shed); the uncalibrated one keeps
-    admitting them. Standard, never queued here, keeps the model's predictions (scale 1)."""
+    """Window 1. Each round two interactive requests arrive: the first is dispatched at once (first token
+    after 20 ms, done after 150 ms); the second is predicted to wait for it and admitted, and once
+    dispatched its first token takes 400 ms (an engine slower than the model under a queue, as a CPU's
+    step-quantized batches are), so it misses interactive's 500 ms goal. A calibrated core scales
+    interactive's predicted waits up until such requests are shed; the uncalibrated one keeps admitting
+    them. Standard, never queued here, keeps the model's predictions (scale 1)."""
     c = core(window=1, estimates=EstimateConfig(min_history_s=1.0, calibration_target=target))
     t = warm(c, W1, 0.0, per_s=10.0, ttft=0.05)
     late = 0
@@ -413,39 +413,40 @@ def test_calibration_scales_the_waits_the_queue_model_underpredicts_per_class(
         (d,) = c.arrive(req(first, "interactive", at=t), t)
         assert isinstance(d, Dispatch)
         queued = c.arrive(req(second, "interactive", at=t), t)
-        c.first_token(first, t + 0.05)
-        out = c.finish(first, t + 0.45)
-        if queued == [] and ids(out, Dispatch) == [second]:  # admitted, waited 0.45 s
+        c.first_token(first, t + 0.02)
+        out = c.finish(first, t + 0.15)
+        if queued == [] and ids(out, Dispatch) == [second]:  # admitted, dispatched after 150 ms
+            c.first_token(second, t + 0.15 + 0.4)
             late += 1
-            c.first_token(second, t + 0.5 + 0.05)
-            c.finish(second, t + 0.9)
+            c.finish(second, t + 0.6)
         t += 1.0
         (d,) = c.arrive(req(f"s-{n}", "standard", at=t), t)  # a free window: dispatched at once, met
-        c.first_token(f"s-{n}", t + 0.05)
+        c.first_token(f"s-{n}", t + 0.02)
         c.finish(f"s-{n}", t + 0.1)
         t += 0.5
 
     (snap,) = c.snapshot(t)  # what GET /admin/workers shows
     assert snap.prediction_scales.get("standard", 1.0) == 1.0
     if apart:
-        assert snap.prediction_scales.get("interactive", 1.0) >= 2.0
+        assert snap.prediction_scales.get("interactive", 1.0) > 1.2
         assert late < 20  # the late ones stopped being admitted
     else:
         assert snap.prediction_scales == {} and late == 40
 
 
 def test_calibration_leaves_alone_misses_no_predicted_wait_could_have_foreseen() -> None:
-    """Requests dispatched at once (no predicted wait) whose first tokens come after their goal (a cold
-    prefix, an engine stall) do not scale the predictions: the calibration scales predicted waits, and
-    scaling them up for these misses would only shed on-time work elsewhere (the routing experiment's
-    cold start: cache-aware's SLO rate fell from 306 to 207.5 RPS when every miss counted)."""
+    """Requests dispatched at once (no predicted wait) of which one in five gets its first token after
+    the 500 ms goal (a cold prefix, an engine stall) do not scale the predictions: the calibration scales
+    predicted waits, and scaling them up for these misses would only shed on-time work elsewhere (the
+    routing experiment's cold start: cache-aware's SLO rate fell from 306 to 207.5 RPS when every miss
+    counted)."""
     c = core(window=4, estimates=EstimateConfig(min_history_s=1.0, calibration_target=0.95))
     t = warm(c, W1, 0.0, per_s=10.0, ttft=0.05)
     for n in range(150):
         rid = f"i-{n}"
         (d,) = c.arrive(req(rid, "interactive", at=t), t)
         assert isinstance(d, Dispatch)
-        c.first_token(rid, t + 0.6)  # past the 500 ms goal
+        c.first_token(rid, t + (0.6 if n % 5 == 0 else 0.05))
         c.finish(rid, t + 0.61)
         t += 0.2
     (snap,) = c.snapshot(t)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from service.app import create_app
 from service.config import Settings
@@ -114,9 +115,13 @@ def test_full_band_is_shed_and_queued_past_budget_expires(http: httpx.Client, wo
     holder = hold_worker(http, worker, holder_key, 2.0)
     queued = [in_thread(post_chat, http, key) for _ in range(2)]  # fills the batch band (max 2)
     time.sleep(0.1)
-    shed = post_chat(http, key)
+    with capture_logs() as logs:
+        shed = post_chat(http, key)
     assert_openai_error(shed, 503, "overloaded")
     assert int(shed.headers["Retry-After"]) >= 1
+    # its request line says why it was shed (nu10: it said only "overloaded"); no prediction refused it
+    (line,) = [x for x in logs if x["event"] == "request" and x["request_id"] == shed.headers["x-request-id"]]
+    assert line["shed_reason"] == "band_full" and line["predicted_ttft_ms"] is None
     for thread, out in queued:
         thread.join(timeout=10)
         resp = out[0]
