@@ -36,8 +36,6 @@ from loadgen.latency_breakdown import breakdown, read_request_lines
 from loadgen.stack import CPU_PRIORITY_CLASSES, LocalStack, terminate_as_exit
 
 CLASSES = ("interactive", "standard", "batch")
-CLASS_ENV = {"RADIXGATE_PRIORITY_CLASSES": CPU_PRIORITY_CLASSES}
-"""CPU-sized classes (:data:`loadgen.stack.CPU_PRIORITY_CLASSES`)."""
 CPU_CALIBRATION = 0.99
 """Default of ``--calibration``, the gateway's own: 99% of the requests admitted after a predicted wait should
 meet their goal."""
@@ -329,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--calibration must be in [0, 1) (got {args.calibration:g})")
     if args.json and not Path(args.json).resolve().parent.is_dir():  # not found out after the run
         parser.error(f"--json: no folder {Path(args.json).parent}")
-    env = dict(CLASS_ENV)
+    env = {"RADIXGATE_PRIORITY_CLASSES": CPU_PRIORITY_CLASSES}
     env["RADIXGATE_SCHEDULER__PREDICTION_CALIBRATION_TARGET"] = repr(args.calibration)
     if args.window_max > 0:
         env["RADIXGATE_SCHEDULER__WINDOW_INITIAL"] = str(min(4, args.window_max))

@@ -366,8 +366,7 @@ class AdmissionCore:
                 return Shed(req.rid, req.band, "costly_miss", self._retry_after(cls), predicted)
         self.router.commit(choice.url, req.prompt, now)
         e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
-        e.capacity_known = choice.est.completions.rate(now) is not None
-        e.waits = prediction.wait_s > 0.0 and e.capacity_known
+        e.waits = prediction.wait_s > 0.0  # a wait is predicted only on a measured capacity
         e.beyond_goal = beyond_goal and cfg.slo_admission and not cls.serve_late
         e.deadline = self._deadline(e, choice, now)
         flow = req.tenant if cfg.fair_queuing else "*"

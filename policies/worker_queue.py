@@ -67,10 +67,9 @@ class Entry:
         beyond_goal: its own prefill alone cannot meet its class's goal (a long prompt on a slow engine):
             admitted only to a worker with an empty queue, it may then wait up to its goal and is
             dispatched even when late (refusing it would refuse it on every retry).
-        capacity_known: its worker's capacity was measured when it was admitted there, so its prediction
-            was the model's (before, waits are predicted as zero).
-        waits: it was predicted to wait in the gateway's queue on a measured capacity: only then does its
-            outcome calibrate the predicted waits (:meth:`WorkerEstimates.on_goal_outcome`).
+        waits: it was predicted to wait in the gateway's queue (which needs its worker's capacity
+            measured: before, waits are predicted as zero): only then does its outcome calibrate the
+            predicted waits (:meth:`WorkerEstimates.on_goal_outcome`).
     """
 
     req: AdmissionRequest
@@ -85,7 +84,6 @@ class Entry:
     backlog_at_dispatch: int = 0
     first_token_seen: bool = False
     beyond_goal: bool = False
-    capacity_known: bool = False
     waits: bool = False
 
 
