@@ -39,8 +39,6 @@ A worker's window frees -> its queue's head (highest band, smallest WFQ tag) is 
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Collection, Iterable
 
 from policies.admission_types import (
@@ -54,6 +52,7 @@ from policies.admission_types import (
     WorkerSnapshot,
 )
 from policies.classes import ClassPolicy, top_class
+from policies.deadlines import DeadlineHeap
 from policies.estimates import WorkerEstimates
 from policies.fair_queue import BandConfig, PriorityBands, QueuedItem
 from policies.route_types import RouteDecision, WorkerView
@@ -89,8 +88,8 @@ class AdmissionCore:
         self.router: Router = make_router(cfg.routing, cache_aware=cfg.cache_aware)
         self._workers: dict[str, WorkerQueue] = {}
         self._entries: dict[str, Entry] = {}
-        self._deadlines: list[tuple[float, int, str]] = []
-        self._seq = itertools.count()
+        self._deadlines = DeadlineHeap()  # queued requests' dispatch deadlines
+        self._first_tokens = DeadlineHeap()  # dispatched requests' first-token deadlines
         self._depth = dict.fromkeys(self._classes, 0)
         self._queued = 0
 
@@ -140,19 +139,7 @@ class AdmissionCore:
 
     def snapshot(self, now: float) -> list[WorkerSnapshot]:
         """Per-worker state for metrics and the admin API."""
-        return [
-            WorkerSnapshot(
-                w.url,
-                w.eligible,
-                w.window.size,
-                w.in_flight,
-                len(w.bands),
-                w.est.capacity(now, w.window.size),
-                w.est.ttft_base.value(now),
-                w.est.prediction_scales(now),
-            )
-            for w in self._workers.values()
-        ]
+        return [w.snapshot(now) for w in self._workers.values()]
 
     def window(self, url: str) -> WorkerWindow | None:
         """A worker's window (None if unknown)."""
@@ -276,16 +263,32 @@ class AdmissionCore:
         return self._pump(w, now)
 
     def tick(self, now: float) -> list[Decision]:
-        """Expire queued requests whose deadline is ``<= now``; dispatch what assumed first tokens let
-        through."""
+        """Expire queued requests whose deadline is ``<= now`` and dispatched ones whose first-token
+        deadline is (:attr:`CoreConfig.first_token_deadline_factor`); dispatch what that and assumed
+        first tokens let through."""
         out: list[Decision] = []
+        touched: dict[str, WorkerQueue] = {}
+        for deadline, rid in self._first_tokens.due(now):
+            e = self._entries.get(rid)
+            if e is None or not e.awaits_first_token(deadline):
+                continue
+            w = e.worker
+            assert w is not None
+            if not self._held_back(w, e):  # it waits its turn in the engine's own queue: look again later
+                e.first_token_by = now + e.cls.ttft_goal_s
+                self._first_tokens.push(e.first_token_by, rid)
+                continue
+            del self._entries[rid]
+            w.release(e)
+            if e.waits:  # admitted as on time after a predicted wait: a miss of the queue model
+                w.est.on_goal_outcome(e.req.band, False, now)
+            out.append(Expire(rid, e.req.band, now - e.req.arrival, e.req.tenant, in_engine=True))
+            touched[w.url] = w
         for w in self._workers.values():
-            if w.silent and w.silent[0][0] <= now and len(w.bands):
+            if (w.silent and w.silent[0][0] <= now and len(w.bands)) or w.url in touched:
                 w.backlog(now)
                 out += self._pump(w, now)
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            deadline, _, rid = heapq.heappop(heap)
+        for deadline, rid in self._deadlines.due(now):
             e = self._entries.get(rid)
             if e is None or e.dispatched_at is not None or e.deadline != deadline:
                 continue
@@ -295,21 +298,22 @@ class AdmissionCore:
         return out
 
     def next_deadline(self) -> float | None:
-        """When to call :meth:`tick` next: the earliest deadline of a queued request, or the assumed first
-        token of a non-streamed request on a worker whose queue waits; None when there is nothing."""
-        heap = self._deadlines
-        soonest: float | None = None
-        while heap:
-            deadline, _, rid = heap[0]
-            e = self._entries.get(rid)
-            if e is not None and e.dispatched_at is None and e.deadline == deadline:
-                soonest = deadline
-                break
-            heapq.heappop(heap)
-        for w in self._workers.values():
-            if w.silent and len(w.bands) and (soonest is None or w.silent[0][0] < soonest):
-                soonest = w.silent[0][0]
-        return soonest
+        """When to call :meth:`tick` next: the earliest deadline of a queued request, first-token deadline
+        of a dispatched one, or assumed first token of a non-streamed request on a worker whose queue
+        waits; None when there is nothing."""
+        entries = self._entries
+
+        def queued(deadline: float, rid: str) -> bool:
+            e = entries.get(rid)
+            return e is not None and e.dispatched_at is None and e.deadline == deadline
+
+        def dispatched(deadline: float, rid: str) -> bool:
+            e = entries.get(rid)
+            return e is not None and e.awaits_first_token(deadline)
+
+        times = [self._deadlines.earliest(queued), self._first_tokens.earliest(dispatched)]
+        times += [w.silent[0][0] for w in self._workers.values() if w.silent and len(w.bands)]
+        return min((t for t in times if t is not None), default=None)
 
     # -- placement ----------------------------------------------------------------------------------
     def _place(self, e: Entry, now: float, exclude: Collection[str]) -> Shed | None:
@@ -374,7 +378,7 @@ class AdmissionCore:
         choice.bands.push(e.item)
         self._depth[req.band] += 1
         self._queued += 1
-        heapq.heappush(self._deadlines, (e.deadline, next(self._seq), req.rid))
+        self._deadlines.push(e.deadline, req.rid)
         choice.count_arrival(cls.rank, now, cfg.estimates.rate_tau_s, uncached)
         return None
 
@@ -435,9 +439,31 @@ class AdmissionCore:
                 out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival))
                 continue
             w.start(e, now)
+            self._watch_first_token(e)
             assert e.route is not None
             out.append(Dispatch(e.req.rid, w.url, e.route, now - e.req.arrival, e.predicted))
         return out
+
+    def _watch_first_token(self, e: Entry) -> None:
+        """Give the just-dispatched ``e`` its first-token deadline, when it gets one."""
+        factor, cls = self.config.first_token_deadline_factor, e.cls
+        if not factor or not e.req.reports_first_token or cls.serve_late or e.beyond_goal:
+            return
+        if e.req.band == self._top:  # nothing ranks above it to hold it back (:meth:`_held_back`)
+            return
+        if not self.config.slo_admission or e.first_token_by is not None:  # a retry keeps its deadline
+            return
+        e.first_token_by = e.req.arrival + factor * cls.ttft_goal_s
+        self._first_tokens.push(e.first_token_by, e.req.rid)
+
+    def _held_back(self, w: WorkerQueue, e: Entry) -> bool:
+        """Higher classes have work in flight on ``w``: SGLang prefills them first and preempts ``e`` for
+        them, for as long as they keep coming. Without them, ``e`` waits its turn in the engine's queue,
+        which drains, and giving it up would waste its prefill (the cache it warms for the requests after
+        it: in the routing experiment, cold prefills given up never warmed their workers and served
+        throughput fell to a third past the SLO rate)."""
+        rank, classes = e.cls.rank, self._classes
+        return any(n > 0 and classes[band].rank > rank for band, n in w.band_in_flight.items())
 
     def _guarded(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``."""

@@ -104,17 +104,23 @@ class Shed:
 
 @dataclass(frozen=True, slots=True)
 class Expire:
-    """Request ``rid`` waited past its dispatch deadline and leaves the queue unserved (503).
+    """Request ``rid`` is given up unserved (503): it waited in the queue past its dispatch deadline, or
+    (``in_engine``) it was dispatched and its first token did not come by its first-token deadline
+    (:attr:`CoreConfig.first_token_deadline_factor`); the adapter then ends its worker request.
 
     Attributes:
         rid: the request.
         band: its class.
-        waited_s: time it spent queued, s.
+        waited_s: time since its arrival, s.
+        tenant: its tenant (set when ``in_engine``: the adapter finds the running request by it).
+        in_engine: it had been dispatched (the core already freed its slot).
     """
 
     rid: str
     band: str
     waited_s: float
+    tenant: str = ""
+    in_engine: bool = False
 
 
 Decision = Dispatch | Shed | Expire
@@ -147,6 +153,14 @@ class CoreConfig:
             miss included (False: stay with the policy's worker; an ablation).
         fair_queuing: weighted fair queuing between tenants inside a band (False: every tenant is one
             flow, first come first served; an ablation).
+        first_token_deadline_factor: a dispatched request that reports its first token, of a class below
+            the top one that does not serve late answers, whose first token has not come ``factor x`` its
+            class's goal after its arrival while a higher class has work in flight on its worker is given
+            up (:class:`Expire` ``in_engine``): inside the engine, higher classes' arrivals and SGLang's
+            priority preemption can hold lower work back for as long as they keep coming, and the client
+            would wait with no answer (minutes were seen on a CPU worker). With no higher work there it
+            waits its turn in a queue that drains, and is looked at again one goal later. Not for
+            requests whose own prefill exceeds the goal (admitted as ``beyond_goal``). 0: never.
     """
 
     classes: Mapping[str, ClassPolicy] = field(default_factory=default_classes)
@@ -161,6 +175,11 @@ class CoreConfig:
     slo_admission: bool = True
     spill: bool = True
     fair_queuing: bool = True
+    first_token_deadline_factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.first_token_deadline_factor < 0 or (0 < self.first_token_deadline_factor < 1):
+            raise ValueError("first_token_deadline_factor must be 0 (off) or >= 1")
 
 
 @dataclass(frozen=True, slots=True)

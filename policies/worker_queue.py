@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from policies.admission_types import AdmissionRequest
+from policies.admission_types import AdmissionRequest, WorkerSnapshot
 from policies.classes import ClassPolicy
 from policies.estimates import DecayingRate, WorkerEstimates
 from policies.fair_queue import PriorityBands, QueuedItem
@@ -70,6 +70,8 @@ class Entry:
         waits: it was predicted to wait in the gateway's queue (which needs its worker's capacity
             measured: before, waits are predicted as zero): only then does its outcome calibrate the
             predicted waits (:meth:`WorkerEstimates.on_goal_outcome`).
+        first_token_by: its first-token deadline once dispatched, s (None: it has none; see
+            :attr:`policies.admission_types.CoreConfig.first_token_deadline_factor`).
     """
 
     req: AdmissionRequest
@@ -85,6 +87,12 @@ class Entry:
     first_token_seen: bool = False
     beyond_goal: bool = False
     waits: bool = False
+    first_token_by: float | None = None
+
+    def awaits_first_token(self, deadline: float) -> bool:
+        """Dispatched, its first token not come yet, and ``deadline`` is its first-token deadline."""
+        started = self.dispatched_at is not None
+        return started and not self.first_token_seen and self.first_token_by == deadline
 
 
 @dataclass(slots=True, eq=False)
@@ -127,6 +135,20 @@ class WorkerQueue:
         while silent and silent[0][0] <= now:
             prefilled(heapq.heappop(silent)[2])
         return self.prefill_backlog
+
+    def snapshot(self, now: float) -> WorkerSnapshot:
+        """Its state at ``now``, for metrics and the admin API."""
+        est, window = self.est, self.window
+        return WorkerSnapshot(
+            self.url,
+            self.eligible,
+            window.size,
+            self.in_flight,
+            len(self.bands),
+            est.capacity(now, window.size),
+            est.ttft_base.value(now),
+            est.prediction_scales(now),
+        )
 
     def headroom(self, band: str, top: str) -> int:
         """Requests beyond the window ``band`` may send: the top band's headroom, at most what the lower bands

@@ -207,7 +207,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         quota = QuotaLimiter(redis, prefix)
         usage = UsageRecorder(redis, prefix)
         renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
-        scheduler = Scheduler(settings, pool, client, metrics)
+        scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
         await scheduler.start()
         settler = Settler(quota, settings.redis, metrics)
         dispatcher = Dispatcher(

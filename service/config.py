@@ -429,6 +429,7 @@ class Settings(BaseSettings):
             max_queue_total=self.scheduler.max_queue_total,
             load_report_interval_s=self.scheduler.load_poll_interval_s,
             estimates=self.scheduler.estimate_config(),
+            first_token_deadline_factor=self.scheduler.first_token_deadline_factor,
         )
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.admission_types import CoreConfig
 from policies.cache_aware import CacheAwareConfig
@@ -140,6 +140,22 @@ class SchedulerSettings(BaseModel):
         description="Scale each worker's predicted queue waits per class up while fewer than this share "
         "of requests admitted after a predicted wait meet their TTFT goal (0.99: P99 goals; 0: off).",
     )
+
+    first_token_deadline_factor: float = Field(
+        _CORE.first_token_deadline_factor,
+        ge=0,
+        description="Give up a dispatched streamed request of a class that does not serve late answers "
+        "when its first token has not come this many times its class's TTFT goal after arrival: its "
+        "worker request is aborted, the client gets 503 first_token_timeout, nothing is charged (0: "
+        "never; else >= 1).",
+    )
+
+    @field_validator("first_token_deadline_factor")
+    @classmethod
+    def _factor_off_or_at_least_one(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError("must be 0 (off) or >= 1")
+        return value
 
     def estimate_config(self) -> EstimateConfig:
         """The worker estimates' settings."""

@@ -84,7 +84,7 @@ class _Run:
             return await self.revocable.guard(work)
         except GatewayError as err:
             if err is self.revocable.error:
-                self.outcome.revoked = True
+                self.outcome.revoked = self.revocable.charge
             raise
 
     def revoked(self) -> GatewayError | None:
@@ -92,7 +92,7 @@ class _Run:
         outcome marked), else None."""
         revoked = self.revocable.take_error()
         if revoked is not None:
-            self.outcome.revoked = True
+            self.outcome.revoked = self.revocable.charge
         return revoked
 
     def usage(self) -> UsageInfo:

@@ -95,6 +95,13 @@ class QueueTimeout(GatewayError):
     default_code = "queue_timeout"
 
 
+class FirstTokenTimeout(GatewayError):
+    """Dispatched, but no first token came by its first-token deadline (its class's goal times
+    ``scheduler.first_token_deadline_factor``): its worker request was ended, nothing was charged."""
+
+    default_code = "first_token_timeout"
+
+
 class NoWorkerAvailable(GatewayError):
     """No healthy worker can take the request now."""
 

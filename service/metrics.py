@@ -285,7 +285,8 @@ class GatewayMetrics:
         )
         self.scheduler_outcomes = Counter(
             "radixgate_scheduler_outcomes_total",
-            "Queue outcomes per band and tenant: admitted, shed, expired, cancelled.",
+            "Queue outcomes per band and tenant: admitted, shed, expired, cancelled, first_token_timeout "
+            "(dispatched, but given up with no first token by its deadline).",
             ["band", "tenant", "outcome"],
             registry=registry,
         )

@@ -50,6 +50,8 @@ class Revocable:
         error: why it was ended (set just before its task, if any, is cancelled; a stream checks it
             before each await of its worker, so a revocation while it sends an event is not lost), else
             None.
+        charge: whether what its worker computed is charged when it is ended (a revocation: yes; the
+            scheduler giving it up for want of a first token: no, :meth:`RevocationRegistry.end_request`).
     """
 
     rid: str
@@ -57,6 +59,7 @@ class Revocable:
     key_id: str
     task: asyncio.Task[object] | None = None
     error: GatewayError | None = field(default=None)
+    charge: bool = True
 
     def take_error(self) -> GatewayError | None:
         """The error this request was ended with, uncancelling the current task once (None: the
@@ -147,24 +150,40 @@ class RevocationRegistry:
         already cancelled from elsewhere (its client left) is left to its clean-up: a second cancellation
         would cut short its abort at the worker."""
         entries = list(self._by.get(kind, {}).get(name, {}).values())
-        ended = 0
-        for entry in entries:
-            task = entry.task
-            if entry.error is not None or (task is not None and (task.done() or task.cancelling())):
-                continue  # ended already, or cancelled from elsewhere (its client left): let it clean up
-            entry.error = error
-            if task is not None:
-                task.cancel()
-            ended += 1
+        ended = sum(_end(entry, error) for entry in entries)
         if ended:
             log.info("requests_revoked", kind=kind, id=name, requests=ended, code=error.code)
         return ended
+
+    def end_request(self, tenant_id: str, rid: str, error: GatewayError) -> bool:
+        """End one request of ``tenant_id`` with ``error``, charging nothing for it (the scheduler gave it
+        up: :class:`service.errors.FirstTokenTimeout`); False when it is not in flight here, or ended
+        or cancelled already. Works whether or not revocations are ``enabled``."""
+        entry = self._by["tenant"].get(tenant_id, {}).get(rid)
+        if entry is None:
+            return False
+        if not _end(entry, error):
+            return False
+        entry.charge = False  # read as its task unwinds, after this
+        return True
 
     async def stop(self) -> None:
         """Cancel the checks still running (shutdown)."""
         for task in list(self._checking):
             task.cancel()
         await asyncio.gather(*self._checking, return_exceptions=True)
+
+
+def _end(entry: Revocable, error: GatewayError) -> bool:
+    """End ``entry`` with ``error`` (cancel its task); False when it was ended already or is cancelled
+    from elsewhere (its client left: a second cancellation would cut short its abort at the worker)."""
+    task = entry.task
+    if entry.error is not None or (task is not None and (task.done() or task.cancelling())):
+        return False
+    entry.error = error
+    if task is not None:
+        task.cancel()
+    return True
 
 
 def store_checks(store: TenantStore) -> tuple[Check, Check]:

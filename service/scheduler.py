@@ -26,11 +26,18 @@ from dataclasses import dataclass
 import structlog
 
 from policies.admission_core import AdmissionCore
-from policies.admission_types import AdmissionRequest, Decision, Dispatch, Shed, WorkerSnapshot
+from policies.admission_types import AdmissionRequest, Decision, Dispatch, Expire, Shed, WorkerSnapshot
 from policies.route_types import RouteDecision
 from policies.windows import LoadReport, WorkerWindow
 from service.config import Settings
-from service.errors import NoWorkerAvailable, Overloaded, QueueTimeout, ShuttingDown
+from service.errors import (
+    FirstTokenTimeout,
+    GatewayError,
+    NoWorkerAvailable,
+    Overloaded,
+    QueueTimeout,
+    ShuttingDown,
+)
 from service.metrics import GatewayMetrics
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
@@ -38,6 +45,10 @@ from service.workers.pool import WorkerPool
 log = structlog.get_logger("radixgate.scheduler")
 
 _RETRY_CAP_S = 60.0
+
+EndRequest = Callable[[str, str, GatewayError], bool]
+"""Ends a running request: ``(tenant id, request id, error)`` -> whether one was found
+(:meth:`service.revocation.RevocationRegistry.end_request`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +114,8 @@ class Scheduler:
         client: SGLang client, for load polls and engine limits.
         metrics: the app's metrics.
         clock: the clock of requests' ``arrival``, s (injected for tests).
+        end_request: ends a dispatched request the core gave up on (no first token by its first-token
+            deadline) with a :class:`~service.errors.FirstTokenTimeout`; None: such requests run on.
     """
 
     def __init__(
@@ -112,8 +125,10 @@ class Scheduler:
         client: SGLangClient,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.perf_counter,
+        end_request: EndRequest | None = None,
     ) -> None:
         self._settings = settings
+        self._end_request = end_request
         self._core = AdmissionCore(settings.core_config())
         self._pool = pool
         self._client = client
@@ -295,6 +310,9 @@ class Scheduler:
                         _shed_message(d), d.reason, min(_RETRY_CAP_S, d.retry_after_s), d.predicted_ttft_s
                     )
                 )
+            elif d.in_engine:
+                self._first_token_expired(d)
+                continue
             else:
                 m.child(m.scheduler_outcomes, d.band, tenant, "expired").inc()
                 goal = self._settings.priority_classes[d.band].ttft_goal_ms
@@ -306,6 +324,22 @@ class Scheduler:
             if waiter is not None and not waiter.done():
                 waiter.set_exception(error)
         self._arm_timer()
+
+    def _first_token_expired(self, d: Expire) -> None:
+        """End a dispatched request whose first token did not come by its deadline (the core freed its
+        slot already; its own release, as it unwinds, gives the pool's back)."""
+        m = self._metrics
+        m.child(m.scheduler_outcomes, d.band, m.tenant(d.tenant), "first_token_timeout").inc()
+        goal_s = self._settings.priority_classes[d.band].ttft_goal_ms / 1000.0
+        error = FirstTokenTimeout(
+            f"No first token {d.waited_s * 1000:.0f} ms after arrival, "
+            f"{self._settings.scheduler.first_token_deadline_factor:g}x the '{d.band}' class's "
+            f"time-to-first-token goal ({goal_s * 1000:.0f} ms): its worker is busy with higher-priority "
+            "work. Nothing was charged; retry later.",
+            retry_after_s=max(1.0, min(goal_s, 5.0)),
+        )
+        if self._end_request is not None:
+            self._end_request(d.tenant, d.rid, error)
 
     def _arm_timer(self) -> None:
         deadline = self._core.next_deadline()

@@ -132,6 +132,7 @@ def test_a_goal_no_engine_can_meet_is_served_on_an_idle_worker_and_shed_behind_a
     assert c._workers[W1].est.engine_ttft(10, t) > 0.6
     first = c.arrive(req("alone", "interactive", at=t), t)
     assert ids(first, Dispatch) == ["alone"]  # idle worker: served late rather than refused on every retry
+    assert c.next_deadline() is None  # nor given up in the engine: its own prefill takes longer than that
     assert c.arrive(req("next", "interactive", at=t), t) == []  # empty queue: waits up to its goal
     behind = c.arrive(req("behind", "interactive", at=t), t)  # a queue ahead: its late answer would cost
     assert [(d.rid, d.reason) for d in behind if isinstance(d, Shed)] == [("behind", "predicted_ttft")]
@@ -154,6 +155,70 @@ def test_queued_requests_expire_at_their_deadline_and_are_never_dispatched_late(
     assert c.next_deadline() == pytest.approx(2.0)
     out = c.finish("hold", 2.5)  # the standard request's 2 s passed meanwhile: dropped, not dispatched
     assert ids(out, Expire) == ["s"] and ids(out, Dispatch) == []
+
+
+def test_a_request_held_back_by_a_higher_class_past_its_first_token_deadline_is_given_up() -> None:
+    # nu10: on a CPU worker, standard requests admitted into the window were held inside the engine by
+    # interactive arrivals and priority preemption, and their clients waited 30-142 s with no answer
+    c = core(window=2)
+    assert ids(c.arrive(req("held", tenant="acme"), 0.0), Dispatch) == ["held"]
+    assert ids(c.arrive(req("i", "interactive"), 0.0), Dispatch) == ["i"]
+    c.first_token("i", 0.1)  # the interactive one decodes on, in flight
+    assert c.arrive(req("b", "batch"), 0.0) == []  # a late-serving class queues behind them
+    assert c.next_deadline() == pytest.approx(6.0)  # arrival + 3 x the 2 s goal
+    assert c.tick(5.99) == []
+    out = c.tick(6.0)
+    assert [d for d in out if isinstance(d, Expire)] == [Expire("held", "standard", 6.0, "acme", True)]
+    assert ids(out, Dispatch) == ["b"]  # its slot went to the queue
+    assert c.in_flight(W1) == 2
+    assert c.first_token("held", 6.1) == [] and c.finish("held", 6.2) == []  # a late answer changes nothing
+    assert c.in_flight(W1) == 2
+    c.finish("i", 7.0)
+    c.arrive(req("on-time"), 7.0)
+    c.first_token("on-time", 8.0)  # its first token came: no deadline left for it
+    assert c.next_deadline() is None and c.tick(100.0) == []
+
+
+def test_a_request_waiting_its_turn_with_no_higher_work_is_looked_at_again_one_goal_later() -> None:
+    # no higher class in flight: it waits in the engine's own queue, which drains; giving it up would
+    # waste its prefill (the routing experiment collapsed when cold prefills were given up)
+    c = core(window=2)
+    c.arrive(req("queued-in-engine"), 0.0)
+    assert c.tick(6.0) == [] and c.next_deadline() == pytest.approx(8.0)
+    assert ids(c.arrive(req("i", "interactive", at=7.0), 7.0), Dispatch) == ["i"]
+    assert ids(c.tick(8.0), Expire) == ["queued-in-engine"]  # now held back by the interactive one
+
+
+@pytest.mark.parametrize(
+    ("band", "streamed", "factor", "deadline"),
+    [
+        ("standard", True, 3.0, 6.0),
+        ("standard", True, 2.0, 4.0),
+        ("interactive", True, 3.0, None),  # the top class: nothing ranks above it to hold it back
+        ("batch", True, 3.0, None),  # late answers are useful: it waits for its first token
+        ("standard", False, 3.0, None),  # non-streamed: no first-token signal to wait for
+        ("standard", True, 0.0, None),  # off
+    ],
+)
+def test_which_dispatched_requests_get_a_first_token_deadline(
+    band: str, streamed: bool, factor: float, deadline: float | None
+) -> None:
+    c = core(window=2, first_token_deadline_factor=factor)
+    c.arrive(req("higher", "interactive"), 0.0)
+    c.first_token("higher", 0.1)
+    r = dataclasses.replace(req("r", band), reports_first_token=streamed)
+    assert ids(c.arrive(r, 0.0), Dispatch) == ["r"]
+    soonest = c.next_deadline()
+    if deadline is None:  # a non-streamed one has only its assumed first token, while a queue waits
+        assert soonest is None
+    else:
+        assert soonest == pytest.approx(deadline)
+        assert ids(c.tick(deadline), Expire) == ["r"]
+
+
+def test_a_first_token_deadline_factor_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="first_token_deadline_factor"):
+        CoreConfig(first_token_deadline_factor=0.5)
 
 
 def test_cache_aware_binds_a_request_to_its_warm_worker_even_when_that_worker_is_full() -> None:

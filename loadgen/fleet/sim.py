@@ -237,6 +237,11 @@ class FleetSim:
                 rec.shed_reason = d.reason
             else:
                 rec.outcome = "expired"
+                if d.in_engine and rec.worker is not None:  # the gateway ends its worker request
+                    w = self.workers[rec.worker]
+                    w.engine.abort(d.rid)
+                    self._detach(w, d.rid, now)
+                    self._reschedule(w)
             self.buckets.give_back(self.config.tenant(rec.tenant), 1, job.cost, now)
 
     def _dispatch(self, job: _Job, w: _Worker, d: Dispatch, now: float) -> None:
@@ -280,14 +285,18 @@ class FleetSim:
         if decisions:
             self._apply(decisions, t)
 
-    def _release(self, w: _Worker, job: _Job, now: float) -> list[Decision]:
-        rec = job.record
-        del w.jobs[rec.rid]
-        self._jobs.pop(rec.rid, None)
+    def _detach(self, w: _Worker, rid: str, now: float) -> None:
+        """``rid`` no longer runs on ``w`` (finished or aborted)."""
+        del w.jobs[rid]
         w.in_flight -= 1
         if w.in_flight == 0 and w.busy_since is not None:
             w.tally.busy_s += now - w.busy_since
             w.busy_since = None
+
+    def _release(self, w: _Worker, job: _Job, now: float) -> list[Decision]:
+        rec = job.record
+        self._detach(w, rec.rid, now)
+        self._jobs.pop(rec.rid, None)
         tally = w.tally
         tally.prompt_tokens += rec.prompt_tokens
         tally.cached_tokens += rec.cached_tokens

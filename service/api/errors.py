@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 from service.api.protocol import MESSAGE_FIELD_INVALID, MESSAGE_FIELD_MISSING
 from service.compact_json import compact_json
 from service.errors import (
+    FirstTokenTimeout,
     GatewayError,
     InvalidRequest,
     NotFound,
@@ -203,6 +204,7 @@ _STATUS_BY_ERROR: tuple[tuple[type[GatewayError], int], ...] = (
     (RateLimited, 429),
     (Overloaded, 503),
     (QueueTimeout, 503),
+    (FirstTokenTimeout, 503),
     (NoWorkerAvailable, 503),
     (ShuttingDown, 503),
 )
