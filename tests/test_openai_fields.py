@@ -215,6 +215,8 @@ def post(http: httpx.Client, key: str, route: str, body: dict[str, Any]) -> http
 
 
 ANSWERED = cases("served") + cases("accepted") + cases("off")
+WITH = {"stream_options": {"stream": True}}
+"""Fields answered only beside others (OpenAI refuses ``stream_options`` without a stream)."""
 
 
 @pytest.mark.parametrize(
@@ -225,7 +227,7 @@ def test_served_accepted_and_off_values_are_answered(
 ) -> None:
     table = CHAT_FIELDS if route == "chat" else COMPLETION_FIELDS
     _, key = new_tenant(http)
-    resp = post(http, key, route, {**base_body(route), name: value})
+    resp = post(http, key, route, {**base_body(route), **WITH.get(name, {}), name: value})
     assert resp.status_code == 200, resp.text
     sent = fake[0].received[-1]
     if table[name].support is not Support.SERVED:  # nothing of an accepted or off field reaches SGLang
@@ -322,12 +324,28 @@ def test_content_parts_other_than_text_get_400_naming_the_part(
     assert fake[0].received == []
 
 
+@pytest.mark.parametrize("stream", [None, False])
+def test_stream_options_without_a_stream_are_refused_as_openai_does(
+    http: httpx.Client, fake: tuple[FakeWorker, str], stream: bool | None
+) -> None:
+    _, key = new_tenant(http)
+    sent = len(fake[0].received)
+    for route in ("chat", "completions"):
+        body = base_body(route) | {"stream_options": {"include_usage": True}}
+        if stream is not None:
+            body["stream"] = stream
+        err = assert_openai_error(post(http, key, route, body), 400, "invalid_value")
+        assert err["param"] == "stream_options" and "only allowed when 'stream' is enabled" in err["message"]
+        assert post(http, key, route, base_body(route) | {"stream_options": None}).status_code == 200
+    assert len(fake[0].received) == sent + 2  # the two refused never reached the worker
+
+
 def test_fields_outside_the_schema_stay_unrecognized(http: httpx.Client) -> None:
     _, key = new_tenant(http)
     for route in ("chat", "completions"):
         err = assert_openai_error(post(http, key, route, {**base_body(route), "frobnicate": None}), 400)
         assert err["code"] == "unknown_parameter" and "Unrecognized request argument" in err["message"]
-    body = base_body("chat") | {"stream_options": {"include_usage": True, "frobnicate": 1}}
+    body = base_body("chat") | {"stream": True, "stream_options": {"include_usage": True, "frobnicate": 1}}
     assert assert_openai_error(post(http, key, "chat", body), 400)["param"] == "stream_options.frobnicate"
 
 

@@ -357,6 +357,14 @@ def _screen_content(content: Any, prefix: str) -> Any:
 def _screen_common(body: Mapping[str, Any], table: Mapping[str, FieldRule]) -> dict[str, Any]:
     kept = screen(body, table)
     options = kept.get("stream_options")
+    if options is not None and kept.get("stream") is not True:
+        # OpenAI's own answer: the options describe a stream, and without one they would go unheeded
+        raise APIError(
+            400,
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            code="invalid_value",
+            param="stream_options",
+        )
     if isinstance(options, dict):
         kept["stream_options"] = screen(options, STREAM_OPTION_FIELDS, "stream_options.")
     return kept
