@@ -244,6 +244,9 @@ def _nested(levels: int) -> dict[str, Any]:
         ({"not": {"anyOf": [{"not": {}}]}}, None),
         ({"type": "string", "enum": [str(i) for i in range(1000)]}, None),
         ({"type": "object", "properties": {k: {"enum": list(range(501))} for k in "ab"}}, "1000 enum"),
+        ({"type": "string", "enum": ["\ud800"]}, "lone surrogate"),  # SGLang's JSON decoder refused it
+        ({"type": "object", "properties": {"\udfff": {"type": "string"}}}, "lone surrogate"),
+        ({"type": "string", "description": "caf\u00e9 \U0001f600"}, None),
     ],
 )  # fmt: skip
 def test_schemas_the_grammar_compiler_cannot_take_or_that_exceed_openai_s_limits_are_refused(

@@ -9,6 +9,7 @@ never a grammar failure on the engine.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
@@ -44,6 +45,10 @@ def check_schema(schema: Any) -> str | None:
     problem = _size_problem(schema)  # iterative, first: the meta-schema check recurses per level
     if problem is not None:
         return problem
+    try:  # after the nesting bound: the encoder recurses per level too
+        json.dumps(schema, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800"): the engine cannot decode the request (nu11)
+        return "the schema is not valid Unicode (lone surrogate)"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
