@@ -219,7 +219,7 @@ class AdmissionCore:
             return []
         w = e.worker
         assert w is not None
-        w.release(e)
+        w.release(e, now)
         if ok:
             w.est.on_done(now, now - e.dispatched_at)
             if cached_tokens is not None:
@@ -243,7 +243,7 @@ class AdmissionCore:
         e = self._entries.get(rid)
         if e is None or e.worker is None or e.dispatched_at is None:
             return None, []
-        e.worker.release(e)
+        e.worker.release(e, now)
         out = self._pump(e.worker, now)
         pool = [w for w in self._workers.values() if w.eligible and w.url not in exclude]
         if not pool:
@@ -259,7 +259,7 @@ class AdmissionCore:
         w = self._workers.get(url)
         if w is None:
             return []
-        w.window.on_report(report, w.in_flight, w.est.ttft_base.value(now))
+        w.window.on_report(report, w.in_flight, w.est.base_ttft(now))
         return self._pump(w, now)
 
     def tick(self, now: float) -> list[Decision]:
@@ -279,10 +279,10 @@ class AdmissionCore:
                 self._first_tokens.push(e.first_token_by, rid)
                 continue
             del self._entries[rid]
-            w.release(e)
+            w.release(e, now)
             if e.waits:  # admitted as on time after a predicted wait: a miss of the queue model
                 w.est.on_goal_outcome(e.req.band, False, now)
-            out.append(Expire(rid, e.req.band, now - e.req.arrival, e.req.tenant, in_engine=True))
+            out.append(Expire(rid, e.req.band, now - e.req.arrival, e.req.tenant, True, e.predicted))
             touched[w.url] = w
         for w in self._workers.values():
             if (w.silent and w.silent[0][0] <= now and len(w.bands)) or w.url in touched:
@@ -294,7 +294,7 @@ class AdmissionCore:
                 continue
             self._entries.pop(rid)
             self._unqueue(e)
-            out.append(Expire(rid, e.req.band, now - e.req.arrival))
+            out.append(Expire(rid, e.req.band, now - e.req.arrival, predicted_ttft_s=e.predicted))
         return out
 
     def next_deadline(self) -> float | None:
@@ -436,7 +436,7 @@ class AdmissionCore:
             if e.deadline < now or self._late_at_dispatch(w, e, now):
                 # never spend capacity on an answer that is already late (unless late is useful)
                 self._entries.pop(e.req.rid, None)
-                out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival))
+                out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival, predicted_ttft_s=e.predicted))
                 continue
             w.start(e, now)
             self._watch_first_token(e)

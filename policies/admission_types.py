@@ -114,6 +114,7 @@ class Expire:
         waited_s: time since its arrival, s.
         tenant: its tenant (set when ``in_engine``: the adapter finds the running request by it).
         in_engine: it had been dispatched (the core already freed its slot).
+        predicted_ttft_s: the TTFT predicted at its admission, s (0 while its worker's rates were unknown).
     """
 
     rid: str
@@ -121,6 +122,7 @@ class Expire:
     waited_s: float
     tenant: str = ""
     in_engine: bool = False
+    predicted_ttft_s: float = 0.0
 
 
 Decision = Dispatch | Shed | Expire

@@ -217,6 +217,15 @@ class WorkerEstimates:
         e2e: mean dispatch-to-last-token time, s.
         ttft_base: engine TTFT (dispatch to first token) not explained by prefill tokens, s.
         ttft_per_token: engine TTFT per prefilled token, s/token.
+
+    ``ttft_base`` and ``ttft_per_token`` relax toward zero (:class:`DecayingEwma`) only while the worker
+    has work in flight: their clock is its busy time (:meth:`busy`, :meth:`idle`). Relaxing lets traffic
+    come back to a worker whose estimate, measured under a load since gone, sheds what is sent to it; an
+    idle worker needs none of that (with no queue and nothing in flight, admission predicts no more than
+    a request's own prefill, and one whose prefill alone misses its goal is served there anyway). Relaxed
+    on wall time, a 30 s idle spell took the per-token prefill cost to zero, and the burst that came next,
+    long prompts and interactive requests behind them, was admitted as free and waited 30-250 s for first
+    tokens on a CPU worker (nu11).
     """
 
     config: EstimateConfig = field(default_factory=EstimateConfig)
@@ -227,6 +236,32 @@ class WorkerEstimates:
     log_scale: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per class (band): (log of the factor its TTFT predictions are scaled by, s it was set at); it decays
     with ``calibration_decay_s`` from then. Absent: 1."""
+    _idle_since: float | None = None
+    _idle_s: float = 0.0
+
+    def busy(self, now: float) -> None:
+        """The worker got work in flight at ``now`` (s): the TTFT estimates' clock runs again."""
+        if self._idle_since is not None:
+            self._idle_s += max(0.0, now - self._idle_since)
+            self._idle_since = None
+
+    def idle(self, now: float) -> None:
+        """The worker has nothing in flight from ``now`` (s): the TTFT estimates' clock stops."""
+        if self._idle_since is None:
+            self._idle_since = now
+
+    def _busy_clock(self, now: float) -> float:
+        """``now`` less the time the worker was idle, s (the TTFT estimates' clock)."""
+        idle = self._idle_s + (max(0.0, now - self._idle_since) if self._idle_since is not None else 0.0)
+        return now - idle
+
+    def base_ttft(self, now: float) -> float | None:
+        """``ttft_base`` at ``now`` (s); None before its first sample."""
+        return self.ttft_base.value(self._busy_clock(now))
+
+    def per_token_ttft(self, now: float) -> float | None:
+        """``ttft_per_token`` at ``now`` (s/token); None before its first sample."""
+        return self.ttft_per_token.value(self._busy_clock(now))
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -240,13 +275,14 @@ class WorkerEstimates:
 
         ``prefill_tokens``: the engine's prefill backlog at dispatch plus the request's own uncached tokens.
         """
-        base = self.ttft_base.value(now) or 0.0
-        per_token = self.ttft_per_token.value(now)
+        clock = self._busy_clock(now)
+        base = self.ttft_base.value(clock) or 0.0
+        per_token = self.ttft_per_token.value(clock)
         if prefill_tokens >= self.config.long_prefill_tokens:
-            self.ttft_per_token.update(max(0.0, engine_ttft_s - base) / prefill_tokens, now)
+            self.ttft_per_token.update(max(0.0, engine_ttft_s - base) / prefill_tokens, clock)
         else:
             explained = per_token * prefill_tokens if per_token is not None else 0.0
-            self.ttft_base.update(max(0.0, engine_ttft_s - explained), now)
+            self.ttft_base.update(max(0.0, engine_ttft_s - explained), clock)
 
     def _log_scale(self, band: str, now: float) -> float:
         entry = self.log_scale.get(band)
@@ -305,8 +341,9 @@ class WorkerEstimates:
 
     def engine_ttft(self, prefill_tokens: int, now: float) -> float:
         """Predicted dispatch-to-first-token time after ``prefill_tokens`` of prefill, s (0 while unknown)."""
-        per_token = self.ttft_per_token.value(now)
-        base = self.ttft_base.value(now) or 0.0
+        clock = self._busy_clock(now)
+        per_token = self.ttft_per_token.value(clock)
+        base = self.ttft_base.value(clock) or 0.0
         return base + (per_token * prefill_tokens if per_token is not None else 0.0)
 
     def capacity(self, now: float, window: int) -> float | None:

@@ -146,7 +146,7 @@ class WorkerQueue:
             self.in_flight,
             len(self.bands),
             est.capacity(now, window.size),
-            est.ttft_base.value(now),
+            est.base_ttft(now),
             est.prediction_scales(now),
         )
 
@@ -222,7 +222,7 @@ class WorkerQueue:
         ``u`` capped at :data:`MAX_PREFILL_SHARE`. ``E`` is :meth:`WorkerEstimates.engine_ttft`.
         """
         base = self.est.engine_ttft(prefill_tokens, now)
-        per_token = self.est.ttft_per_token.value(now)
+        per_token = self.est.per_token_ttft(now)
         if not per_token:
             return base
         tokens = sum(r.rate(now) or 0.0 for k, r in self.arrival_tokens.items() if k > rank)
@@ -246,14 +246,18 @@ class WorkerQueue:
             expected = now + self.est.engine_ttft(e.backlog_at_dispatch + e.uncached, now)
             heapq.heappush(self.silent, (expected, next(self._seq), e))
         self.prefill_backlog += e.uncached
+        if not self.in_flight:
+            self.est.busy(now)
         self.in_flight += e.req.sequences
         self.in_flight_tokens += e.req.cost
         self.band_in_flight[e.req.band] = self.band_in_flight.get(e.req.band, 0) + e.req.sequences
 
-    def release(self, e: Entry) -> None:
-        """Undo :meth:`start` (the request ended, or moved to another worker)."""
+    def release(self, e: Entry, now: float) -> None:
+        """Undo :meth:`start` (the request ended at ``now``, s, or moved to another worker)."""
         prefilled(e)
         self.in_flight -= e.req.sequences
+        if not self.in_flight:
+            self.est.idle(now)
         self.in_flight_tokens -= e.req.cost
         self.band_in_flight[e.req.band] -= e.req.sequences
 

@@ -34,7 +34,14 @@ import structlog
 from service.api.errors import http_status
 from service.api.protocol import ChatCompletionRequest, CompletionRequest, UsageInfo, now_s
 from service.config import Settings
-from service.errors import GatewayError, Overloaded, RateLimited, RequestTooLarge, Unauthenticated
+from service.errors import (
+    GatewayError,
+    Overloaded,
+    QueueTimeout,
+    RateLimited,
+    RequestTooLarge,
+    Unauthenticated,
+)
 from service.fair_slots import FairSlots, TooManyWaiting
 from service.metrics import GatewayMetrics
 from service.openai.choices import ChoiceState
@@ -461,7 +468,7 @@ class Dispatcher:
             reserved_tokens=reservation.tokens,
             ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
             latency_ms=round(latency * 1000, 1),
-            queued_ms=None if slot is None else _ms(slot.queued_s),
+            queued_ms=_ms(outcome.expired_after_s if slot is None else slot.queued_s),
             predicted_ttft_ms=_ms(outcome.shed_predicted_ttft_s if slot is None else slot.predicted_ttft_s),
             shed_reason=outcome.shed_reason,
         )
@@ -474,6 +481,8 @@ def failed(outcome: Outcome, err: GatewayError) -> None:
     outcome.error_code = outcome.error_code or err.code
     if isinstance(err, Overloaded):
         outcome.shed_reason, outcome.shed_predicted_ttft_s = err.reason, err.predicted_ttft_s
+    elif isinstance(err, QueueTimeout):
+        outcome.expired_after_s, outcome.shed_predicted_ttft_s = err.waited_s, err.predicted_ttft_s
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -90,9 +90,25 @@ class Overloaded(GatewayError):
 
 
 class QueueTimeout(GatewayError):
-    """Waited in the gateway's queue until its deadline passed; never reached a worker."""
+    """Waited in the gateway's queue until its deadline passed; never reached a worker.
+
+    Attributes:
+        waited_s: how long it waited, s (None: not known).
+        predicted_ttft_s: the TTFT predicted at its admission, s (None: not known).
+    """
 
     default_code = "queue_timeout"
+
+    def __init__(
+        self,
+        message: str,
+        retry_after_s: float | None = None,
+        waited_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.waited_s = waited_s
+        self.predicted_ttft_s = predicted_ttft_s
 
 
 class FirstTokenTimeout(GatewayError):

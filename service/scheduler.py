@@ -320,6 +320,8 @@ class Scheduler:
                     f"Queued {d.waited_s * 1000:.0f} ms; the '{d.band}' class's time-to-first-token goal "
                     f"({goal:.0f} ms) can no longer be met. Retry later.",
                     retry_after_s=1.0,
+                    waited_s=d.waited_s,
+                    predicted_ttft_s=d.predicted_ttft_s,
                 )
             if waiter is not None and not waiter.done():
                 waiter.set_exception(error)

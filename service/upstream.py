@@ -61,7 +61,8 @@ class Outcome:
     aborted: bool = False  # the gateway already asked the worker to abort it
     revoked: bool = False  # its API key or tenant was revoked while it ran (service.revocation)
     shed_reason: str | None = None  # shed by admission control: the core's reason (policies.admission_types)
-    shed_predicted_ttft_s: float | None = None  # ... and the predicted TTFT that refused it, if one did
+    shed_predicted_ttft_s: float | None = None  # ... and the predicted TTFT that refused (or expired) it
+    expired_after_s: float | None = None  # left the gateway's queue unserved (queue_timeout) after this long
 
 
 @dataclass(slots=True)

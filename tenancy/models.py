@@ -18,6 +18,11 @@ MIN_WEIGHT = 1e-3
 """Smallest fair-queuing weight an admin may set (the largest is 1000): a request's cost over its weight
 is its WFQ finish-tag increment, and a weight such as 1e-320 makes it infinite."""
 
+MIN_RATE = 1e-3
+"""Smallest quota rate an admin may set, per minute (one request in about 17 hours): below it, refill
+times overflow what a ``Retry-After`` can say (nu11: ``requests_per_min: 1e-300`` answered
+``Retry-After: 10000000000``, ``tokens_per_min: 5e-324`` a burst of ``4.94066e-324`` tokens)."""
+
 MIN_REQUEST_BURST = 1.0
 """Smallest request-bucket capacity, requests: a bucket below one request never admits any."""
 
@@ -38,8 +43,8 @@ class Quotas(BaseModel):
 
     model_config = _ADMIN_INPUT
 
-    requests_per_min: float | None = Field(None, gt=0, le=MAX_RATE)
-    tokens_per_min: float | None = Field(None, gt=0, le=MAX_RATE)
+    requests_per_min: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
+    tokens_per_min: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
     request_burst: float | None = Field(None, gt=0, le=MAX_RATE)
     token_burst: float | None = Field(None, gt=0, le=MAX_RATE)
 

@@ -553,3 +553,25 @@ def test_calibration_ignores_requests_admitted_before_the_worker_capacity_was_me
     (snap,) = c.snapshot(2.6)
     assert snap.capacity_rps is not None
     assert snap.prediction_scales.get("standard", 1.0) == 1.0
+
+
+def test_an_idle_spell_does_not_make_long_prefills_look_free() -> None:
+    # nu11: after 30 s without traffic the per-token prefill cost had relaxed to zero (wall-clock decay),
+    # and a burst of ~3,000-token prompts was admitted as free: first tokens after 30-250 s on a CPU worker
+    c = core(window=8, estimates=EstimateConfig(min_history_s=1.0))
+    t = 0.0
+    for n in range(10):  # long prompts, 2,000 uncached tokens, first token 2 s after dispatch
+        c.arrive(req(f"long{n}", at=t, prompt=f"p{n}", tokens=2000), t)
+        c.first_token(f"long{n}", t + 2.0)
+        c.finish(f"long{n}", t + 2.1)
+        t += 2.2
+    est = c._workers[W1].est
+    before = est.engine_ttft(3000, t)
+    assert before > 0.3
+    t += 60.0  # idle: nothing in flight
+    assert est.engine_ttft(3000, t) == pytest.approx(before)  # the estimates wait for the next work
+    out = [d for i in range(5) for d in c.arrive(req(f"b{i}", at=t, prompt=f"b{i}", tokens=3000), t)]
+    assert 1 <= len(ids(out, Dispatch)) < 5  # the backlog they make counts: not all admitted as free
+    assert {d.reason for d in out if isinstance(d, Shed)} == {"predicted_ttft"}
+    # while work is in flight, the estimates relax as before (a load since gone must not shed forever)
+    assert est.engine_ttft(3000, t + 30.0) < 0.01 * before

@@ -284,6 +284,8 @@ def test_admin_rejects_inconsistent_tenants(http: httpx.Client) -> None:
         {"weight": 1e-320},  # a denormal weight made WFQ finish tags infinite
         {"weight": 1e-6},
         {"quotas": {"requests_per_min": 60, "request_burst": 0.5}},  # a bucket below one request admits none
+        {"quotas": {"requests_per_min": 1e-300}},  # nu11: Retry-After 10000000000
+        {"quotas": {"tokens_per_min": 5e-324}},  # nu11: every request a 413 naming a burst of 4.9e-324
     ],
 )
 def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(

@@ -446,6 +446,14 @@ def shape_cases() -> list[tuple[str, dict[str, Any], str, str]]:
             "invalid_value",
             "tool_calls",
         ),
+        # nu11: an empty array of content parts generated 256 tokens from an empty turn; OpenAI refuses it
+        ("user with an empty content array", {"role": "user", "content": []}, "invalid_value", "content"),
+        (
+            "assistant with an empty content array",
+            {"role": "assistant", "content": [], "tool_calls": [CALL]},
+            "invalid_value",
+            "content",
+        ),
     ]
 
 

@@ -117,15 +117,20 @@ def test_full_band_is_shed_and_queued_past_budget_expires(http: httpx.Client, wo
     time.sleep(0.1)
     with capture_logs() as logs:
         shed = post_chat(http, key)
+        for thread, _ in queued:
+            thread.join(timeout=10)
     assert_openai_error(shed, 503, "overloaded")
     assert int(shed.headers["Retry-After"]) >= 1
+    lines = {x["request_id"]: x for x in logs if x["event"] == "request"}
     # its request line says why it was shed (nu10: it said only "overloaded"); no prediction refused it
-    (line,) = [x for x in logs if x["event"] == "request" and x["request_id"] == shed.headers["x-request-id"]]
+    line = lines[shed.headers["x-request-id"]]
     assert line["shed_reason"] == "band_full" and line["predicted_ttft_ms"] is None
-    for thread, out in queued:
-        thread.join(timeout=10)
+    for _, out in queued:
         resp = out[0]
         assert_openai_error(resp, 503, "queue_timeout")  # batch budget 400 ms < the 2 s hold
+        # its line says how long it waited (nu11: queued_ms was null) and what was predicted
+        expired = lines[resp.headers["x-request-id"]]
+        assert expired["queued_ms"] >= 390 and expired["predicted_ttft_ms"] is not None
     holder.join(timeout=10)
     assert len(worker.received) == 1  # none of them reached the worker
     usage = usage_of(http, tenant_id)

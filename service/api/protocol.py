@@ -79,6 +79,8 @@ class ChatMessage(BaseModel):
         if self.content is None and (self.role != "assistant" or not self.tool_calls):
             why = " unless it has 'tool_calls'" if self.role == "assistant" else ""
             raise _message_error(MESSAGE_FIELD_MISSING, "content", self.role, why)
+        if isinstance(self.content, list) and not self.content:  # OpenAI refuses it too
+            raise _message_error(MESSAGE_FIELD_INVALID, "content", self.role, " that is an empty array")
         if self.role == "tool" and self.tool_call_id is None:
             raise _message_error(MESSAGE_FIELD_MISSING, "tool_call_id", self.role, ", the call it answers")
         if self.tool_calls and self.role != "assistant":
