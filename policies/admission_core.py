@@ -274,7 +274,7 @@ class AdmissionCore:
                 continue
             w = e.worker
             assert w is not None
-            if not self._held_back(w, e):  # it waits its turn in the engine's own queue: look again later
+            if not w.holds_back(e, self._classes):  # waits its turn in the engine's queue: look again later
                 e.first_token_by = now + e.cls.ttft_goal_s
                 self._first_tokens.push(e.first_token_by, rid)
                 continue
@@ -301,19 +301,24 @@ class AdmissionCore:
         """When to call :meth:`tick` next: the earliest deadline of a queued request, first-token deadline
         of a dispatched one, or assumed first token of a non-streamed request on a worker whose queue
         waits; None when there is nothing."""
-        entries = self._entries
+        soonest = self._deadlines.earliest(self._queued_by)
+        first_token = self._first_tokens.earliest(self._first_token_by)
+        if first_token is not None and (soonest is None or first_token < soonest):
+            soonest = first_token
+        for w in self._workers.values():
+            if w.silent and len(w.bands) and (soonest is None or w.silent[0][0] < soonest):
+                soonest = w.silent[0][0]
+        return soonest
 
-        def queued(deadline: float, rid: str) -> bool:
-            e = entries.get(rid)
-            return e is not None and e.dispatched_at is None and e.deadline == deadline
+    def _queued_by(self, deadline: float, rid: str) -> bool:
+        """``rid`` is queued with dispatch deadline ``deadline``."""
+        e = self._entries.get(rid)
+        return e is not None and e.dispatched_at is None and e.deadline == deadline
 
-        def dispatched(deadline: float, rid: str) -> bool:
-            e = entries.get(rid)
-            return e is not None and e.awaits_first_token(deadline)
-
-        times = [self._deadlines.earliest(queued), self._first_tokens.earliest(dispatched)]
-        times += [w.silent[0][0] for w in self._workers.values() if w.silent and len(w.bands)]
-        return min((t for t in times if t is not None), default=None)
+    def _first_token_by(self, deadline: float, rid: str) -> bool:
+        """``rid`` is dispatched and awaits its first token by ``deadline``."""
+        e = self._entries.get(rid)
+        return e is not None and e.awaits_first_token(deadline)
 
     # -- placement ----------------------------------------------------------------------------------
     def _place(self, e: Entry, now: float, exclude: Collection[str]) -> Shed | None:
@@ -372,7 +377,7 @@ class AdmissionCore:
         e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
         e.waits = prediction.wait_s > 0.0  # a wait is predicted only on a measured capacity
         e.beyond_goal = beyond_goal and cfg.slo_admission and not cls.serve_late
-        e.deadline = self._deadline(e, choice, now)
+        e.deadline = choice.dispatch_deadline(e, now, cfg.slo_admission)
         flow = req.tenant if cfg.fair_queuing else "*"
         e.item = QueuedItem(e, flow, req.weight, float(req.cost), req.band, now, e.deadline)
         choice.bands.push(e.item)
@@ -381,29 +386,6 @@ class AdmissionCore:
         self._deadlines.push(e.deadline, req.rid)
         choice.count_arrival(cls.rank, now, cfg.estimates.rate_tau_s, uncached)
         return None
-
-    def _deadline(self, e: Entry, w: WorkerQueue, now: float) -> float:
-        """Latest dispatch time of ``e`` on ``w``, s."""
-        cls, arrival = e.cls, e.req.arrival
-        if cls.serve_late and cls.max_wait_s is not None:
-            return arrival + cls.max_wait_s
-        cap = arrival + cls.max_wait_s if cls.max_wait_s is not None else float("inf")
-        if not self.config.slo_admission:
-            return min(cap, arrival + cls.ttft_goal_s) if cls.max_wait_s is None else cap
-        if e.beyond_goal:
-            return min(cap, arrival + cls.ttft_goal_s)
-        # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
-        # dispatch (:meth:`_late_at_dispatch`) then uses the backlog of that moment
-        engine = w.engine_ttft(e.uncached, cls.rank, now)
-        return min(cap, arrival + cls.ttft_goal_s - engine)
-
-    def _late_at_dispatch(self, w: WorkerQueue, e: Entry, now: float) -> bool:
-        """Whether ``e``, dispatched to ``w`` now, is predicted to miss its goal (late classes: never)."""
-        if not self.config.slo_admission or e.cls.serve_late or e.beyond_goal:
-            return False
-        engine = w.engine_ttft(w.backlog(now) + e.uncached, e.cls.rank, now)
-        first_token = now + engine * (1.0 + self.config.dispatch_margin)
-        return first_token > e.req.arrival + e.cls.ttft_goal_s
 
     def _retry_after(self, cls: ClassPolicy) -> float:
         return max(_RETRY_MIN_S, min(cls.ttft_goal_s, 5.0))
@@ -433,7 +415,7 @@ class AdmissionCore:
             bands.pop()
             self._depth[e.req.band] -= 1
             self._queued -= 1
-            if e.deadline < now or self._late_at_dispatch(w, e, now):
+            if e.deadline < now or w.late_at_dispatch(e, now, self.config):
                 # never spend capacity on an answer that is already late (unless late is useful)
                 self._entries.pop(e.req.rid, None)
                 out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival, predicted_ttft_s=e.predicted))
@@ -449,21 +431,12 @@ class AdmissionCore:
         factor, cls = self.config.first_token_deadline_factor, e.cls
         if not factor or not e.req.reports_first_token or cls.serve_late or e.beyond_goal:
             return
-        if e.req.band == self._top:  # nothing ranks above it to hold it back (:meth:`_held_back`)
+        if e.req.band == self._top:  # nothing ranks above it to hold it back (:meth:`WorkerQueue.holds_back`)
             return
         if not self.config.slo_admission or e.first_token_by is not None:  # a retry keeps its deadline
             return
         e.first_token_by = e.req.arrival + factor * cls.ttft_goal_s
         self._first_tokens.push(e.first_token_by, e.req.rid)
-
-    def _held_back(self, w: WorkerQueue, e: Entry) -> bool:
-        """Higher classes have work in flight on ``w``: SGLang prefills them first and preempts ``e`` for
-        them, for as long as they keep coming. Without them, ``e`` waits its turn in the engine's queue,
-        which drains, and giving it up would waste its prefill (the cache it warms for the requests after
-        it: in the routing experiment, cold prefills given up never warmed their workers and served
-        throughput fell to a third past the SLO rate)."""
-        rank, classes = e.cls.rank, self._classes
-        return any(n > 0 and classes[band].rank > rank for band, n in w.band_in_flight.items())
 
     def _guarded(self, w: WorkerQueue, e: Entry, now: float) -> bool:
         """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``."""

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from policies.admission_types import AdmissionRequest, WorkerSnapshot
+from policies.admission_types import AdmissionRequest, CoreConfig, WorkerSnapshot
 from policies.classes import ClassPolicy
 from policies.estimates import DecayingRate, WorkerEstimates
 from policies.fair_queue import PriorityBands, QueuedItem
@@ -210,6 +210,40 @@ class WorkerQueue:
                 wait = need / max(capacity - higher, capacity * MIN_RESIDUAL)
         engine = self.engine_ttft(self.backlog(now) + uncached, cls.rank, now)
         return Prediction(wait, engine, self.est.prediction_scale(req.band, now) if wait else 1.0)
+
+    def dispatch_deadline(self, e: Entry, now: float, slo_admission: bool) -> float:
+        """Latest dispatch time of ``e`` queued here, s (``slo_admission`` off: its goal or its class's
+        ``max_wait_s``, the first round's fixed budget)."""
+        cls, arrival = e.cls, e.req.arrival
+        if cls.serve_late and cls.max_wait_s is not None:
+            return arrival + cls.max_wait_s
+        cap = arrival + cls.max_wait_s if cls.max_wait_s is not None else float("inf")
+        if not slo_admission:
+            return min(cap, arrival + cls.ttft_goal_s) if cls.max_wait_s is None else cap
+        if e.beyond_goal:
+            return min(cap, arrival + cls.ttft_goal_s)
+        # the backlog ahead may drain while it waits: only its own prefill is certain here; the check at
+        # dispatch (:meth:`late_at_dispatch`) then uses the backlog of that moment
+        engine = self.engine_ttft(e.uncached, cls.rank, now)
+        return min(cap, arrival + cls.ttft_goal_s - engine)
+
+    def late_at_dispatch(self, e: Entry, now: float, config: CoreConfig) -> bool:
+        """Whether ``e``, dispatched here now, is predicted to miss its goal, its engine TTFT stretched by
+        ``config.dispatch_margin`` (late classes: never)."""
+        if not config.slo_admission or e.cls.serve_late or e.beyond_goal:
+            return False
+        engine = self.engine_ttft(self.backlog(now) + e.uncached, e.cls.rank, now)
+        first_token = now + engine * (1.0 + config.dispatch_margin)
+        return first_token > e.req.arrival + e.cls.ttft_goal_s
+
+    def holds_back(self, e: Entry, classes: Mapping[str, ClassPolicy]) -> bool:
+        """Higher classes (of ``classes``) have work in flight here: SGLang prefills them first and
+        preempts ``e`` for them, for as long as they keep coming. Without them, ``e`` waits its turn in the
+        engine's queue, which drains, and giving it up would waste its prefill (the cache it warms for the
+        requests after it: in the routing experiment, cold prefills given up never warmed their workers
+        and served throughput fell to a third past the SLO rate)."""
+        rank = e.cls.rank
+        return any(n > 0 and classes[band].rank > rank for band, n in self.band_in_flight.items())
 
     def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
         """Predicted dispatch-to-first-token time of a class-``rank`` request after ``prefill_tokens`` of
