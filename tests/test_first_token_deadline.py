@@ -19,11 +19,10 @@ import httpx
 import pytest
 
 from service.app import create_app
-from service.config import Settings
-from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker, served_fake_worker
+from tests.support.gateway import fake_worker_settings
 from tests.support.servers import ThreadedServer
-from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
+from tests.test_api import assert_openai_error, auth, chat, new_tenant, usage_of
 
 CLASSES = {
     # the higher class whose work holds the others back
@@ -52,16 +51,7 @@ def fake() -> Iterator[FakeWorker]:
 
 @pytest.fixture(scope="module")
 def http(redis_url: str, stub_model_dir: Path, fake: FakeWorker) -> Iterator[httpx.Client]:
-    settings = Settings.model_validate(
-        {
-            "admin_token": ADMIN_TOKEN,
-            "redis": {"url": redis_url, "key_prefix": "ftd:"},
-            "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},
-            "api": {"tokenizer_path": str(stub_model_dir)},
-            "priority_classes": CLASSES,
-        }
-    )
+    settings = fake_worker_settings(redis_url, stub_model_dir, fake.url, "ftd:", priority_classes=CLASSES)
     with ThreadedServer(create_app(settings)) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         yield c
 

@@ -20,8 +20,9 @@ from service.errors import GatewayError, PermissionDenied
 from service.revocation import RevocationRegistry
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker, served_fake_worker
+from tests.support.gateway import fake_worker_settings
 from tests.support.servers import ThreadedServer
-from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
+from tests.test_api import assert_openai_error, auth, chat, new_tenant, usage_of
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -126,15 +127,7 @@ def worker(fake: FakeWorker) -> Iterator[FakeWorker]:
 
 
 def _settings(redis_url: str, stub_model_dir: Path, fake: FakeWorker, prefix: str, **api: Any) -> Settings:
-    return Settings.model_validate(
-        {
-            "admin_token": ADMIN_TOKEN,
-            "redis": {"url": redis_url, "key_prefix": prefix},
-            "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},
-            "api": {"tokenizer_path": str(stub_model_dir), **api},
-        }
-    )
+    return fake_worker_settings(redis_url, stub_model_dir, fake.url, prefix, api=api)
 
 
 @pytest.fixture(scope="module")

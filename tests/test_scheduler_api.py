@@ -17,6 +17,7 @@ from service.app import create_app
 from service.config import Settings
 from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker, served_fake_worker
+from tests.support.gateway import fake_worker_settings
 from tests.support.servers import ThreadedServer
 from tests.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
@@ -41,27 +42,24 @@ def worker(fake: FakeWorker) -> FakeWorker:
 
 @pytest.fixture(scope="module")
 def http(redis_url: str, stub_model_dir: Path, fake: FakeWorker) -> Iterator[httpx.Client]:
-    settings = Settings.model_validate(
-        {
-            "admin_token": ADMIN_TOKEN,
-            "redis": {"url": redis_url, "key_prefix": "sched:"},
-            "engine": {"served_model_name": MODEL},
-            "upstream": {"workers": [fake.url], "health_interval_s": 0.2},
-            "api": {"tokenizer_path": str(stub_model_dir)},
-            # one request at a time on the worker: everything else waits in the gateway's queue
-            "scheduler": {
-                "window_initial": 1,
-                "window_min": 1,
-                "window_max": 1,
-                "top_band_headroom": 0,
-                "expiry_interval_s": 0.02,
-            },
-            "priority_classes": {
-                "interactive": band(2, 10, 10_000, 10),
-                "standard": band(1, 5, 10_000, 10),
-                "batch": band(0, 0, 400, 2),
-            },
-        }
+    settings = fake_worker_settings(
+        redis_url,
+        stub_model_dir,
+        fake.url,
+        "sched:",
+        # one request at a time on the worker: everything else waits in the gateway's queue
+        scheduler={
+            "window_initial": 1,
+            "window_min": 1,
+            "window_max": 1,
+            "top_band_headroom": 0,
+            "expiry_interval_s": 0.02,
+        },
+        priority_classes={
+            "interactive": band(2, 10, 10_000, 10),
+            "standard": band(1, 5, 10_000, 10),
+            "batch": band(0, 0, 400, 2),
+        },
     )
     with (
         ThreadedServer(create_app(settings)) as server,
