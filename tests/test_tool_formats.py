@@ -250,3 +250,23 @@ def test_a_call_nested_too_deep_to_parse_stays_content(fmt: str) -> None:
         end = parser.finish()
         assert step.calls == end.calls == []
         assert (step.text + end.text).strip() == text.strip()
+
+
+CUT_CALLS = {  # a first call, then a second one cut off by max_tokens (nu11: "<tool_call>" became content)
+    "hermes": ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}</tool_call>\n', '<tool_call>\n{"name": "f'),
+    "llama3_json": ('<|python_tag|>{"name": "f", "parameters": {"a": 1}}', '<|python_tag|>{"na'),
+    "mistral": ('[TOOL_CALLS]f[ARGS]{"a": 1}', "[TOOL_CALLS]f[ARGS]{"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", sorted(CUT_CALLS))
+@pytest.mark.parametrize("cut", [True, False])
+def test_a_call_cut_off_by_max_tokens_is_dropped_not_passed_on_as_content(fmt: str, cut: bool) -> None:
+    first, unfinished = CUT_CALLS[fmt]
+    for pieces in ([first + unfinished], list(first + unfinished)):
+        parser = CallParser(FORMATS[fmt], frozenset({"f"}))
+        steps = [*(parser.feed(p) for p in pieces), parser.finish(cut=cut)]
+        text = "".join(s.text for s in steps)
+        assert [(c.name, json.loads(c.arguments)) for s in steps for c in s.calls] == [("f", {"a": 1})]
+        # cut at max_tokens: the unfinished call is dropped; an answer that ended by itself keeps it as text
+        assert text.strip() == ("" if cut else unfinished.strip()), (fmt, pieces[:1])

@@ -115,7 +115,7 @@ class ChoiceState:
         final = chunk.finish_reason is not None
         parsed = self._parser.feed(chunk.text) if self._parser is not None else ParseStep(chunk.text)
         if final and self._parser is not None:
-            rest = self._parser.finish()
+            rest = self._parser.finish(cut=chunk.finish_reason == "length")
             parsed.text += rest.text
             parsed.calls += rest.calls
         self._raw_chars += len(chunk.text)

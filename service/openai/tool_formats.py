@@ -450,7 +450,9 @@ class CallParser:
 
     Rules: text before a call block is content, except the whitespace right before the block; whitespace
     after a call is dropped; a block that is not a valid call of a declared function stays content,
-    as written; with ``parallel`` False only the first call is kept.
+    as written, unless the answer was cut off inside it (``max_tokens``: a call the model had not finished
+    writing is dropped, not passed on as markup; nu11 saw ``"<tool_call>"`` as content); with
+    ``parallel`` False only the first call is kept.
 
     Args:
         fmt: the model family's format.
@@ -474,9 +476,9 @@ class CallParser:
         self._pending += text
         return self._drain(final=False)
 
-    def finish(self) -> ParseStep:
-        """The answer ended: decide what is still held back."""
-        return self._drain(final=True)
+    def finish(self, cut: bool = False) -> ParseStep:
+        """The answer ended (``cut``: at ``max_tokens``, not by itself): decide what is still held back."""
+        return self._drain(final=True, cut=cut)
 
     def _emit(self, step: ParseStep, text: str) -> None:
         if self._skip_space:
@@ -514,7 +516,7 @@ class CallParser:
         body = self._pending[: len(self._pending) - cut]
         return cut + len(body) - len(body.rstrip())
 
-    def _drain(self, final: bool) -> ParseStep:
+    def _drain(self, final: bool, cut: bool = False) -> ParseStep:
         step = ParseStep()
         while self._pending:
             if not self._in_block:
@@ -533,13 +535,16 @@ class CallParser:
                 self._gap = self._pending[len(before) : at]  # dropped if the block is a call
                 self._pending = self._pending[at:]
                 self._in_block = True
+            # cut off inside the block: it would still be incomplete if more text were to come
+            unfinished = cut and self._fmt.extract(self._pending, self._names, False).consumed == 0
             found = self._fmt.extract(self._pending, self._names, final)
             if found.consumed == 0:
                 break
             block, self._pending = self._pending[: found.consumed], self._pending[found.consumed :]
             self._in_block = False
             if found.calls is None:
-                self._emit(step, self._gap + block)
+                if not unfinished:
+                    self._emit(step, self._gap + block)
                 continue
             for call in found.calls:
                 if self._parallel or self.calls == 0:
