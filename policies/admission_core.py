@@ -280,6 +280,8 @@ class AdmissionCore:
                 continue
             del self._entries[rid]
             w.release(e, now)
+            assert e.dispatched_at is not None
+            w.est.on_first_token_missing(now, now - e.dispatched_at, e.backlog_at_dispatch + e.uncached)
             if e.waits:  # admitted as on time after a predicted wait: a miss of the queue model
                 w.est.on_goal_outcome(e.req.band, False, now)
             out.append(Expire(rid, e.req.band, now - e.req.arrival, e.req.tenant, True, e.predicted))
@@ -369,9 +371,11 @@ class AdmissionCore:
             if predicted > budget:
                 retry = max(_RETRY_MIN_S, predicted - budget)
                 return Shed(req.rid, req.band, "predicted_ttft", retry, predicted)
-            if uncached >= long and len(choice.bands) > 0:
+            blocks_top = self._blocks_top(choice, req.band, choice.backlog(now) + uncached, now)
+            if uncached >= long and (len(choice.bands) > 0 or blocks_top):
                 # past capacity (requests wait for this worker's slots) a long prefill displaces cheaper
-                # work: shed it rather than spend on it
+                # work, and while the top band sends work here it would hold its first tokens (nothing
+                # preempts a prefill under way): shed it rather than spend on it
                 return Shed(req.rid, req.band, "costly_miss", self._retry_after(cls), predicted)
         self.router.commit(choice.url, req.prompt, now)
         e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
@@ -439,11 +443,32 @@ class AdmissionCore:
         self._first_tokens.push(e.first_token_by, e.req.rid)
 
     def _guarded(self, w: WorkerQueue, e: Entry, now: float) -> bool:
-        """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``."""
+        """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``.
+
+        While the top band sends work to ``w`` (an arrival within ``rate_tau_s``), its own long prefill
+        counts even with nothing ahead of it, at the unbiased per-token cost
+        (:meth:`WorkerEstimates.prefill_s`): an engine does not preempt a prefill under way (SGLang; nor
+        does chunking help, the chunked request goes on first), so a 3,000-token prompt of a standard
+        tenant held interactive first tokens for 11-14 s on a CPU worker (nu12)."""
         if e.req.band == self._top or not self.config.slo_admission:
             return False
         backlog = w.backlog(now)
+        if self._blocks_top(w, e.req.band, backlog + e.uncached, now):
+            return True
         return backlog > 0 and w.est.engine_ttft(backlog + e.uncached, now) > self._guard_s
+
+    def _blocks_top(self, w: WorkerQueue, band: str, prefill_tokens: int, now: float) -> bool:
+        """``band`` is below the top one, the top band sends work to ``w`` (an arrival within
+        ``rate_tau_s``) and ``prefill_tokens``, at least ``long_prefill_tokens``, would hold its first
+        tokens past ``lower_band_prefill_guard`` at the unbiased per-token cost
+        (:meth:`WorkerEstimates.prefill_s`)."""
+        cfg = self.config.estimates
+        top = w.last_arrival.get(self._classes[self._top].rank)
+        if band == self._top or prefill_tokens < cfg.long_prefill_tokens:
+            return False
+        if top is None or now - top > cfg.rate_tau_s:
+            return False
+        return w.est.prefill_s(prefill_tokens, now) > self._guard_s
 
     def _rebind(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Place ``w``'s queued requests on other workers (or shed them)."""

@@ -106,6 +106,7 @@ class WorkerQueue:
         est: what it was measured to do.
         arrivals: admitted arrivals per class rank, requests/s.
         arrival_tokens: uncached prompt tokens of those arrivals per class rank, tokens/s.
+        last_arrival: when the last admitted arrival of each class rank came, s.
         eligible: healthy and not draining.
         in_flight, in_flight_tokens: window slots (engine sequences: a request of ``n`` choices takes
             ``n``) of dispatched, unfinished requests, and their reserved tokens.
@@ -120,6 +121,7 @@ class WorkerQueue:
     est: WorkerEstimates
     arrivals: dict[int, DecayingRate] = field(default_factory=dict)
     arrival_tokens: dict[int, DecayingRate] = field(default_factory=dict)
+    last_arrival: dict[int, float] = field(default_factory=dict)
     eligible: bool = True
     in_flight: int = 0
     in_flight_tokens: int = 0
@@ -265,6 +267,7 @@ class WorkerQueue:
 
     def count_arrival(self, rank: int, now: float, tau_s: float, tokens: int = 0) -> None:
         """Count an admitted arrival of class ``rank`` at ``now`` with ``tokens`` uncached prompt tokens."""
+        self.last_arrival[rank] = now
         for rates, amount in ((self.arrivals, 1.0), (self.arrival_tokens, float(tokens))):
             rate = rates.get(rank)
             if rate is None:

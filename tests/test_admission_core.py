@@ -575,3 +575,25 @@ def test_an_idle_spell_does_not_make_long_prefills_look_free() -> None:
     assert {d.reason for d in out if isinstance(d, Shed)} == {"predicted_ttft"}
     # while work is in flight, the estimates relax as before (a load since gone must not shed forever)
     assert est.engine_ttft(3000, t + 30.0) < 0.01 * before
+
+
+@pytest.mark.parametrize(("interactive_at", "shed"), [(None, False), (20.0, True), (10.0, False)])
+def test_a_long_lower_band_prefill_is_shed_while_the_top_band_sends_work_there(
+    interactive_at: float | None, shed: bool
+) -> None:
+    # nu12: a 3,000-token standard prompt on a CPU worker held interactive first tokens for 11-14 s (an
+    # engine does not preempt a prefill under way); admission's biased per-token cost read it as free.
+    # Here within its own 2 s goal, so admission alone would let it in
+    c = core(window=8, estimates=EstimateConfig(min_history_s=1.0))
+    c.arrive(req("taught", prompt="p", tokens=2000), 0.0)
+    c.first_token("taught", 2.0)  # 1 ms/token
+    c.finish("taught", 2.1)
+    t = 20.0
+    if interactive_at is not None:
+        c.arrive(req("i", "interactive", at=interactive_at, tokens=5), interactive_at)
+        c.first_token("i", interactive_at + 0.05)
+    out = c.arrive(req("long", at=t, prompt="q", tokens=1500), t)  # 1.5 s of prefill vs a 0.25 s guard
+    if shed:  # interactive sent work here within rate_tau_s (5 s): shed, not queued behind the top band
+        assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("long", "costly_miss")]
+    else:  # no top-band work here (or none lately): served as before
+        assert ids(out, Dispatch) == ["long"]

@@ -163,3 +163,28 @@ def test_a_scale_returns_toward_1_with_time(decay_s: float, after_s: float, low:
     assert low <= est.prediction_scale("interactive", 10.0 + after_s) <= high
     # what GET /admin/workers lists: a scale back to about 1 is no longer shown
     assert bool(est.prediction_scales(10.0 + after_s)) == (high > 1.01)
+
+
+def test_the_unbiased_prefill_cost_is_learned_from_slow_samples_far_apart() -> None:
+    # nu12: ~3,000-token prefills 12 s apart on a CPU worker; the biased estimate settles near 5% of it
+    est = WorkerEstimates()
+    now = 0.0
+    est.busy(now)
+    for _ in range(10):
+        now += 12.0
+        est.on_first_token(now, 12.0, 3000)
+    assert est.prefill_s(3000, now) == pytest.approx(12.0, rel=0.01)
+    assert est.prefill_s(3000, now + 12.0) > 0.8 * 12.0  # still there when the next long prompt comes
+    assert est.engine_ttft(3000, now) < 0.1 * 12.0  # admission's own, biased (kept: the routing experiment)
+
+
+def test_a_request_given_up_before_its_first_token_teaches_a_lower_bound() -> None:
+    est = WorkerEstimates()
+    est.busy(0.0)
+    assert est.prefill_s(3000, 0.0) == 0.0  # nothing learned: long prompts look free
+    est.on_first_token_missing(12.0, 12.0, 3000)  # given up 12 s after dispatch, 3,000 tokens to prefill
+    assert est.prefill_s(3000, 12.0) == pytest.approx(12.0)
+    est.on_first_token_missing(13.0, 1.0, 3000)  # a bound below the estimate changes nothing
+    assert est.prefill_s(3000, 13.0) == pytest.approx(12.0 * math.exp(-1.0 / 60.0))
+    est.on_first_token_missing(14.0, 30.0, 500)  # short prefills are the base's, not the per-token cost's
+    assert est.prefill_s(3000, 14.0) == pytest.approx(12.0 * math.exp(-2.0 / 60.0))

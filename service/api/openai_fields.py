@@ -354,17 +354,26 @@ def _screen_content(content: Any, prefix: str) -> Any:
     return parts
 
 
-def _screen_common(body: Mapping[str, Any], table: Mapping[str, FieldRule]) -> dict[str, Any]:
-    kept = screen(body, table)
-    options = kept.get("stream_options")
-    if options is not None and kept.get("stream") is not True:
-        # OpenAI's own answer: the options describe a stream, and without one they would go unheeded
+def refuse_stream_options_without_stream(body: Mapping[str, Any]) -> None:
+    """OpenAI's own answer to ``stream_options`` without ``stream: true``: they describe a stream, and
+    without one they would go unheeded.
+
+    Raises:
+        APIError: 400 ``invalid_value``, param ``stream_options``.
+    """
+    if body.get("stream_options") is not None and body.get("stream") is not True:
         raise APIError(
             400,
             "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
             code="invalid_value",
             param="stream_options",
         )
+
+
+def _screen_common(body: Mapping[str, Any], table: Mapping[str, FieldRule]) -> dict[str, Any]:
+    kept = screen(body, table)
+    refuse_stream_options_without_stream(kept)
+    options = kept.get("stream_options")
     if isinstance(options, dict):
         kept["stream_options"] = screen(options, STREAM_OPTION_FIELDS, "stream_options.")
     return kept

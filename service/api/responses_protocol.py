@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, StrictBool, Tag, ValidationError
+from pydantic import BaseModel, Discriminator, Field, StrictBool, Tag, ValidationError, field_validator
 
 from service.api import limits
 from service.api.errors import APIError, validation_error
@@ -34,6 +34,7 @@ from service.api.openai_fields import (
     _served,
     _short_text,
     _typed,
+    refuse_stream_options_without_stream,
     screen,
 )
 from service.api.protocol import ChatCompletionRequest, ChatMessage, StreamOptions
@@ -127,6 +128,14 @@ class InputMessage(BaseModel):
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[TextContent]
     id: str | None = Field(None, max_length=256)
+
+    @field_validator("content")
+    @classmethod
+    def _not_empty(cls, value: str | list[TextContent]) -> str | list[TextContent]:
+        if isinstance(value, list) and not value:  # as chat completions (and OpenAI) refuse it
+            raise ValueError("an empty array; give a string or at least one content part")
+        return value
+
     status: str | None = None
     phase: str | None = None
 
@@ -261,6 +270,7 @@ def screen_responses(body: Mapping[str, Any]) -> dict[str, Any]:
             ``input.1.content.0``, ...).
     """
     kept = screen(body, RESPONSES_FIELDS)
+    refuse_stream_options_without_stream(kept)
     options = kept.get("stream_options")
     if isinstance(options, dict):
         kept["stream_options"] = screen(options, STREAM_OPTION_FIELDS, "stream_options.")
