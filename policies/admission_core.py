@@ -443,13 +443,9 @@ class AdmissionCore:
         self._first_tokens.push(e.first_token_by, e.req.rid)
 
     def _guarded(self, w: WorkerQueue, e: Entry, now: float) -> bool:
-        """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``.
-
-        While the top band sends work to ``w`` (an arrival within ``rate_tau_s``), its own long prefill
-        counts even with nothing ahead of it, at the unbiased per-token cost
-        (:meth:`WorkerEstimates.prefill_s`): an engine does not preempt a prefill under way (SGLang; nor
-        does chunking help, the chunked request goes on first), so a 3,000-token prompt of a standard
-        tenant held interactive first tokens for 11-14 s on a CPU worker (nu12)."""
+        """A lower-band request would fill ``w``'s prefill queue past ``lower_band_prefill_guard``, or its
+        long prefill would hold the top band's first tokens (:meth:`WorkerQueue.blocks_top`: an engine does
+        not preempt a prefill under way; a CPU worker held interactive first tokens 11-19 s, nu12)."""
         if e.req.band == self._top or not self.config.slo_admission:
             return False
         backlog = w.backlog(now)
@@ -458,17 +454,9 @@ class AdmissionCore:
         return backlog > 0 and w.est.engine_ttft(backlog + e.uncached, now) > self._guard_s
 
     def _blocks_top(self, w: WorkerQueue, band: str, prefill_tokens: int, now: float) -> bool:
-        """``band`` is below the top one, the top band sends work to ``w`` (an arrival within
-        ``rate_tau_s``) and ``prefill_tokens``, at least ``long_prefill_tokens``, would hold its first
-        tokens past ``lower_band_prefill_guard`` at the unbiased per-token cost
-        (:meth:`WorkerEstimates.prefill_s`)."""
-        cfg = self.config.estimates
-        top = w.last_arrival.get(self._classes[self._top].rank)
-        if band == self._top or prefill_tokens < cfg.long_prefill_tokens:
-            return False
-        if top is None or now - top > cfg.rate_tau_s:
-            return False
-        return w.est.prefill_s(prefill_tokens, now) > self._guard_s
+        """:meth:`WorkerQueue.blocks_top` for a request of ``band`` (never for the top band's own)."""
+        rank = self._classes[self._top].rank
+        return band != self._top and w.blocks_top(prefill_tokens, rank, self._guard_s, now)
 
     def _rebind(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Place ``w``'s queued requests on other workers (or shed them)."""

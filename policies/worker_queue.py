@@ -247,6 +247,16 @@ class WorkerQueue:
         rank = e.cls.rank
         return any(n > 0 and classes[band].rank > rank for band, n in self.band_in_flight.items())
 
+    def blocks_top(self, prefill_tokens: int, top_rank: int, guard_s: float, now: float) -> bool:
+        """The top band (class rank ``top_rank``) sends work here (an arrival within ``rate_tau_s``) and
+        a lower band's ``prefill_tokens``, at least ``long_prefill_tokens``, would hold its first tokens
+        past ``guard_s`` at the unbiased per-token cost (:meth:`WorkerEstimates.prefill_s`)."""
+        cfg = self.est.config
+        top = self.last_arrival.get(top_rank)
+        if prefill_tokens < cfg.long_prefill_tokens or top is None or now - top > cfg.rate_tau_s:
+            return False
+        return self.est.prefill_s(prefill_tokens, now) > guard_s
+
     def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
         """Predicted dispatch-to-first-token time of a class-``rank`` request after ``prefill_tokens`` of
         prefill, s, counting the higher classes' prefills that arrive meanwhile and go first.
