@@ -371,8 +371,10 @@ class AdmissionCore:
             if predicted > budget:
                 retry = max(_RETRY_MIN_S, predicted - budget)
                 return Shed(req.rid, req.band, "predicted_ttft", retry, predicted)
-            blocks_top = self._blocks_top(choice, req.band, choice.backlog(now) + uncached, now)
-            if uncached >= long and (len(choice.bands) > 0 or blocks_top):
+            backlog = choice.backlog
+            if uncached >= long and (
+                len(choice.bands) > 0 or self._blocks_top(choice, req.band, backlog(now) + uncached, now)
+            ):
                 # past capacity (requests wait for this worker's slots) a long prefill displaces cheaper
                 # work, and while the top band sends work here it would hold its first tokens (nothing
                 # preempts a prefill under way): shed it rather than spend on it
@@ -433,11 +435,10 @@ class AdmissionCore:
     def _watch_first_token(self, e: Entry) -> None:
         """Give the just-dispatched ``e`` its first-token deadline, when it gets one."""
         factor, cls = self.config.first_token_deadline_factor, e.cls
-        if not factor or not e.req.reports_first_token or cls.serve_late or e.beyond_goal:
+        if not factor or not self.config.slo_admission or not e.req.reports_first_token:
             return
-        if e.req.band == self._top:  # nothing ranks above it to hold it back (:meth:`WorkerQueue.holds_back`)
-            return
-        if not self.config.slo_admission or e.first_token_by is not None:  # a retry keeps its deadline
+        # the top band: nothing ranks above it to hold it back (:meth:`WorkerQueue.holds_back`)
+        if cls.serve_late or e.beyond_goal or e.req.band == self._top:
             return
         e.first_token_by = e.req.arrival + factor * cls.ttft_goal_s
         self._first_tokens.push(e.first_token_by, e.req.rid)

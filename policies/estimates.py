@@ -391,10 +391,14 @@ class WorkerEstimates:
 
     def engine_ttft(self, prefill_tokens: int, now: float) -> float:
         """Predicted dispatch-to-first-token time after ``prefill_tokens`` of prefill, s (0 while unknown)."""
+        return self._ttft(self.ttft_per_token, prefill_tokens, now)
+
+    def _ttft(self, per_token: DecayingEwma | UnbiasedDecayingEwma, prefill_tokens: int, now: float) -> float:
+        """``base + per_token x prefill_tokens`` at ``now`` on the busy clock, s (unknown parts: 0)."""
         clock = self._busy_clock(now)
-        per_token = self.ttft_per_token.value(clock)
+        cost = per_token.value(clock)
         base = self.ttft_base.value(clock) or 0.0
-        return base + (per_token * prefill_tokens if per_token is not None else 0.0)
+        return base + (cost * prefill_tokens if cost is not None else 0.0)
 
     def on_first_token_missing(self, now: float, waited_s: float, prefill_tokens: int) -> None:
         """A request given up at ``now`` (s) with no first token ``waited_s`` after dispatch, behind
@@ -412,10 +416,7 @@ class WorkerEstimates:
 
     def prefill_s(self, prefill_tokens: int, now: float) -> float:
         """Like :meth:`engine_ttft`, with the unbiased per-token cost (``prefill_per_token``), s."""
-        clock = self._busy_clock(now)
-        per_token = self.prefill_per_token.value(clock)
-        base = self.ttft_base.value(clock) or 0.0
-        return base + (per_token * prefill_tokens if per_token is not None else 0.0)
+        return self._ttft(self.prefill_per_token, prefill_tokens, now)
 
     def capacity(self, now: float, window: int) -> float | None:
         """Requests per second the worker completes when its window is full; None while unknown.
