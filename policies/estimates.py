@@ -277,7 +277,7 @@ class WorkerEstimates:
     config: EstimateConfig = field(default_factory=EstimateConfig)
     completions: DecayingRate = field(init=False)
     e2e: Ewma = field(init=False)
-    ttft_base: DecayingEwma = field(init=False)
+    ttft_base: UnbiasedDecayingEwma = field(init=False)
     ttft_per_token: DecayingEwma = field(init=False)
     prefill_per_token: UnbiasedDecayingEwma = field(init=False)
     log_scale: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -314,7 +314,7 @@ class WorkerEstimates:
         cfg = self.config
         self.completions = DecayingRate(cfg.rate_tau_s, cfg.min_history_s)
         self.e2e = Ewma(cfg.e2e_alpha)
-        self.ttft_base = DecayingEwma(cfg.ttft_alpha, cfg.rate_tau_s)
+        self.ttft_base = UnbiasedDecayingEwma(cfg.ttft_alpha, cfg.rate_tau_s)
         self.ttft_per_token = DecayingEwma(cfg.ttft_alpha, cfg.rate_tau_s)
         self.prefill_per_token = UnbiasedDecayingEwma(cfg.ttft_alpha, cfg.prefill_tau_s)
 

@@ -462,7 +462,8 @@ class Dispatcher:
             resume_mode=outcome.resume_mode,
             status=outcome.status,
             error=outcome.error_code,
-            prompt_tokens=outcome.prompt_tokens,
+            charged=charged,
+            prompt_tokens=outcome.prompt_tokens or prepared.prompt.num_tokens,  # the size, charged or not
             completion_tokens=outcome.completion_tokens,
             cached_tokens=outcome.cached_tokens,
             reserved_tokens=reservation.tokens,

@@ -19,6 +19,8 @@ import httpx
 import pytest
 
 from service.app import create_app
+from structlog.testing import capture_logs
+
 from tests.support.fake_worker import FakeWorker, served_fake_worker
 from tests.support.gateway import fake_worker_settings
 from tests.support.servers import ThreadedServer
@@ -87,12 +89,13 @@ def test_a_stream_with_no_first_token_by_its_deadline_gets_503_and_is_not_charge
 ) -> None:
     tenant, key = new_tenant(http, priority_class="quick")
     fake.aborted.clear()
-    with higher_class_in_flight(http):
+    with higher_class_in_flight(http), capture_logs() as logs:
         started = time.monotonic()
         body = chat(stream=True, max_tokens=2)
         with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(key)) as resp:
             resp.read()
         took = time.monotonic() - started
+        _settled(http, tenant, "errors", 1)
     error = assert_openai_error(resp, 503, "first_token_timeout")
     assert "3x the 'quick' class's time-to-first-token goal (200 ms)" in error["message"]
     assert int(resp.headers["retry-after"]) >= 1
@@ -100,6 +103,10 @@ def test_a_stream_with_no_first_token_by_its_deadline_gets_503_and_is_not_charge
     assert len(fake.aborted) == 1  # its worker request was ended (not the top class's)
     usage = _settled(http, tenant, "errors", 1)
     assert usage["requests"] == 0 and usage["prompt_tokens"] == 0 and usage["completion_tokens"] == 0
+    # its request line says what it asked for, and that none of it was charged
+    (line,) = [x for x in logs if x["event"] == "request" and x["tenant"] == tenant]
+    assert line["error"] == "first_token_timeout" and line["charged"] is False
+    assert line["prompt_tokens"] > 0 and line["prompt_tokens"] + 2 == line["reserved_tokens"]
     metrics = http.get("/metrics").text
     assert 'outcome="first_token_timeout"' in metrics
     assert "radixgate_in_flight_requests 0.0" in metrics
