@@ -106,6 +106,7 @@ class AdmissionCore:
                 WorkerWindow(cfg.window, self._ttft_target),
                 PriorityBands(self._band_configs),
                 WorkerEstimates(cfg.estimates),
+                top_rank=self._classes[self._top].rank,
             )
             self._workers[url] = w
             if max_running is not None:
@@ -366,7 +367,8 @@ class AdmissionCore:
         # a request whose own prefill, on an idle engine, already misses its goal is not refused for it
         # while its worker has no queue: no retry would ever meet the goal, and serving it costs no one
         # (behind a queue it is shed: past capacity its late answer would displace work that is on time)
-        beyond_goal = choice.est.engine_ttft(uncached, now) > budget and len(choice.bands) == 0
+        own = choice.est.engine_ttft(uncached, now, unbiased_base=req.band == self._top)
+        beyond_goal = own > budget and len(choice.bands) == 0
         if cfg.slo_admission and not cls.serve_late and not beyond_goal:
             if predicted > budget:
                 retry = max(_RETRY_MIN_S, predicted - budget)

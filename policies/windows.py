@@ -47,6 +47,13 @@ class WindowConfig:
             generation. Never more than the lower bands have in flight: beyond that the extra requests
             would only wait inside the engine.
         top_band_headroom_fraction: the same as a fraction of the window; the larger of the two applies.
+            1.0 (the default): the top band may keep a whole window of its own in flight, however much
+            lower work runs there (SGLang preempts that work for it), so it never waits in the gateway's
+            queue behind lower bands. At 0.25 (two slots of a CPU worker's eight), interactive requests
+            waited up to a second in the gateway's queue while lower work filled the window plus headroom,
+            and their P99 TTFT at 2x overload was 1,492 ms against 1,323 ms at a whole window (one run
+            each, docs/experiments.md); the simulated fleet's overload experiment meets its goals either
+            way (interactive goodput 99.5% against 99.7%).
         ttft_target_s: engine TTFT of short prefills above which the window shrinks (``engine`` mode), s;
             None = ``ttft_target_fraction`` x the tightest class goal (set by the admission core).
         ttft_target_fraction: see ``ttft_target_s``; 0.5 leaves the other half of the tightest goal to the
@@ -71,7 +78,7 @@ class WindowConfig:
     maximum: int = 1024
     max_tokens: int | None = None
     top_band_headroom: int = 2
-    top_band_headroom_fraction: float = 0.25
+    top_band_headroom_fraction: float = 1.0
     ttft_target_s: float | None = None
     ttft_target_fraction: float | None = None
     decrease: float = 0.9

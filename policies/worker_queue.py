@@ -113,6 +113,8 @@ class WorkerQueue:
         band_in_flight: in-flight slots per class.
         prefill_backlog: uncached tokens of dispatched requests whose first token has not come yet.
         silent: (assumed first-token time, seq, entry) of non-streamed requests (no first-token signal).
+        top_rank: the top class's rank: its predictions use the unbiased short-request base
+            (:attr:`WorkerEstimates.top_ttft_base`).
     """
 
     url: str
@@ -128,6 +130,7 @@ class WorkerQueue:
     band_in_flight: dict[str, int] = field(default_factory=dict)
     prefill_backlog: int = 0
     silent: list[tuple[float, int, Entry]] = field(default_factory=list)
+    top_rank: int | None = None
     _seq: Iterator[int] = field(default_factory=itertools.count, repr=False)  # heap tie-breaker
 
     def backlog(self, now: float) -> int:
@@ -265,9 +268,10 @@ class WorkerQueue:
         waits the engine also prefills the higher classes' arrivals: with ``u`` the share of prefill time
         they take (their uncached tokens/s x the measured s/token), the wait ``T = E + u T`` gives
         ``T = E / (1 - u)`` (the M/G/1 preemptive-priority form, Kleinrock, Queueing Systems II, 1976, 3.7),
-        ``u`` capped at :data:`MAX_PREFILL_SHARE`. ``E`` is :meth:`WorkerEstimates.engine_ttft`.
+        ``u`` capped at :data:`MAX_PREFILL_SHARE`. ``E`` is :meth:`WorkerEstimates.engine_ttft` (for the top
+        class, with its unbiased base).
         """
-        base = self.est.engine_ttft(prefill_tokens, now)
+        base = self.est.engine_ttft(prefill_tokens, now, unbiased_base=rank == self.top_rank)
         per_token = self.est.per_token_ttft(now)
         if not per_token:
             return base

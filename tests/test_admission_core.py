@@ -597,3 +597,15 @@ def test_a_long_lower_band_prefill_is_shed_while_the_top_band_sends_work_there(
         assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("long", "costly_miss")]
     else:  # no top-band work here (or none lately): served as before
         assert ids(out, Dispatch) == ["long"]
+
+
+def test_the_top_class_is_predicted_with_the_unbiased_base_the_others_with_the_biased_one() -> None:
+    # a CPU-like worker: first tokens 0.4 s after dispatch, one a second (DecayingEwma's bias reads them at
+    # about 0.4x); the top class's predictions see them as they are
+    c = core(window=8, estimates=EstimateConfig(min_history_s=1.0))
+    t = warm(c, W1, 0.0, per_s=1.0, ttft=0.4, seconds=30)
+    (top,) = c.arrive(req("i", "interactive", at=t), t)
+    (low,) = c.arrive(req("s", "standard", at=t), t)
+    assert isinstance(top, Dispatch) and isinstance(low, Dispatch)
+    assert top.predicted_ttft_s == pytest.approx(0.4, rel=0.1)
+    assert low.predicted_ttft_s < 0.5 * top.predicted_ttft_s

@@ -188,3 +188,21 @@ def test_a_request_given_up_before_its_first_token_teaches_a_lower_bound() -> No
     assert est.prefill_s(3000, 13.0) == pytest.approx(12.0 * math.exp(-1.0 / 60.0))
     est.on_first_token_missing(14.0, 30.0, 500)  # short prefills are the base's, not the per-token cost's
     assert est.prefill_s(3000, 14.0) == pytest.approx(12.0 * math.exp(-2.0 / 60.0))
+
+
+@pytest.mark.parametrize(("apart_s", "low"), [(0.02, 0.99), (1.0, 0.8), (3.0, 0.5)])
+def test_the_top_class_base_reads_its_samples_mean_however_far_apart(apart_s: float, low: float) -> None:
+    # a CPU worker's interactive first tokens (0.5 s each) about 1 s apart: the biased base reads 0.22x
+    est = WorkerEstimates()
+    now = 0.0
+    est.busy(now)
+    for _ in range(200):
+        now += apart_s
+        est.on_first_token(now, 0.5, 40)
+    assert est.engine_ttft(0, now, unbiased_base=True) == pytest.approx(0.5)
+    # read just before the next sample: only the relaxation since the last one (5 s time constant)
+    assert low * 0.5 < est.engine_ttft(40, now + apart_s, unbiased_base=True) <= 0.5
+    # the other classes' base keeps DecayingEwma's bias (see WorkerEstimates.top_ttft_base)
+    alpha, decay = 0.05, math.exp(-apart_s / 5.0)
+    biased = 0.5 * alpha / (1 - (1 - alpha) * decay)
+    assert est.base_ttft(now) == pytest.approx(biased, rel=0.01)

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from service.app import create_app
 from structlog.testing import capture_logs
 
+from service.app import create_app
 from tests.support.fake_worker import FakeWorker, served_fake_worker
 from tests.support.gateway import fake_worker_settings
 from tests.support.servers import ThreadedServer
