@@ -317,6 +317,21 @@ def test_top_band_headroom_only_over_lower_work() -> None:
     assert ids(c.arrive(req("i3", "interactive"), 0.3), Dispatch) == ["i3"]  # past the window, over batch
 
 
+@pytest.mark.parametrize("lower", [0, 2, 3, 4])
+def test_by_default_the_top_band_keeps_a_whole_window_of_its_own_whatever_runs_below(lower: int) -> None:
+    # a window of 4 (a CPU worker's is 8): lower work in flight never holds the top band in the gateway's
+    # queue (SGLang preempts that work for it); its own requests past a window do wait
+    window = WindowConfig(mode="fixed", initial=4, minimum=4, maximum=4)
+    c = AdmissionCore(CoreConfig(classes=CLASSES, window=window, routing="least_load"))
+    c.add_worker(W1)
+    for k in range(lower):
+        assert ids(c.arrive(req(f"s{k}"), 0.0), Dispatch) == [f"s{k}"]
+    top = [d for k in range(6) for d in c.arrive(req(f"i{k}", "interactive"), 0.0)]
+    assert ids(top, Dispatch) == ["i0", "i1", "i2", "i3"]
+    assert c.in_flight(W1) == lower + 4 and c.depth("interactive") == 2
+    assert c.arrive(req("s-next"), 0.0) == []  # lower work still waits for the window
+
+
 def test_window_share_keeps_room_for_higher_classes() -> None:
     classes = {**CLASSES, "batch": dataclasses.replace(CLASSES["batch"], window_share=0.5)}
     c = core(window=4, classes=classes)
