@@ -375,7 +375,7 @@ class AdmissionCore:
                 return Shed(req.rid, req.band, "predicted_ttft", retry, predicted)
             backlog = choice.backlog
             if uncached >= long and (
-                len(choice.bands) > 0 or self._blocks_top(choice, req.band, backlog(now) + uncached, now)
+                len(choice.bands) > 0 or self._blocks_top(choice, req.band, backlog(now), uncached, now)
             ):
                 # past capacity (requests wait for this worker's slots) a long prefill displaces cheaper
                 # work, and while the top band sends work here it would hold its first tokens (nothing
@@ -452,14 +452,14 @@ class AdmissionCore:
         if e.req.band == self._top or not self.config.slo_admission:
             return False
         backlog = w.backlog(now)
-        if self._blocks_top(w, e.req.band, backlog + e.uncached, now):
+        if self._blocks_top(w, e.req.band, backlog, e.uncached, now):
             return True
         return backlog > 0 and w.est.engine_ttft(backlog + e.uncached, now) > self._guard_s
 
-    def _blocks_top(self, w: WorkerQueue, band: str, prefill_tokens: int, now: float) -> bool:
+    def _blocks_top(self, w: WorkerQueue, band: str, backlog: int, uncached: int, now: float) -> bool:
         """:meth:`WorkerQueue.blocks_top` for a request of ``band`` (never for the top band's own)."""
         rank = self._classes[self._top].rank
-        return band != self._top and w.blocks_top(prefill_tokens, rank, self._guard_s, now)
+        return band != self._top and w.blocks_top(backlog, uncached, rank, self._guard_s, now)
 
     def _rebind(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Place ``w``'s queued requests on other workers (or shed them)."""

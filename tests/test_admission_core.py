@@ -356,6 +356,7 @@ def test_a_window_share_below_one_slot_still_leaves_the_class_one(
 def test_silent_requests_count_in_the_prefill_backlog_until_their_predicted_first_token() -> None:
     c = core(window=8, estimates=EstimateConfig(min_history_s=1.0, long_prefill_tokens=100))
     t = warm(c, W1, 0.0, per_s=10.0, ttft=0.05)  # engine TTFT of short prefills: 50 ms
+    t += 6.0  # the warm-up's top-band arrivals are past rate_tau_s: long prefills are not held for them
     c.arrive(dataclasses.replace(req("s", at=t, tokens=1000), reports_first_token=False), t)
     c.arrive(req("v", at=t, tokens=1000), t)
     w = c._workers[W1]  # internal bookkeeping, read to check it
@@ -624,3 +625,20 @@ def test_the_top_class_is_predicted_with_the_unbiased_base_the_others_with_the_b
     assert isinstance(top, Dispatch) and isinstance(low, Dispatch)
     assert top.predicted_ttft_s == pytest.approx(0.4, rel=0.1)
     assert low.predicted_ttft_s < 0.5 * top.predicted_ttft_s
+
+
+def test_before_the_long_prefill_cost_is_known_one_long_lower_prefill_at_a_time_goes_through() -> None:
+    # nu12's cold start: nothing long measured yet, so the cost of a long prefill is unknown; a burst of
+    # four 3,000-token standard prompts arriving while interactive sends work here all went in and held its
+    # first tokens for 18.5 s (p50) on a CPU worker. One goes through to teach the cost, the others are shed
+    c = core(window=8, estimates=EstimateConfig(min_history_s=1.0))
+    c.arrive(req("i", "interactive", at=0.0, tokens=5), 0.0)
+    burst = [d for k in range(4) for d in c.arrive(req(f"long{k}", at=0.1, prompt=f"q{k}", tokens=3000), 0.1)]
+    assert ids(burst, Dispatch) == ["long0"]
+    assert [(d.rid, d.reason) for d in burst if isinstance(d, Shed)] == [
+        (f"long{k}", "costly_miss") for k in (1, 2, 3)
+    ]
+    c.first_token("long0", 3.1)  # 1 ms/token: now known, and judged by it (1.5 s > the 0.25 s guard)
+    c.arrive(req("i2", "interactive", at=3.2, tokens=5), 3.2)
+    out = c.arrive(req("long4", at=3.3, prompt="q4", tokens=1500), 3.3)  # within its own 2 s goal
+    assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("long4", "costly_miss")]
