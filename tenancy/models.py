@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TENANT_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -23,11 +23,32 @@ MIN_RATE = 1e-3
 times overflow what a ``Retry-After`` can say (nu11: ``requests_per_min: 1e-300`` answered
 ``Retry-After: 10000000000``, ``tokens_per_min: 5e-324`` a burst of ``4.94066e-324`` tokens)."""
 
+MAX_ALLOWED_MODELS = 256
+"""Most entries in a tenant's ``allowed_models`` (each a served model id, so real lists are short): the list
+is stored in the tenant record, read on authentication and returned in every admin listing page, and was
+unbounded (nu13: 40,000 copies of one id made a 1 MB record)."""
+
+MAX_MODEL_ID_CHARS = 256
+"""Longest model id in ``allowed_models``, characters."""
+
 MIN_REQUEST_BURST = 1.0
 """Smallest request-bucket capacity, requests: a bucket below one request never admits any."""
 
 _ADMIN_INPUT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 """Admin bodies: no unknown fields, no coercion ("no" is not a bool, "12" not a number), finite numbers."""
+
+
+def _dedupe_models(value: list[str] | None) -> list[str] | None:
+    """``allowed_models`` without repeats, in the order given (a repeat says nothing more)."""
+    return None if value is None else list(dict.fromkeys(value))
+
+
+AllowedModels = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_MODEL_ID_CHARS)]] | None,
+    Field(max_length=MAX_ALLOWED_MODELS),
+    AfterValidator(_dedupe_models),
+]
+"""An admin's ``allowed_models``: at most :data:`MAX_ALLOWED_MODELS` ids, repeats dropped."""
 
 
 class Quotas(BaseModel):
@@ -77,7 +98,7 @@ class TenantSpec(BaseModel):
     max_tokens_cap: int | None = Field(
         None, ge=1, le=10**9, description="Largest max_tokens per request, tokens."
     )
-    allowed_models: list[str] | None = Field(None, description="Model ids this tenant may use; None = all.")
+    allowed_models: AllowedModels = Field(None, description="Model ids this tenant may use; None = all.")
     enabled: bool = True
 
 
@@ -96,7 +117,7 @@ class TenantPatch(BaseModel):
     weight: float | None = Field(None, ge=MIN_WEIGHT, le=1000)
     quotas: Quotas | None = None
     max_tokens_cap: int | None = Field(None, ge=1, le=10**9)
-    allowed_models: list[str] | None = None
+    allowed_models: AllowedModels = None
     enabled: bool | None = None
 
     @model_validator(mode="before")
@@ -128,6 +149,9 @@ class Tenant(TenantCreate):
     model_config = ConfigDict(extra="ignore")
 
     weight: float = Field(1.0, gt=0, le=1000, description="As set; records written before MIN_WEIGHT load.")
+    allowed_models: list[str] | None = Field(
+        None, description="As stored; records written before MAX_ALLOWED_MODELS load."
+    )
     created_at: float = Field(default_factory=time.time, description="Unix time, s.")
     epoch: str = Field(
         "",

@@ -268,6 +268,26 @@ def test_admin_rejects_inconsistent_tenants(http: httpx.Client) -> None:
     )
 
 
+def test_admin_bounds_and_dedupes_allowed_models(http: httpx.Client) -> None:
+    # nu13: 40,000 copies of one served id were stored as a 1 MB tenant record (read on authentication,
+    # returned by every listing page), and 5,000 unknown ids were all echoed in the error message.
+    body = {"id": "many-models", "name": "x", "allowed_models": ["m"] * 300}
+    err = assert_openai_error(http.post("/admin/tenants", json=body, headers=ADMIN), 400, "invalid_value")
+    assert err["param"] == "allowed_models"
+    body = {"id": "many-unknown", "name": "x", "allowed_models": [f"m{i}" for i in range(200)]}
+    resp = http.post("/admin/tenants", json=body, headers=ADMIN)
+    assert_openai_error(resp, 400, "model_not_found")
+    assert len(resp.content) < 1000
+    body = {"id": "long-model", "name": "x", "allowed_models": ["m" * 300]}
+    assert_openai_error(http.post("/admin/tenants", json=body, headers=ADMIN), 400, "invalid_value")
+    tenant_id, _ = new_tenant(http, allowed_models=[MODEL, MODEL, MODEL])
+    assert http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()["allowed_models"] == [MODEL]
+    patched = http.patch(f"/admin/tenants/{tenant_id}", json={"allowed_models": [MODEL] * 5}, headers=ADMIN)
+    assert patched.status_code == 200 and patched.json()["allowed_models"] == [MODEL]
+    resp = http.patch(f"/admin/tenants/{tenant_id}", json={"allowed_models": ["m"] * 300}, headers=ADMIN)
+    assert_openai_error(resp, 400, "invalid_value")
+
+
 @pytest.mark.parametrize(
     "patch",
     [

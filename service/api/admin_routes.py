@@ -57,9 +57,12 @@ def _check_tenant(
         )
     unknown = sorted(set(allowed_models or ()) - set(settings.served_models))
     if unknown:
+        shown = [_shown(name) for name in unknown[:5]]
+        if len(unknown) > 5:
+            shown.append(f"... {len(unknown) - 5} more")
         raise APIError(
             400,
-            f"Unknown model(s) {unknown}; served: {settings.served_models}.",
+            f"Unknown model(s) {shown}; served: {settings.served_models}.",
             code="model_not_found",
             param="allowed_models",
         )
