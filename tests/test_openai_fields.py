@@ -365,6 +365,13 @@ def test_malformed_values_of_accepted_or_off_fields_get_invalid_value(http: http
         ("chat", "prompt_cache_key", "x" * 10_000, "a string of at most"),
         ("chat", "prompt_cache_retention", "forever", '"in_memory" or "24h"'),
         ("responses", "metadata", {str(i): "v" for i in range(17)}, "at most 16 string pairs"),
+        # nu13: any object passed, of any content (a 100 KB value too)
+        ("chat", "prompt_cache_options", {"a": "k" * 1000}, '"mode" and "ttl"'),
+        ("chat", "prompt_cache_options", {"mode": 5}, '"mode" and "ttl"'),
+        ("chat", "prompt_cache_options", {"ttl": "12h"}, '"mode" and "ttl"'),
+        ("responses", "prompt_cache_options", {"mode": "sometimes"}, '"mode", "ttl"'),
+        ("responses", "prompt_cache_options", {"comparison_response_id": "r" * 1000}, '"mode", "ttl"'),
+        ("responses", "prompt_cache_options", {"prewarm": True}, '"prewarm": false'),
     ],
 )
 def test_an_invalid_accepted_field_says_what_is_expected(

@@ -85,6 +85,14 @@ def _metadata(value: dict[Any, Any]) -> bool:
     )
 
 
+def _prompt_cache_options(ttls: tuple[str, ...], extra: dict[str, Check] | None = None) -> Check:
+    """OpenAI's ``prompt_cache_options``: ``mode`` implicit or explicit, ``ttl`` one of ``ttls``, plus the
+    endpoint's ``extra`` fields; nothing else (nu13: any object, of any size and content, passed)."""
+    fields: dict[str, Check] = {"mode": _one_of("implicit", "explicit"), "ttl": _one_of(*ttls)}
+    fields.update(extra or {})
+    return _typed(dict, check=lambda v: all(k in fields and fields[k](x) for k, x in v.items()))
+
+
 def _text_format(value: dict[Any, Any]) -> bool:
     return value.get("type") in ("text", "json_object", "json_schema")
 
@@ -201,7 +209,9 @@ CHAT_FIELDS: dict[str, FieldRule] = {
         "prefix caching and cache-aware routing need no key",
         TEXT_EXPECTED,
     ),
-    "prompt_cache_options": _accepted(_typed(dict), "prefix caching is automatic"),
+    "prompt_cache_options": _accepted(
+        _prompt_cache_options(("30m",)), "prefix caching is automatic", 'an object with "mode" and "ttl"'
+    ),
     "prompt_cache_retention": _accepted(
         _one_of("in_memory", "24h"), "the engine's cache decides", '"in_memory" or "24h"'
     ),

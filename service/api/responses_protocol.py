@@ -31,6 +31,7 @@ from service.api.openai_fields import (
     _null_or_empty,
     _off_only,
     _one_of,
+    _prompt_cache_options,
     _served,
     _short_text,
     _typed,
@@ -82,7 +83,13 @@ RESPONSES_FIELDS: dict[str, FieldRule] = {
     "safety_identifier": _accepted(_short_text(limits.MAX_USER_CHARS), expect=TEXT_EXPECTED),
     "prompt_cache_key": _accepted(_short_text(limits.MAX_USER_CHARS), expect=TEXT_EXPECTED),
     "prompt_cache_retention": _accepted(_one_of("in_memory", "24h"), expect='"in_memory" or "24h"'),
-    "prompt_cache_options": _accepted(_typed(dict)),
+    "prompt_cache_options": _accepted(
+        _prompt_cache_options(
+            ("30m", "12h"),
+            {"comparison_response_id": _short_text(limits.MAX_USER_CHARS), "prewarm": _one_of(False)},
+        ),
+        expect='an object with "mode", "ttl", "comparison_response_id" and "prewarm": false',
+    ),
     "truncation": _off_only(_one_of("disabled"), _one_of("disabled", "auto"), 'null, "disabled"'),
     "service_tier": _off_only(_one_of("auto", "default"), _typed(str), 'null, "auto", "default"'),
     "include": _off_only(_null_or_empty, _typed(list), "null, []"),
