@@ -387,6 +387,27 @@ def test_an_invalid_accepted_field_says_what_is_expected(
     assert err["param"] == name and says in err["message"], err
 
 
+@pytest.mark.parametrize(
+    "breakpoint",
+    [
+        {"zzz": "k" * 1000},
+        {},
+        {"mode": "implicit"},
+        {"mode": "explicit", "ttl": "forever"},
+        {"mode": "explicit", "x": 1},
+    ],
+)
+def test_a_malformed_prompt_cache_breakpoint_gets_invalid_value(http: httpx.Client, breakpoint: Any) -> None:
+    # nu13: a text part's prompt_cache_breakpoint took any object (10 KB of unknown keys passed)
+    _, key = new_tenant(http)
+    part = {"type": "text", "text": "hi", "prompt_cache_breakpoint": breakpoint}
+    body = {**base_body("chat"), "messages": [{"role": "user", "content": [part]}]}
+    err = assert_openai_error(post(http, key, "chat", body), 400, "invalid_value")
+    assert "explicit" in err["message"], err
+    part["prompt_cache_breakpoint"] = {"mode": "explicit", "ttl": "12h"}
+    assert post(http, key, "chat", body).status_code == 200
+
+
 def test_the_clients_issue_8_listed_are_all_accepted(
     http: httpx.Client, fake: tuple[FakeWorker, str]
 ) -> None:

@@ -288,7 +288,18 @@ CONTENT_PART_TYPES: dict[str, FieldRule] = {
 TEXT_PART_FIELDS: dict[str, FieldRule] = {
     "type": SERVED,
     "text": SERVED,
-    "prompt_cache_breakpoint": _accepted(_typed(dict), "prefix caching is automatic"),
+    "prompt_cache_breakpoint": _accepted(
+        _typed(
+            dict,
+            check=lambda v: (
+                v.get("mode") == "explicit"
+                and set(v) <= {"mode", "ttl"}
+                and _one_of("30m", "12h")(v.get("ttl"))
+            ),
+        ),
+        "prefix caching is automatic",
+        '{"mode": "explicit"} and an optional "ttl" ("30m" or "12h")',
+    ),
 }
 
 STREAM_OPTION_FIELDS: dict[str, FieldRule] = {
