@@ -6,7 +6,15 @@ import re
 import time
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 TENANT_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -120,14 +128,13 @@ class TenantPatch(BaseModel):
     allowed_models: AllowedModels = None
     enabled: bool | None = None
 
-    @model_validator(mode="before")
+    @field_validator("name", "priority_class", "weight", "quotas", "enabled", mode="before")
     @classmethod
-    def _required_not_null(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name in ("name", "priority_class", "weight", "quotas", "enabled"):
-                if name in data and data[name] is None:
-                    raise ValueError(f"{name} cannot be null")
-        return data
+    def _required_not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """A field's own check, so the error names it (``param``; nu13: a model-level check gave null)."""
+        if value is None:
+            raise ValueError(f"{info.field_name} cannot be null")
+        return value
 
 
 class TenantCreate(TenantSpec):
@@ -234,3 +241,8 @@ class Usage(BaseModel):
     def total_tokens(self) -> int:
         """Prompt plus completion tokens."""
         return self.prompt_tokens + self.completion_tokens
+
+    def report(self, quotas: Quotas) -> dict[str, Any]:
+        """The usage routes' body (``GET /v1/usage`` and the admin one): the counters, ``total_tokens`` and
+        the tenant's ``quotas``."""
+        return {**self.model_dump(), "total_tokens": self.total_tokens, "quotas": quotas.model_dump()}

@@ -319,7 +319,8 @@ def test_admin_patch_refuses_nulls_coercion_and_unbounded_numbers(
 
     resp = http.patch(f"/admin/tenants/{tenant_id}", content=raw(patch), headers=headers)
     assert resp.status_code in (400, 422), resp.text
-    assert_openai_error(resp, resp.status_code)
+    error = assert_openai_error(resp, resp.status_code)
+    assert error["param"] is not None and error["param"].split(".")[0] in patch  # nu13: a null had param null
     tenant = http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()
     assert tenant["enabled"] is True and tenant["quotas"]["requests_per_min"] == 5  # unchanged
     created = http.post(
@@ -528,6 +529,8 @@ def test_health_readiness_models_usage_and_metrics(http: httpx.Client, worker: F
     http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key))
     own = http.get("/v1/usage", headers=auth(key)).json()
     assert own["tenant_id"] == tenant_id and own["completion_tokens"] == 2
+    assert usage_of(http, tenant_id) == own  # the admin's view has the same shape (nu13: no quotas, no total)
+    assert own["total_tokens"] == own["prompt_tokens"] + 2 and "requests_per_min" in own["quotas"]
     text = http.get("/metrics").text
     assert f'radixgate_requests_total{{model="{MODEL}",status="200",tenant="{tenant_id}"}} 1.0' in text
     assert f'radixgate_completion_tokens_total{{tenant="{tenant_id}"}} 2.0' in text

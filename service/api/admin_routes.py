@@ -19,7 +19,6 @@ from tenancy.models import (
     Tenant,
     TenantCreate,
     TenantPatch,
-    Usage,
 )
 from tenancy.store import KeyNotFoundError, TenantExistsError, TenantNotFoundError
 
@@ -221,12 +220,13 @@ async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo
 
 
 @router.get("/tenants/{tenant_id}/usage")
-async def tenant_usage(tenant_id: str, state: StateDep) -> Usage:
-    """Usage counters of any tenant (with the answers this replica has sent it counted: their settles
-    are awaited, :meth:`service.settlement.Settler.settled`)."""
+async def tenant_usage(tenant_id: str, state: StateDep) -> dict[str, Any]:
+    """Usage counters of any tenant, with ``total_tokens`` and its quotas: the shape of the tenant's own
+    ``GET /v1/usage`` (nu13: this one lacked both). The answers this replica has sent it are counted (their
+    settles are awaited, :meth:`service.settlement.Settler.settled`)."""
     try:
-        await state.tenants.get(tenant_id)
+        tenant = await state.tenants.get(tenant_id)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
     await state.dispatcher.settled(tenant_id)
-    return await state.usage.get(tenant_id)
+    return (await state.usage.get(tenant_id)).report(tenant.quotas)

@@ -22,6 +22,7 @@ parsing changes. The README's parameter table is generated from these tables (:f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -318,6 +319,12 @@ def _unsupported(param: str) -> APIError:
     )
 
 
+def _json_excerpt(value: Any, limit: int = 64) -> str:
+    """``value`` as the client wrote it (JSON: ``true``, not Python's ``True``; nu13), cut to ``limit``
+    characters."""
+    return json.dumps(value, separators=(", ", ": "))[:limit]
+
+
 def screen(body: Mapping[str, Any], table: Mapping[str, FieldRule], prefix: str = "") -> dict[str, Any]:
     """Apply ``table`` to one JSON object: drop off/accepted fields and ``null`` served ones, refuse
     unserved values. Fields not in ``table`` are kept for the request model to refuse.
@@ -339,7 +346,8 @@ def screen(body: Mapping[str, Any], table: Mapping[str, FieldRule], prefix: str 
             if rule.valid(value) and not rule.served(value):
                 raise APIError(
                     400,
-                    f"Unsupported value: '{param}' = {repr(value)[:64]} is not served by this gateway yet.",
+                    f"Unsupported value: '{param}' = {_json_excerpt(value)} is not served by this gateway "
+                    "yet.",
                     code="unsupported_value",
                     param=param,
                 )

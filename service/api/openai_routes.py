@@ -185,5 +185,4 @@ async def own_usage(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
     """``GET /v1/usage``: the caller's own tenant's usage counters and quotas (its answers this replica
     has sent counted: their settles are awaited, :meth:`service.settlement.Settler.settled`)."""
     await state.dispatcher.settled(tenant.id)
-    usage = await state.usage.get(tenant.id)
-    return {**usage.model_dump(), "total_tokens": usage.total_tokens, "quotas": tenant.quotas.model_dump()}
+    return (await state.usage.get(tenant.id)).report(tenant.quotas)
