@@ -112,6 +112,7 @@ class WorkerQueue:
             ``n``) of dispatched, unfinished requests, and their reserved tokens.
         band_in_flight: in-flight slots per class.
         prefill_backlog: uncached tokens of dispatched requests whose first token has not come yet.
+        long_prefills: those of them with at least ``long_prefill_tokens`` uncached tokens.
         silent: (assumed first-token time, seq, entry) of non-streamed requests (no first-token signal).
         top_rank: the top class's rank: its predictions use the unbiased short-request base
             (:attr:`WorkerEstimates.top_ttft_base`).
@@ -129,6 +130,7 @@ class WorkerQueue:
     in_flight_tokens: int = 0
     band_in_flight: dict[str, int] = field(default_factory=dict)
     prefill_backlog: int = 0
+    long_prefills: int = 0
     silent: list[tuple[float, int, Entry]] = field(default_factory=list)
     top_rank: int | None = None
     _seq: Iterator[int] = field(default_factory=itertools.count, repr=False)  # heap tie-breaker
@@ -257,9 +259,10 @@ class WorkerQueue:
         (:meth:`WorkerEstimates.prefill_s`).
 
         While that cost is still unknown (no long prefill measured or given up here), one long prefill at
-        a time goes through to measure it: blocked while ``backlog`` already holds ``long_prefill_tokens``.
-        Without that, a cold worker's first burst of long prompts all went in and held interactive first
-        tokens for 18.5 s (p50) on a CPU worker (nu12).
+        a time goes through to measure it: blocked while another one waits for its first token
+        (:attr:`long_prefills`; not a backlog of short prefills, which a busy GPU worker always has and
+        which would then keep the cost unknown for good). Without that, a cold worker's first burst of
+        long prompts all went in and held interactive first tokens for 18.5 s (p50) on a CPU worker (nu12).
         """
         cfg = self.est.config
         top = self.last_arrival.get(top_rank)
@@ -267,7 +270,7 @@ class WorkerQueue:
         if prefill_tokens < cfg.long_prefill_tokens or top is None or now - top > cfg.rate_tau_s:
             return False
         if not self.est.prefill_per_token.count:
-            return backlog >= cfg.long_prefill_tokens
+            return self.long_prefills > 0
         return self.est.prefill_s(prefill_tokens, now) > guard_s
 
     def engine_ttft(self, prefill_tokens: int, rank: int, now: float) -> float:
@@ -307,6 +310,7 @@ class WorkerQueue:
             expected = now + self.est.engine_ttft(e.backlog_at_dispatch + e.uncached, now)
             heapq.heappush(self.silent, (expected, next(self._seq), e))
         self.prefill_backlog += e.uncached
+        self.long_prefills += e.uncached >= self.est.config.long_prefill_tokens
         if not self.in_flight:
             self.est.busy(now)
         self.in_flight += e.req.sequences
@@ -327,6 +331,7 @@ def prefilled(e: Entry) -> None:
     """``e`` no longer waits for its prefill on its worker (first token, end, or moved)."""
     if not e.first_token_seen and e.worker is not None:
         e.worker.prefill_backlog -= e.uncached
+        e.worker.long_prefills -= e.uncached >= e.worker.est.config.long_prefill_tokens
     e.first_token_seen = True
 
 

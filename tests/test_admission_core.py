@@ -633,12 +633,16 @@ def test_before_the_long_prefill_cost_is_known_one_long_lower_prefill_at_a_time_
     # first tokens for 18.5 s (p50) on a CPU worker. One goes through to teach the cost, the others are shed
     c = core(window=8, estimates=EstimateConfig(min_history_s=1.0))
     c.arrive(req("i", "interactive", at=0.0, tokens=5), 0.0)
+    for k in range(3):  # a backlog of short prefills (1,500 tokens) is no reason to hold the first long one
+        c.arrive(req(f"short{k}", "interactive", at=0.0, prompt=f"s{k}", tokens=500), 0.0)
     burst = [d for k in range(4) for d in c.arrive(req(f"long{k}", at=0.1, prompt=f"q{k}", tokens=3000), 0.1)]
     assert ids(burst, Dispatch) == ["long0"]
     assert [(d.rid, d.reason) for d in burst if isinstance(d, Shed)] == [
         (f"long{k}", "costly_miss") for k in (1, 2, 3)
     ]
-    c.first_token("long0", 3.1)  # 1 ms/token: now known, and judged by it (1.5 s > the 0.25 s guard)
+    for rid in ("i", "short0", "short1", "short2"):
+        c.first_token(rid, 0.5)
+    c.first_token("long0", 3.1)  # 0.67 ms/token: now known, and judged by it (1 s > the 0.25 s guard)
     c.arrive(req("i2", "interactive", at=3.2, tokens=5), 3.2)
     out = c.arrive(req("long4", at=3.3, prompt="q4", tokens=1500), 3.3)  # within its own 2 s goal
     assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("long4", "costly_miss")]
