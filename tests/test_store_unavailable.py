@@ -29,7 +29,7 @@ from tests.conftest import ADMIN_TOKEN
 from tests.support.fake_worker import FakeWorker
 from tests.support.metrics import metrics_once_shown
 from tests.support.servers import ThreadedServer, free_port, redis_server
-from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant
+from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 
 
 def settings_for(redis_url: str, model_dir: Path, worker: str, prefix: str, **sections: Any) -> Settings:
@@ -326,6 +326,9 @@ def test_redis_at_maxmemory_gives_503_and_the_served_answer_is_charged_once_it_f
     with gateway_client(settings) as http, redis.Redis.from_url(url) as r:
         tenant_id, key = new_tenant(http, quotas=HUGE)  # every request reserves in Redis
         assert ask(http, key).status_code == 200
+        # its settle runs off the answer's path: wait for it (a usage read on this replica does), or on a
+        # slow machine it lands once Redis is full and is deferred too (CI: deferred 2, not 1)
+        assert usage_of(http, tenant_id)["requests"] == 1
         r.config_set("maxmemory-policy", "noeviction")
         try:
             r.config_set("maxmemory", 1)
