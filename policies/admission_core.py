@@ -458,8 +458,7 @@ class AdmissionCore:
 
     def _blocks_top(self, w: WorkerQueue, band: str, backlog: int, uncached: int, now: float) -> bool:
         """:meth:`WorkerQueue.blocks_top` for a request of ``band`` (never for the top band's own)."""
-        rank = self._classes[self._top].rank
-        return band != self._top and w.blocks_top(backlog, uncached, rank, self._guard_s, now)
+        return band != self._top and w.blocks_top(backlog, uncached, self._guard_s, now)
 
     def _rebind(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Place ``w``'s queued requests on other workers (or shed them)."""

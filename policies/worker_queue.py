@@ -115,7 +115,8 @@ class WorkerQueue:
         long_prefills: those of them with at least ``long_prefill_tokens`` uncached tokens.
         silent: (assumed first-token time, seq, entry) of non-streamed requests (no first-token signal).
         top_rank: the top class's rank: its predictions use the unbiased short-request base
-            (:attr:`WorkerEstimates.top_ttft_base`).
+            (:attr:`WorkerEstimates.top_ttft_base`), and lower bands' long prefills are judged by its
+            arrivals (:meth:`blocks_top`).
     """
 
     url: str
@@ -252,8 +253,8 @@ class WorkerQueue:
         rank = e.cls.rank
         return any(n > 0 and classes[band].rank > rank for band, n in self.band_in_flight.items())
 
-    def blocks_top(self, backlog: int, uncached: int, top_rank: int, guard_s: float, now: float) -> bool:
-        """The top band (class rank ``top_rank``) sends work here (an arrival within ``rate_tau_s``) and a
+    def blocks_top(self, backlog: int, uncached: int, guard_s: float, now: float) -> bool:
+        """The top band (class rank :attr:`top_rank`) sends work here (an arrival within ``rate_tau_s``) and a
         lower band's prefill of ``uncached`` tokens behind ``backlog`` (together at least
         ``long_prefill_tokens``) would hold its first tokens past ``guard_s`` at the unbiased per-token cost
         (:meth:`WorkerEstimates.prefill_s`).
@@ -265,7 +266,7 @@ class WorkerQueue:
         long prompts all went in and held interactive first tokens for 18.5 s (p50) on a CPU worker (nu12).
         """
         cfg = self.est.config
-        top = self.last_arrival.get(top_rank)
+        top = None if self.top_rank is None else self.last_arrival.get(self.top_rank)
         prefill_tokens = backlog + uncached
         if prefill_tokens < cfg.long_prefill_tokens or top is None or now - top > cfg.rate_tau_s:
             return False
