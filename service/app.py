@@ -41,6 +41,7 @@ from service.workers.registry import WorkerRegistry, sync_loop
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.quota import QuotaLimiter
+from tenancy.quota_lease import LeasedQuota
 from tenancy.store import TenantStore, eviction_policy
 from tenancy.usage import UsageRecorder
 
@@ -205,13 +206,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         quota = QuotaLimiter(redis, prefix)
+        leased = LeasedQuota(
+            quota,
+            settings.redis.quota_lease_s,
+            settings.redis.quota_lease_max_fraction,
+            2 * settings.redis.quota_lease_s,
+        )
         usage = UsageRecorder(redis, prefix)
         renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
         scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
         await scheduler.start()
         settler = Settler(quota, settings.redis, metrics)
         dispatcher = Dispatcher(
-            settings, renderer, quota, usage, pool, client, metrics, scheduler, settler, revocations
+            settings, renderer, leased, usage, pool, client, metrics, scheduler, settler, revocations
         )
         registry = WorkerRegistry(redis, prefix)
         if metrics.multiprocess:
@@ -243,6 +250,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await pool.stop()
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
                 await settler.drain()
+                await leased.close()
     finally:
         await stop_tasks(background)  # each may be in a Redis call, which can swallow one cancel
         if revocations is not None:

@@ -68,6 +68,22 @@ class RedisSettings(BaseModel):
     auth_cache_entries: int = Field(
         10_000, ge=1, description="API keys a replica remembers at most (oldest dropped first)."
     )
+    quota_lease_s: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="Local quota leases: a replica may take up to this many seconds of a tenant's RPM and "
+        "TPM from Redis ahead of its requests and admit them from memory, with no Redis round trip; "
+        "leased units were debited, so no replica over-admits, and what is unused goes back after twice "
+        "this time. Small quotas lease nothing (below one whole unit). 0 = one Redis call per request, s.",
+    )
+    quota_lease_max_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Largest share of a bucket's burst one replica's lease holds (it bounds what a lease "
+        "holds back from the other replicas).",
+    )
     settle_retries: int = Field(
         8,
         ge=0,

@@ -57,7 +57,8 @@ from service.workers.client import SGLangClient, UpstreamChunk
 from service.workers.pool import WorkerPool
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import Tenant
-from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.quota import Reservation
+from tenancy.quota_lease import LeasedQuota
 from tenancy.usage import UsageRecorder
 
 T = TypeVar("T")
@@ -115,7 +116,7 @@ class Dispatcher:
     Args:
         settings: the app's settings.
         renderer: chat template and tokenizer.
-        quota: token buckets.
+        quota: token buckets, through local leases.
         usage: usage counters.
         pool: workers.
         client: SGLang HTTP client.
@@ -129,7 +130,7 @@ class Dispatcher:
         self,
         settings: Settings,
         renderer: PromptRenderer,
-        quota: QuotaLimiter,
+        quota: LeasedQuota,
         usage: UsageRecorder,
         pool: WorkerPool,
         client: SGLangClient,

@@ -35,6 +35,8 @@ class QuotaDecision:
         retry_after_s: when refused (and not ``never``), seconds until the slowest bucket holds enough.
         limiting: the bucket that refused, if any.
         remaining: bucket name -> level after the call (units; requests or tokens).
+        granted: bucket name -> units leased beyond the request's own (``lease`` given and allowed;
+            see :mod:`policies.quota_lease`).
     """
 
     allowed: bool
@@ -42,6 +44,7 @@ class QuotaDecision:
     retry_after_s: float
     limiting: BucketName | None
     remaining: dict[str, float]
+    granted: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +98,10 @@ class QuotaLimiter:
         self,
         tenant_id: str,
         epoch: str | None,
-        mode: Literal["take", "adjust"],
+        mode: Literal["take", "adjust", "lease"],
         buckets: list[tuple[BucketName, str, float, float, float]],
         now_ms: float | None,
+        tail: list[str | float] | None = None,
     ) -> list[str | int]:
         keys = [self._layout.tenant(tenant_id), *(b[1] for b in buckets)]
         args: list[str | float] = [
@@ -108,6 +112,8 @@ class QuotaLimiter:
         ]
         for _, _, rate, cap, amount in buckets:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
+        if tail:
+            args.extend(tail)
         result: list[str | int] = await self._batch.run(self._script, keys, args)
         return result
 
@@ -119,6 +125,7 @@ class QuotaLimiter:
         tokens: int,
         now_ms: float | None = None,
         epoch: str | None = None,
+        lease: Mapping[BucketName, tuple[float, float]] | None = None,
     ) -> QuotaDecision:
         """Take 1 request and ``tokens`` tokens from the tenant's buckets, all or nothing.
 
@@ -128,6 +135,10 @@ class QuotaLimiter:
             tokens: tokens to reserve (prompt + max_tokens).
             now_ms: test hook; ``None`` uses Redis server time.
             epoch: the tenant record's epoch as the caller read it; None skips the tenant check.
+            lease: bucket -> ``(extra, credit)``: first give ``credit`` units back (an earlier lease's
+                leftover, written even when refused), then, when the request passes, also take up to
+                ``extra`` whole units more, as much as the bucket holds (``QuotaDecision.granted``).
+                Buckets absent lease nothing. Used by :class:`tenancy.quota_lease.LeasedQuota`.
 
         Returns:
             A :class:`QuotaDecision`.
@@ -138,17 +149,29 @@ class QuotaLimiter:
         buckets = self._buckets(tenant_id, quotas, 1, tokens)
         if not buckets:
             return QuotaDecision(True, False, 0.0, None, {})
-        result = await self._run(tenant_id, epoch, "take", buckets, now_ms)
+        tail: list[str | float] | None = None
+        if lease is not None:
+            tail = []
+            for name, *_ in buckets:
+                extra, credit = lease.get(name, (0, 0))
+                tail.extend([repr(float(extra)), repr(float(credit))])
+        result = await self._run(tenant_id, epoch, "lease" if tail else "take", buckets, now_ms, tail)
         status, wait_ms, idx = int(result[0]), int(result[1]), int(result[2])
         if status == -2:
             raise TenantNotFoundError(tenant_id)
         limiting = buckets[idx - 1][0] if idx > 0 else None
-        remaining: dict[str, float] = {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
+        n = len(buckets)
+        remaining: dict[str, float] = {
+            b[0]: float(v) for b, v in zip(buckets, result[3 : 3 + n], strict=False)
+        }
         if status == -1:
             return QuotaDecision(False, True, math.inf, limiting, remaining)
         if status == 0:
             return QuotaDecision(False, False, wait_ms / 1000.0, limiting, remaining)
-        return QuotaDecision(True, False, 0.0, None, remaining)
+        granted: dict[str, int] | None = (
+            {b[0]: int(v) for b, v in zip(buckets, result[3 + n :], strict=False)} if tail else None
+        )
+        return QuotaDecision(True, False, 0.0, None, remaining, granted)
 
     @store_operation
     async def adjust(

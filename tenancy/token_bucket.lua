@@ -4,11 +4,17 @@
 -- KEYS[1]  the tenant's record (checked when ARGV[3] is "1"; see tenant_guard.lua)
 -- KEYS[1+i]  bucket hashes, fields: level (units), ts (ms)
 -- ARGV[1]  now in ms, or "" to use the Redis server's clock (one clock for every gateway replica)
--- ARGV[2]  "take" (debit amount if every bucket holds it) or "adjust" (add amount, may be negative)
+-- ARGV[2]  "take" (debit amount if every bucket holds it), "adjust" (add amount, may be negative) or
+--          "lease" (as "take", after crediting credit_i; then also debit grant_i = min(extra_i,
+--          floor(level left)) per bucket: a local lease, see policies/quota_lease.py)
 -- ARGV[3]  "1": touch nothing unless the tenant record exists with epoch ARGV[4]; "0": no check
 -- ARGV[3*i+2], ARGV[3*i+3], ARGV[3*i+4]  rate_per_min, capacity, amount of bucket i
+-- ARGV[3*n+3+2*i], ARGV[3*n+4+2*i]  (mode "lease" only) extra_i, credit_i of bucket i: units to lease
+--          beyond amount_i, and an earlier lease's units given back first (capped at the capacity;
+--          written even when the take is refused)
 --
--- Returns {status, wait_ms, limiting_index, level_1, ..., level_n}
+-- Returns {status, wait_ms, limiting_index, level_1, ..., level_n[, grant_1, ..., grant_n]}
+--   (grants in mode "lease" only, when status is 1)
 --   status 1: done; 0: refused, retry after wait_ms (bucket limiting_index is the slowest);
 --   status -1: amount above capacity of bucket limiting_index, can never pass;
 --   status -2: the tenant is gone (deleted, or re-created with another epoch): nothing written.
@@ -20,9 +26,14 @@ end
 
 local now = now_ms(ARGV[1])
 local mode = ARGV[2]
+local leasing = mode == 'lease'
+if leasing then
+  mode = 'take'
+end
 local n = #KEYS - 1
-local rates, caps, amounts, levels, stamps = {}, {}, {}, {}, {}
+local rates, caps, amounts, levels, stamps, extras = {}, {}, {}, {}, {}, {}
 local worst_wait, worst_idx = 0, 0
+local credited = false
 
 for i = 1, n do
   local rate = tonumber(ARGV[3 * i + 2])
@@ -30,6 +41,14 @@ for i = 1, n do
   local amount = tonumber(ARGV[3 * i + 4])
   rates[i], caps[i], amounts[i] = rate, cap, amount
   levels[i], stamps[i] = bucket_level(KEYS[1 + i], rate, cap, now)
+  if leasing then
+    extras[i] = tonumber(ARGV[3 * n + 3 + 2 * i])
+    local credit = tonumber(ARGV[3 * n + 4 + 2 * i])
+    if credit ~= 0 then
+      levels[i] = adjusted(levels[i], credit, cap)
+      credited = true
+    end
+  end
   if mode == 'take' then
     if amount > cap then
       return {-1, 0, i}
@@ -46,13 +65,23 @@ end
 local out = {1, 0, 0}
 if mode == 'take' and worst_wait > 0 then
   out = {0, worst_wait, worst_idx}
-  for i = 1, n do out[3 + i] = string.format('%.17g', levels[i]) end
+  for i = 1, n do
+    if credited then
+      bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
+    end
+    out[3 + i] = string.format('%.17g', levels[i])
+  end
   return out
 end
 
 for i = 1, n do
   if mode == 'take' then
     levels[i] = levels[i] - amounts[i]
+    if leasing then
+      local grant = math.max(0, math.min(extras[i], math.floor(levels[i])))
+      levels[i] = levels[i] - grant
+      out[3 + n + i] = grant
+    end
   else
     levels[i] = adjusted(levels[i], amounts[i], caps[i])
   end

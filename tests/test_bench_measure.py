@@ -285,3 +285,31 @@ def test_ctrl_c_during_the_bench_says_it_stopped_everything(
     )
     assert result.exit_code == 130, result.output
     assert "interrupted" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_baseline_env_adds_a_second_radixgate_after_the_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--baseline-env`` measures a radixgate with other settings interleaved with the rest (before/after
+    figures of a change in one run); it needs nothing installed beyond radixgate."""
+    from typer.testing import CliRunner
+
+    from loadgen.bench import command
+    from loadgen.bench.runner import BenchConfig, check_targets
+    from loadgen.cli import app
+
+    seen: list[BenchConfig] = []
+
+    def record(cfg: BenchConfig, say: object) -> dict[str, object]:
+        seen.append(cfg)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "wrk_binary", lambda: "/usr/bin/wrk")
+    monkeypatch.setattr(command, "run_bench", record)
+    args = ["bench-gateway", "--quick", "--targets", "radixgate,direct", "--out", str(tmp_path)]
+    CliRunner().invoke(app, [*args, "--baseline-env", "RADIXGATE_REDIS__QUOTA_LEASE_S=0"])
+    assert seen[0].targets == ["radixgate", "radixgate-base", "direct"]
+    assert seen[0].baseline_env == {"RADIXGATE_REDIS__QUOTA_LEASE_S": "0"}
+    CliRunner().invoke(app, args)
+    assert seen[1].targets == ["radixgate", "direct"] and seen[1].baseline_env is None
+    assert check_targets(["radixgate-base"], tmp_path) == []

@@ -35,7 +35,9 @@ from tests.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_te
 def settings_for(redis_url: str, model_dir: Path, worker: str, prefix: str, **sections: Any) -> Settings:
     base: dict[str, Any] = {
         "admin_token": ADMIN_TOKEN,
-        "redis": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": 0.5},
+        # no quota leases: these tests need every request's reservation to reach Redis (a lease admits
+        # from memory; tests/test_quota_lease.py covers a paused Redis with one)
+        "redis": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": 0.5, "quota_lease_s": 0},
         "engine": {"served_model_name": MODEL},
         "upstream": {"workers": [worker], "health_interval_s": 0.5},
         "api": {"tokenizer_path": str(model_dir)},

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from loadgen.bench.report import json_lines, plot_report, print_report
 from loadgen.bench.runner import MODES, BenchConfig, check_targets, run_bench
-from loadgen.bench.targets import TARGETS, BenchSetupError, default_peers_dir
+from loadgen.bench.targets import BASELINE, TARGETS, BenchSetupError, default_peers_dir
 from loadgen.bench.wrk import WrkError, wrk_binary
 
 
@@ -80,6 +80,13 @@ def bench_gateway(
     radixgate_env: Annotated[
         list[str] | None, typer.Option(help="Extra RADIXGATE_NAME=VALUE setting for radixgate (repeatable).")
     ] = None,
+    baseline_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Also run radixgate-base: a second radixgate with these RADIXGATE_NAME=VALUE settings on "
+            "top (repeatable), interleaved with the others: before/after figures of a change in one run."
+        ),
+    ] = None,
     profile_s: Annotated[
         int,
         typer.Option(min=0, help="py-spy radixgate under --profile-mode for this many seconds after runs."),
@@ -114,6 +121,7 @@ def bench_gateway(
         if profile_mode not in MODES:
             raise typer.BadParameter(f"--profile-mode: choose from {', '.join(MODES)} (got {profile_mode!r})")
         extra_env = _env_pairs(radixgate_env or [])
+        base_env = _env_pairs(baseline_env) if baseline_env else None
     except typer.BadParameter as err:
         console.print(f"[red]{err}[/]")
         raise typer.Exit(2) from err
@@ -132,6 +140,8 @@ def bench_gateway(
             f"[red]not installed in {peers_dir}: {', '.join(missing)}; run scripts/peers/setup.sh[/]"
         )
         raise typer.Exit(2)
+    if base_env is not None and "radixgate" in names:
+        names.insert(names.index("radixgate") + 1, BASELINE)
     out = out or Path(".run/bench") / f"gateway-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = BenchConfig(
         targets=names,
@@ -145,6 +155,7 @@ def bench_gateway(
         peers_dir=peers_dir,
         tokenizer=tokenizer,
         radixgate_env=extra_env,
+        baseline_env=base_env,
         profile_s=profile_s,
         profile_mode=profile_mode,
         pin=pin,

@@ -102,7 +102,7 @@ def headline_table(report: Mapping[str, Any]) -> Table:
             rps += f" ({rps_range[0]:,.0f}-{rps_range[1]:,.0f})"
         added = f"{_f(c1.get('added_p50_ms'), 2, True)} / {_f(c1.get('added_p99_ms'), 2, True)} ms"
         idle = (report.get("idle_cpu_ms_per_s") or {}).get(t)
-        redis_cmds = c64.get("redis_commands_per_request") if t == "radixgate" else None
+        redis_cmds = c64.get("redis_commands_per_request") if t.startswith("radixgate") else None
         per_core = 1000.0 / c64["cpu_ms_per_request"] if c64.get("cpu_ms_per_request") else None
         table.add_row(
             t,
@@ -141,7 +141,7 @@ def detail_table(results: Sequence[Mapping[str, Any]]) -> Table:
     for col in cols:
         table.add_column(col, justify="left" if col in ("target", "mode") else "right")
     for r in results:
-        radix = r["target"] == "radixgate"
+        radix = r["target"].startswith("radixgate")
         table.add_row(
             r["target"],
             r["mode"],

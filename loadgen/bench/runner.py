@@ -40,6 +40,7 @@ from loadgen.bench.measure import (
 from loadgen.bench.profile import profile_target
 from loadgen.bench.stub_tokenizer import write_stub_model
 from loadgen.bench.targets import (
+    BASELINE,
     TARGETS,
     BenchSetupError,
     CorePlan,
@@ -95,6 +96,8 @@ class BenchConfig:
         peers_dir: virtualenvs of sglang-router and LiteLLM.
         tokenizer: tokenizer folder for radixgate (None: the engine's model if present, else a stub).
         radixgate_env: extra ``RADIXGATE_*`` settings for radixgate.
+        baseline_env: when not None, also start :data:`loadgen.bench.targets.BASELINE`, a radixgate with
+            ``radixgate_env`` and these settings on top (the "before" of a change that a setting turns off).
         profile_s: if > 0, py-spy records radixgate for this long under ``profile_mode`` load after the runs.
         profile_mode: the mode (a key of :data:`MODES`) profiled.
         pin: pin processes to CPUs (when there are two or more).
@@ -114,6 +117,7 @@ class BenchConfig:
     peers_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "radixgate" / "peers")
     tokenizer: Path | None = None
     radixgate_env: dict[str, str] = field(default_factory=dict)
+    baseline_env: dict[str, str] | None = None
     profile_s: int = 0
     profile_mode: str = "c64"
     pin: bool = True
@@ -168,6 +172,7 @@ class _Bench:
         self.http = httpx.Client(timeout=10)
         self.redis: redis.Redis | None = None
         self.redis_pid = 0
+        self.redis_url = ""
         self.fake_url = ""
         self.fake_pid = 0
         self.targets: list[Target] = []
@@ -194,11 +199,15 @@ class _Bench:
                     "direct", f"{self.fake_url}/v1/chat/completions", {"Authorization": "Bearer bench"}
                 )
                 target.pids = [self.fake_pid]
-            elif name == "radixgate":
-                redis_url, self.redis_pid = start_redis(self.procs, self.cores.aux)
-                self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+            elif name in ("radixgate", BASELINE):
+                if not self.redis_url:
+                    self.redis_url, self.redis_pid = start_redis(self.procs, self.cores.aux)
+                    self.redis = redis.Redis.from_url(self.redis_url, decode_responses=True)
+                env = dict(cfg.radixgate_env)
+                if name == BASELINE:  # its own keys in the shared Redis
+                    env |= {"RADIXGATE_REDIS__KEY_PREFIX": "rgbase:", **(cfg.baseline_env or {})}
                 target = start_radixgate(
-                    self.procs, self.fake_url, redis_url, tokenizer, cfg.radixgate_env, self.cores.target
+                    self.procs, self.fake_url, self.redis_url, tokenizer, env, self.cores.target, name=name
                 )
             elif name == "router":
                 target = start_router(self.procs, cfg.peers_dir, self.fake_url, self.cores.target)
@@ -224,6 +233,7 @@ class _Bench:
             "tokenizer": str(tokenizer),
             "versions": versions,
             "radixgate_env": cfg.radixgate_env,
+            "baseline_env": cfg.baseline_env,
         }
 
     def idle(self) -> dict[str, float | None]:
@@ -279,7 +289,7 @@ class _Bench:
         finally:
             run.stop()
         self.settle(target)
-        radixgate = target.name == "radixgate"
+        radixgate = target.name in ("radixgate", BASELINE)
         upstream = counts_delta(before.upstream_requests, after.upstream_requests, ["/_bench/stats"])
         core_busy = None
         if before.core_busy is not None and after.core_busy is not None:
@@ -320,10 +330,10 @@ def check_targets(names: list[str], peers_dir: Path) -> list[str]:
     Raises:
         BenchSetupError: an unknown target name.
     """
-    unknown = [n for n in names if n not in TARGETS]
+    unknown = [n for n in names if n not in (*TARGETS, BASELINE)]
     if unknown:
         raise BenchSetupError(f"unknown target(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
-    return [n for n in names if not installed(n, peers_dir)]
+    return [n for n in names if n != BASELINE and not installed(n, peers_dir)]
 
 
 def run_bench(cfg: BenchConfig, say: Callable[[str], None]) -> dict[str, Any]:

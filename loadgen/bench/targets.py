@@ -28,6 +28,9 @@ import httpx
 from service.config import default_home
 
 TARGETS = ("radixgate", "router", "litellm", "direct")
+BASELINE = "radixgate-base"
+"""A second radixgate (``--baseline-env``): the same settings plus the baseline's, measured interleaved
+with the others, sharing radixgate's Redis (the two run one at a time), for before/after figures."""
 """Every target the benchmark knows, in table order."""
 
 MODEL = "bench-model"
@@ -253,10 +256,12 @@ def start_radixgate(
     extra_env: Mapping[str, str],
     cpus: frozenset[int] | None,
     timeout_s: float = 120.0,
+    name: str = "radixgate",
 ) -> Target:
     """Start ``python -m service serve`` (uvicorn, uvloop, httptools) with default settings except the
     upstream, Redis, tokenizer, model name and ``SCHEDULER__WINDOW_INITIAL=256`` (issue 10), plus
-    ``extra_env``; create a tenant with finite, huge quotas and return the target with its key."""
+    ``extra_env``; create a tenant with finite, huge quotas and return the target (``name``: radixgate,
+    or :data:`BASELINE` for a second gateway with other settings) with its key."""
     port = free_port()
     admin = secrets.token_urlsafe(24)
     env = {
@@ -272,7 +277,7 @@ def start_radixgate(
         "RADIXGATE_SCHEDULER__WINDOW_INITIAL": "256",
         **extra_env,
     }
-    proc = procs.spawn("radixgate", [sys.executable, "-m", "service", "serve"], env, cpus)
+    proc = procs.spawn(name, [sys.executable, "-m", "service", "serve"], env, cpus)
     base = f"http://127.0.0.1:{port}"
     procs.wait_until(
         proc, "radixgate", lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, timeout_s
@@ -288,7 +293,7 @@ def start_radixgate(
     issued = httpx.post(f"{base}/admin/tenants/bench/keys", json={"name": "bench"}, headers=auth, timeout=10)
     issued.raise_for_status()
     target = Target(
-        "radixgate",
+        name,
         f"{base}/v1/chat/completions",
         {"Authorization": f"Bearer {issued.json()['api_key']}"},
         [proc.pid],

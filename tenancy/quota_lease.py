@@ -1,0 +1,199 @@
+"""Admission against the shared token buckets through local leases (:mod:`policies.quota_lease`): most
+requests of a busy tenant are admitted from units this process already took, with no Redis round trip.
+
+A reservation that the tenant's lease covers is drawn from it in memory. Otherwise one script call
+(``token_bucket.lua``, mode ``lease``) gives the old lease's leftover back, takes the request's units
+and, when it passes, up to :func:`policies.quota_lease.lease_size` more per bucket as the new lease.
+A lease that is not used up goes back to Redis when it expires (a sweeper task that runs only while
+leases exist and sleeps until the earliest expiry) or when the gateway stops (:meth:`LeasedQuota.close`).
+
+What a request reserved is settled exactly as before (:meth:`tenancy.quota.QuotaLimiter.settle`):
+unused tokens and refused or failed requests go back to the shared bucket, not to the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+
+from policies.quota_lease import QuotaLease, Terms, lease_size
+from tenancy.errors import StoreUnavailable
+from tenancy.layout import BucketName
+from tenancy.models import Quotas
+from tenancy.quota import QuotaDecision, QuotaLimiter
+
+log = structlog.get_logger("radixgate.quota_lease")
+
+_ALLOWED = QuotaDecision(True, False, 0.0, None, {})
+
+
+def lease_terms(quotas: Quotas, epoch: str | None) -> Terms:
+    """The terms a lease is granted under: the tenant's epoch and every limit of its buckets."""
+    return (
+        epoch,
+        quotas.requests_per_min,
+        quotas.tokens_per_min,
+        quotas.effective_request_burst,
+        quotas.effective_token_burst,
+    )
+
+
+class LeasedQuota:
+    """:meth:`reserve` of :class:`QuotaLimiter` served from local leases where it can.
+
+    Args:
+        limiter: the shared buckets.
+        horizon_s: seconds of a tenant's rate one lease holds at most, s (0: no leases; every
+            reservation is one Redis call, as :meth:`QuotaLimiter.reserve`).
+        max_fraction: the largest share of a bucket's burst one lease holds (0-1).
+        ttl_s: a lease's lifetime, s: then its leftover goes back to the shared bucket.
+        clock: monotonic clock, s (test hook).
+
+    Counters ``local`` and ``remote`` count reservations admitted from a lease and decided by Redis.
+    """
+
+    def __init__(
+        self,
+        limiter: QuotaLimiter,
+        horizon_s: float,
+        max_fraction: float,
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limiter = limiter
+        self._horizon_s = horizon_s
+        self._max_fraction = max_fraction
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._leases: dict[str, tuple[QuotaLease, Quotas]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._returns: set[asyncio.Task[None]] = set()
+        self.local = 0
+        self.remote = 0
+
+    @property
+    def held(self) -> int:
+        """Tenants with a lease held now."""
+        return len(self._leases)
+
+    async def reserve(
+        self, tenant_id: str, quotas: Quotas, tokens: int, epoch: str | None = None
+    ) -> QuotaDecision:
+        """Reserve 1 request and ``tokens`` tokens of ``tenant_id``; as :meth:`QuotaLimiter.reserve`
+        (same decision, same errors: ``TenantNotFoundError``, ``StoreUnavailable``), except that an
+        admission from the lease returns ``remaining`` empty (Redis was not asked)."""
+        terms = lease_terms(quotas, epoch)
+        held = self._leases.get(tenant_id)
+        if held is not None and held[0].take(terms, 1, tokens, self._clock()):
+            self.local += 1
+            return _ALLOWED
+        self.remote += 1
+        asks: dict[BucketName, tuple[float, float]] = {}
+        extra_requests = lease_size(
+            quotas.requests_per_min, quotas.effective_request_burst, self._horizon_s, self._max_fraction
+        )
+        extra_tokens = lease_size(
+            quotas.tokens_per_min, quotas.effective_token_burst, self._horizon_s, self._max_fraction
+        )
+        credit = (0.0, 0.0)
+        if held is not None:
+            del self._leases[tenant_id]
+            # a re-created tenant (another epoch) does not inherit the deleted one's units
+            if held[0].terms[0] == epoch:
+                credit = held[0].leftover()
+        if extra_requests or credit[0]:
+            asks["requests"] = (extra_requests, credit[0])
+        if extra_tokens or credit[1]:
+            asks["tokens"] = (extra_tokens, credit[1])
+        if not asks:
+            return await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch)
+        try:
+            decision = await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, lease=asks)
+        except (StoreUnavailable, asyncio.CancelledError):
+            if held is not None and credit != (0.0, 0.0):  # the leftover may not have gone back: keep it
+                self._install(tenant_id, held[0], held[1])
+            raise
+        if decision.never and held is not None:  # refused before the credit was written
+            self._install(tenant_id, held[0], held[1])
+        if decision.allowed and decision.granted:
+            requests = decision.granted.get("requests", 0) if quotas.requests_per_min is not None else None
+            tokens_left = decision.granted.get("tokens", 0) if quotas.tokens_per_min is not None else None
+            if requests != 0 and tokens_left != 0:
+                lease = QuotaLease(
+                    terms,
+                    float("inf") if requests is None else float(requests),
+                    float("inf") if tokens_left is None else float(tokens_left),
+                    self._clock() + self._ttl_s,
+                )
+                self._install(tenant_id, lease, quotas)
+            else:  # a lease that can serve no request (one bucket granted nothing): give it back now
+                self._give_back_later(
+                    tenant_id,
+                    QuotaLease(terms, float(requests or 0), float(tokens_left or 0), 0.0),
+                    quotas,
+                )
+        return decision
+
+    def _install(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
+        current = self._leases.get(tenant_id)
+        if current is not None:
+            if current[0].terms == lease.terms:  # granted meanwhile to a concurrent reservation
+                current[0].merge(lease)
+                return
+            self._give_back_later(tenant_id, current[0], current[1])
+        self._leases[tenant_id] = (lease, quotas)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="quota-leases")
+
+    def _give_back_later(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
+        """Give ``lease`` back in a task of its own (it is off every request's path)."""
+        if lease.leftover() == (0.0, 0.0):
+            return
+        task = asyncio.get_running_loop().create_task(self._give_back(tenant_id, lease, quotas))
+        self._returns.add(task)
+        task.add_done_callback(self._returns.discard)
+
+    async def _give_back(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
+        requests, tokens = lease.leftover()
+        if requests == 0 and tokens == 0:
+            return
+        epoch = lease.terms[0]
+        try:
+            await self._limiter.adjust(
+                tenant_id, quotas, requests, tokens, epoch=epoch if isinstance(epoch, str) else None
+            )
+        except StoreUnavailable as exc:  # the units refill with time: at worst a lease's worth held back
+            log.warning("quota_lease_return_failed", tenant=tenant_id, error=str(exc))
+
+    async def _sweep(self) -> None:
+        """Give back every lease at its expiry; ends when none is held."""
+        try:
+            while self._leases:
+                now = self._clock()
+                soonest = min(lease.expires_s for lease, _ in self._leases.values())
+                if soonest > now:
+                    await asyncio.sleep(soonest - now)
+                    continue
+                expired = [(t, h) for t, h in self._leases.items() if h[0].expires_s <= now]
+                for tenant_id, _ in expired:
+                    del self._leases[tenant_id]
+                for tenant_id, (lease, quotas) in expired:
+                    await self._give_back(tenant_id, lease, quotas)
+        finally:
+            self._sweeper = None
+
+    async def close(self) -> None:
+        """Stop the sweeper and give every lease back (at shutdown, while Redis is open)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        held, self._leases = self._leases, {}
+        for tenant_id, (lease, quotas) in held.items():
+            await self._give_back(tenant_id, lease, quotas)
+        if self._returns:
+            await asyncio.wait(set(self._returns))
