@@ -205,7 +205,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                     name="auth-invalidations",
                 )
             )
-        quota = QuotaLimiter(redis, prefix)
+        quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s)
         leased = LeasedQuota(
             quota,
             settings.redis.quota_lease_s,

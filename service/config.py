@@ -84,6 +84,13 @@ class RedisSettings(BaseModel):
         description="Largest share of a bucket's burst one replica's lease holds (it bounds what a lease "
         "holds back from the other replicas).",
     )
+    settle_linger_s: float = Field(
+        0.002,
+        ge=0,
+        le=1,
+        description="A served request's settle (off the answer's path) waits up to this long to share one "
+        "Redis exchange with other settles, s (0 = only with those of the same event-loop round).",
+    )
     settle_retries: int = Field(
         8,
         ge=0,

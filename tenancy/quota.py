@@ -64,15 +64,18 @@ class QuotaLimiter:
     Args:
         redis: async client.
         prefix: Redis key prefix; buckets live at ``<prefix>bucket:<tenant>:{requests,tokens}``.
+        settle_linger_s: how long a settle waits to share a pipeline with others, s
+            (:class:`tenancy.script_batch.ScriptBatcher`).
 
     Methods that take ``epoch`` check the tenant record first when it is not None (see the module).
     """
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis, prefix: str, settle_linger_s: float = 0.0) -> None:
         self._layout = KeyLayout(prefix)
         self._script = redis.register_script(lua("token_bucket.lua", guarded=True, buckets=True))
         self._settle = redis.register_script(lua("settle.lua", guarded=True, buckets=True))
         self._batch = ScriptBatcher(redis)  # concurrent requests' scripts share a pipeline
+        self._settle_linger_s = settle_linger_s
 
     def bucket_key(self, tenant_id: str, bucket: BucketName) -> str:
         """Redis key of one of a tenant's buckets."""
@@ -261,5 +264,5 @@ class QuotaLimiter:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
         for field, value in counts:
             args.extend([field, value])
-        result = await self._batch.run(self._settle, keys, args)
+        result = await self._batch.run(self._settle, keys, args, self._settle_linger_s)
         return int(result[0]) != -2

@@ -194,6 +194,7 @@ def test_the_gateway_makes_one_redis_script_call_per_request_with_a_lease(
         with gateway_client(settings) as http, redis.Redis.from_url(redis_url) as r:
             _, key = new_tenant(http, quotas=HUGE)
             assert ask(http, key).status_code == 200
+            time.sleep(0.3)  # its settle (off the answer's path, lingering to share a write) lands
             before = r.info("commandstats")["cmdstat_evalsha"]["calls"]
             for _ in range(20):
                 assert ask(http, key).status_code == 200

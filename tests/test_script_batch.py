@@ -49,6 +49,40 @@ async def test_concurrent_calls_share_one_write_and_keep_their_order(redis_clien
     assert writes.writes == 3  # a call alone is one write, sent without waiting a loop round
 
 
+async def test_a_lingering_batcher_gathers_calls_made_apart_into_one_write(
+    redis_client: aioredis.Redis,
+) -> None:
+    """With ``linger_s`` (settles: off the answer's path) calls a few ms apart share one exchange, where
+    without it each call alone would be its own."""
+    script = redis_client.register_script(ECHO)
+    await redis_client.script_load(ECHO)
+    writes = CountingWrites(redis_client)
+
+    batcher = ScriptBatcher(redis_client)
+    loop = asyncio.get_running_loop()
+
+    async def apart(linger_s: float) -> list[Any]:
+        async def call(i: int) -> Any:
+            await asyncio.sleep(0.01 * i)
+            return await batcher.run(script, ["apart"], [f"v{i}"], linger_s)
+
+        return await asyncio.gather(*(call(i) for i in range(4)))
+
+    assert [r[0] for r in await apart(0.0)] == ["v0", "v1", "v2", "v3"]
+    assert writes.writes == 4
+    started = loop.time()
+    assert [r[0] for r in await apart(0.1)] == ["v0", "v1", "v2", "v3"]
+    assert writes.writes == 5  # one more write for all four
+    assert loop.time() - started >= 0.1  # the first call waited its linger
+    # a call without linger ends the wait: it goes out at once, after the lingering call, in one write
+    started = loop.time()
+    settle = asyncio.ensure_future(batcher.run(script, ["apart"], ["settle"], 5.0))
+    await asyncio.sleep(0.01)
+    reserve = await batcher.run(script, ["apart"], ["reserve"])
+    assert (await settle)[1] == "9" and reserve[1] == "10"
+    assert writes.writes == 6 and loop.time() - started < 1.0
+
+
 @pytest.mark.parametrize(
     ("keys", "args"),
     [
