@@ -107,6 +107,16 @@ class GatewayApp(FastAPI):
         await response(scope, receive, send)
 
 
+def lease_counter(metrics: GatewayMetrics) -> Callable[[bool], None]:
+    """Counts quota reservations by source (``radixgate_quota_reservations_total``), children cached."""
+    local, remote = metrics.quota_reservations.labels("lease"), metrics.quota_reservations.labels("redis")
+
+    def count(from_lease: bool) -> None:
+        (local if from_lease else remote).inc()
+
+    return count
+
+
 def connect_redis(settings: RedisSettings) -> Redis:
     """A Redis client over a bounded, blocking connection pool.
 
@@ -211,6 +221,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings.redis.quota_lease_s,
             settings.redis.quota_lease_max_fraction,
             2 * settings.redis.quota_lease_s,
+            on_reserve=lease_counter(metrics),
         )
         usage = UsageRecorder(redis, prefix)
         renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)

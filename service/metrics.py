@@ -253,6 +253,13 @@ class GatewayMetrics:
             ["tenant", "bucket", "reason"],
             registry=registry,
         )
+        self.quota_reservations = Counter(
+            "radixgate_quota_reservations_total",
+            "Quota reservations per source: lease (admitted from this replica's local lease, no Redis round "
+            "trip) or redis (decided by a script call in Redis; a new lease is taken with it).",
+            ["source"],
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "radixgate_upstream_errors_total", "Failed worker calls.", ["worker", "kind"], registry=registry
         )

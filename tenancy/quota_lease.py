@@ -52,8 +52,10 @@ class LeasedQuota:
         max_fraction: the largest share of a bucket's burst one lease holds (0-1).
         ttl_s: a lease's lifetime, s: then its leftover goes back to the shared bucket.
         clock: monotonic clock, s (test hook).
+        on_reserve: called with ``True`` for each reservation admitted from a lease, ``False`` for each
+            decided by Redis (metrics).
 
-    Counters ``local`` and ``remote`` count reservations admitted from a lease and decided by Redis.
+    Counters ``local`` and ``remote`` count the same.
     """
 
     def __init__(
@@ -63,12 +65,14 @@ class LeasedQuota:
         max_fraction: float,
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
+        on_reserve: Callable[[bool], None] | None = None,
     ) -> None:
         self._limiter = limiter
         self._horizon_s = horizon_s
         self._max_fraction = max_fraction
         self._ttl_s = ttl_s
         self._clock = clock
+        self._on_reserve = on_reserve or (lambda local: None)
         self._leases: dict[str, tuple[QuotaLease, Quotas]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._returns: set[asyncio.Task[None]] = set()
@@ -90,8 +94,10 @@ class LeasedQuota:
         held = self._leases.get(tenant_id)
         if held is not None and held[0].take(terms, 1, tokens, self._clock()):
             self.local += 1
+            self._on_reserve(True)
             return _ALLOWED
         self.remote += 1
+        self._on_reserve(False)
         asks: dict[BucketName, tuple[float, float]] = {}
         extra_requests = lease_size(
             quotas.requests_per_min, quotas.effective_request_burst, self._horizon_s, self._max_fraction

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from policies.quota_lease import QuotaLease, lease_size
 from tenancy.models import Quotas
@@ -181,12 +182,23 @@ def _url(client: aioredis.Redis) -> str:
 # -- the gateway --------------------------------------------------------------------------------------------
 
 
+def reservations_by_source(metrics: str) -> dict[str, float]:
+    """``radixgate_quota_reservations_total`` on /metrics: source -> count."""
+    return {
+        sample.labels["source"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "radixgate_quota_reservations_total"
+    }
+
+
 def test_the_gateway_makes_one_redis_script_call_per_request_with_a_lease(
     redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
 ) -> None:
     """A served request's settle is one script call; its reservation is none while the lease covers it
     (issue 10: at most one Redis round trip per request, off the answer's path)."""
-    counts = []
+    counts: list[int] = []
+    sources: list[dict[str, float]] = []
     for lease_s in (0.0, 0.5):
         settings = settings_for(
             redis_url, stub_model_dir, fake[1], f"gl{lease_s}:", redis={"quota_lease_s": lease_s}
@@ -200,6 +212,9 @@ def test_the_gateway_makes_one_redis_script_call_per_request_with_a_lease(
                 assert ask(http, key).status_code == 200
             time.sleep(0.3)  # the last settles land
             counts.append(r.info("commandstats")["cmdstat_evalsha"]["calls"] - before)
+            sources.append(reservations_by_source(http.get("/metrics").text))
     assert counts[0] == 40  # a reservation and a settle each
     # the settles only (a slow run may outlive the lease's 1 s: one more reservation and a give-back)
     assert 20 <= counts[1] <= 23, counts
+    assert sources[0] == {"lease": 0.0, "redis": 21.0}
+    assert sources[1]["lease"] >= 18 and sources[1]["lease"] + sources[1]["redis"] == 21, sources
