@@ -161,6 +161,22 @@ async def test_a_refused_request_still_gives_the_lease_back(redis_client: aiored
     assert quota.held == 0
 
 
+async def test_a_lease_that_could_serve_no_request_goes_back_at_once(redis_client: aioredis.Redis) -> None:
+    """The token bucket has nothing to lease beyond this request: the requests granted alone could admit
+    nothing, so they go back instead of being held."""
+    quota = leased(redis_client, "l7:")
+    both = Quotas(requests_per_min=0.001, request_burst=400, tokens_per_min=0.001, token_burst=100)
+    key = QuotaLimiter(redis_client, "l7:").bucket_key("t", "requests")
+    decision = await quota.reserve("t", both, 100)
+    assert decision.allowed and decision.granted == {"requests": 40, "tokens": 0}
+    assert quota.held == 0
+    for _ in range(50):  # the give-back runs in a task of its own
+        if await level(redis_client, key) == pytest.approx(399, abs=0.01):
+            break
+        await asyncio.sleep(0.01)
+    assert await level(redis_client, key) == pytest.approx(399, abs=0.01)
+
+
 async def test_a_lease_admits_while_redis_is_paused(redis_client: aioredis.Redis) -> None:
     quota = leased(redis_client, "l6:")
     assert (await quota.reserve("t", SCARCE, 0)).allowed
