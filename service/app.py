@@ -203,18 +203,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
         revocations = RevocationRegistry(*store_checks(tenants), enabled=settings.api.end_revoked_requests)
-        if auth_cache.enabled or revocations.enabled:
-            background.append(
-                asyncio.create_task(
-                    follow_invalidations(
-                        subscriber,
-                        invalidation_channel(prefix),
-                        auth_cache,
-                        also=revocations.on_invalidation,
-                    ),
-                    name="auth-invalidations",
-                )
-            )
         quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s)
         leased = LeasedQuota(
             quota,
@@ -223,6 +211,23 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             2 * settings.redis.quota_lease_s,
             on_reserve=lease_counter(metrics),
         )
+
+        def on_invalidation(message: str) -> None:
+            revocations.on_invalidation(message)
+            leased.on_invalidation(message)
+
+        if auth_cache.enabled or revocations.enabled or settings.redis.quota_lease_s > 0:
+            background.append(
+                asyncio.create_task(
+                    follow_invalidations(
+                        subscriber,
+                        invalidation_channel(prefix),
+                        auth_cache,
+                        also=on_invalidation,
+                    ),
+                    name="auth-invalidations",
+                )
+            )
         usage = UsageRecorder(redis, prefix)
         renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
         scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)

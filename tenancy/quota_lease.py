@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
@@ -40,6 +41,16 @@ def lease_terms(quotas: Quotas, epoch: str | None) -> Terms:
         quotas.effective_request_burst,
         quotas.effective_token_burst,
     )
+
+
+def _limit(value: object) -> float:
+    return math.inf if value is None else float(value)  # type: ignore[arg-type]
+
+
+def may_credit(old: Terms, new: Terms) -> bool:
+    """Whether a lease granted under ``old`` may give its leftover back to the buckets of ``new``: the
+    same tenant (epoch) and no limit lower (a lowered burst already dropped what was above it)."""
+    return old[0] == new[0] and all(_limit(n) >= _limit(o) for o, n in zip(old[1:], new[1:], strict=True))
 
 
 class LeasedQuota:
@@ -108,8 +119,10 @@ class LeasedQuota:
         credit = (0.0, 0.0)
         if held is not None:
             del self._leases[tenant_id]
-            # a re-created tenant (another epoch) does not inherit the deleted one's units
-            if held[0].terms[0] == epoch:
+            # a re-created tenant (another epoch) does not inherit the deleted one's units, and a
+            # lowered limit does not get them either: its bucket was already cut down to the new burst,
+            # so units leased under the old one, credited now, would fill it past what it allows
+            if may_credit(held[0].terms, terms):
                 credit = held[0].leftover()
         if extra_requests or credit[0]:
             asks["requests"] = (extra_requests, credit[0])
@@ -123,7 +136,7 @@ class LeasedQuota:
             if held is not None and credit != (0.0, 0.0):  # the leftover may not have gone back: keep it
                 self._install(tenant_id, held[0], held[1])
             raise
-        if decision.never and held is not None:  # refused before the credit was written
+        if decision.never and held is not None and credit != (0.0, 0.0):  # refused before the credit
             self._install(tenant_id, held[0], held[1])
         if decision.allowed and decision.granted:
             requests = decision.granted.get("requests", 0) if quotas.requests_per_min is not None else None
@@ -143,6 +156,15 @@ class LeasedQuota:
                     quotas,
                 )
         return decision
+
+    def on_invalidation(self, message: str) -> None:
+        """Drop the lease of a tenant that changed (``tenant:<id>``, published by every tenant write:
+        quotas, disable, delete), without giving it back: its quotas may have been lowered, and the
+        leftover of a lease taken under the old ones, credited to a bucket already cut down to the new
+        burst, would over-admit. At most one lease's units are lost, refilled within ``horizon_s``."""
+        kind, _, tenant_id = message.partition(":")
+        if kind == "tenant":
+            self._leases.pop(tenant_id, None)
 
     def _install(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
         current = self._leases.get(tenant_id)

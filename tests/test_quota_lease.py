@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from policies.quota_lease import QuotaLease, lease_size
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter
-from tenancy.quota_lease import LeasedQuota
+from tenancy.quota_lease import LeasedQuota, may_credit
 from tests.support.fake_worker import FakeWorker
 from tests.test_api import new_tenant
 from tests.test_store_unavailable import HUGE, ask, fake, gateway_client, settings_for, worker
@@ -146,6 +146,37 @@ async def test_a_changed_quota_gives_the_lease_back_and_takes_a_new_one(redis_cl
     assert (quota.local, quota.remote) == (0, 2)
     assert (await quota.reserve("t", lowered, 0)).allowed
     assert quota.local == 1
+
+
+async def test_a_lowered_quota_does_not_get_the_old_lease_back(redis_client: aioredis.Redis) -> None:
+    # nu14: replica a's lease, taken under burst 400, was credited to the bucket already cut down to
+    # the new burst 100 after replica b had drained it: 40 more admitted than the new burst allows
+    a, b = leased(redis_client, "l7:"), leased(redis_client, "l7:")
+    assert (await a.reserve("t", SCARCE, 0)).granted == {"requests": 40}
+    lowered = Quotas(requests_per_min=0.001, request_burst=100)
+    admitted = 0
+    while (await b.reserve("t", lowered, 0)).allowed:
+        admitted += 1
+    await b.close()
+    while (await a.reserve("t", lowered, 0)).allowed:
+        admitted += 1
+    assert admitted == 100
+    assert not may_credit(("e", 6000.0, None, 6000.0, None), ("e", 60.0, None, 5.0, None))
+    assert not may_credit(("e", None, None, None, None), ("e", 60.0, None, 60.0, None))
+    assert not may_credit(("e", 60.0, None, 60.0, None), ("f", 60.0, None, 60.0, None))
+    assert may_credit(("e", 60.0, None, 60.0, None), ("e", 600.0, None, 600.0, None))
+
+
+async def test_a_tenant_change_drops_the_lease_without_giving_it_back(redis_client: aioredis.Redis) -> None:
+    quota = leased(redis_client, "l8:")
+    key = QuotaLimiter(redis_client, "l8:").bucket_key("t", "requests")
+    assert (await quota.reserve("t", SCARCE, 0)).allowed
+    quota.on_invalidation("key:t")
+    assert quota.held == 1
+    quota.on_invalidation("tenant:t")
+    assert quota.held == 0
+    await quota.close()
+    assert await level(redis_client, key) == pytest.approx(400 - 1 - 40, abs=0.01)
 
 
 async def test_a_refused_request_still_gives_the_lease_back(redis_client: aioredis.Redis) -> None:
