@@ -313,3 +313,31 @@ def test_a_baseline_env_adds_a_second_radixgate_after_the_first(
     CliRunner().invoke(app, args)
     assert seen[1].targets == ["radixgate", "direct"] and seen[1].baseline_env is None
     assert check_targets(["radixgate-base"], tmp_path) == []
+
+
+def test_a_bad_baseline_env_is_named_with_its_own_option_and_log(tmp_path: Path) -> None:
+    """nu14: ``--baseline-env FOO=1`` was refused as "--radixgate-env wants ...", and a baseline gateway
+    that exited on a bad value was reported as "radixgate exited with 2:" with the other gateway's log."""
+    from loadgen.bench.command import _env_pairs
+    from loadgen.bench.targets import BenchSetupError, Processes, start_radixgate
+
+    with pytest.raises(typer.BadParameter, match="--baseline-env wants"):
+        _env_pairs(["FOO=1"], "--baseline-env")
+    procs = Processes(tmp_path)
+    (tmp_path / "radixgate.log").write_text("the other gateway's log")
+    bad = {"RADIXGATE_REDIS__QUOTA_LEASE_S": "abc"}
+    try:
+        with pytest.raises(BenchSetupError, match="radixgate-base exited") as err:
+            start_radixgate(
+                procs,
+                "http://127.0.0.1:9",
+                "redis://127.0.0.1:9/0",
+                tmp_path,
+                bad,
+                None,
+                30,
+                "radixgate-base",
+            )
+    finally:
+        procs.stop()
+    assert "RADIXGATE_REDIS__QUOTA_LEASE_S" in str(err.value) and "other gateway" not in str(err.value)

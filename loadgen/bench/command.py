@@ -33,12 +33,12 @@ def _split(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
     return names
 
 
-def _env_pairs(pairs: list[str]) -> dict[str, str]:
+def _env_pairs(pairs: list[str], option: str = "--radixgate-env") -> dict[str, str]:
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.startswith("RADIXGATE_"):
-            raise typer.BadParameter(f"--radixgate-env wants RADIXGATE_NAME=VALUE (got {pair!r})")
+            raise typer.BadParameter(f"{option} wants RADIXGATE_NAME=VALUE (got {pair!r})")
         env[key] = value
     return env
 
@@ -121,7 +121,7 @@ def bench_gateway(
         if profile_mode not in MODES:
             raise typer.BadParameter(f"--profile-mode: choose from {', '.join(MODES)} (got {profile_mode!r})")
         extra_env = _env_pairs(radixgate_env or [])
-        base_env = _env_pairs(baseline_env) if baseline_env else None
+        base_env = _env_pairs(baseline_env, "--baseline-env") if baseline_env else None
     except typer.BadParameter as err:
         console.print(f"[red]{err}[/]")
         raise typer.Exit(2) from err

@@ -279,9 +279,7 @@ def start_radixgate(
     }
     proc = procs.spawn(name, [sys.executable, "-m", "service", "serve"], env, cpus)
     base = f"http://127.0.0.1:{port}"
-    procs.wait_until(
-        proc, "radixgate", lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, timeout_s
-    )
+    procs.wait_until(proc, name, lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, timeout_s)
     auth = {"Authorization": f"Bearer {admin}"}
     tenant = {
         "id": "bench",
@@ -299,7 +297,7 @@ def start_radixgate(
         [proc.pid],
         "/generate",
     )
-    procs.wait_until(proc, "radixgate", lambda: _post_ok(target.url, target.headers), 30)
+    procs.wait_until(proc, name, lambda: _post_ok(target.url, target.headers), 30)
     return target
 
 
