@@ -119,6 +119,7 @@ class RequestPreparer:
             )
         output = OutputSpec()
         constraint: dict[str, Any] = {}
+        prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         try:
             if isinstance(req, ChatCompletionRequest):
                 plan = plan_tools(req, FORMATS[self._settings.api.tool_call_format])
@@ -132,8 +133,7 @@ class RequestPreparer:
                 prompt = self._renderer.render_text(req.prompt_text())
                 output = OutputSpec(logprobs=req.logprobs)
         except PromptError as exc:
-            raise InvalidRequest(str(exc), code="invalid_prompt", param="messages") from exc
-        prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+            raise InvalidRequest(str(exc), code="invalid_prompt", param=prompt_param) from exc
         max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param)
         body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
         body["sampling_params"].update(constraint)

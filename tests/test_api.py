@@ -249,6 +249,7 @@ def test_text_completion_rejects_unsupported_echo_and_suffix(http: httpx.Client,
         "/v1/completions", content=raw, headers={**auth(key), "Content-Type": "application/json"}
     )
     assert_openai_error(resp, 400, "invalid_prompt")
+    assert resp.json()["error"]["param"] == "prompt"  # nu14: named "messages", a chat field
     assert worker.received == []
 
 
