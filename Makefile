@@ -18,7 +18,7 @@ up: setup engine    ## like demo, but keeps the stack running until Ctrl-C
 
 lint: setup
 	.venv/bin/ruff check .
-	.venv/bin/ruff format --check service tenancy policies loadgen tests
+	.venv/bin/ruff format --check service tenancy policies loadgen tests scripts
 	.venv/bin/mypy
 
 unit: setup       ## tests that need no engine (Redis is started by the fixtures)

@@ -88,8 +88,9 @@ class RedisSettings(BaseModel):
         0.002,
         ge=0,
         le=1,
-        description="A served request's settle (off the answer's path) waits up to this long to share one "
-        "Redis exchange with other settles, s (0 = only with those of the same event-loop round).",
+        description="The settle of a request admitted under a quota lease (off the answer's path) waits up "
+        "to this long to share one Redis exchange with other settles, s (0 = only with those of the same "
+        "event-loop round); small quotas, which lease nothing, settle at once.",
     )
     settle_retries: int = Field(
         8,

@@ -211,7 +211,7 @@ class Dispatcher:
         except TenantNotFoundError as exc:  # deleted since its key was checked
             raise Unauthenticated("Incorrect API key provided.") from exc
         if decision.allowed:
-            return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch)
+            return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased)
         # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
         reason = "exceeds_burst" if decision.never else "rate_limited"
         self._metrics.quota_rejections.labels(

@@ -37,6 +37,9 @@ class QuotaDecision:
         remaining: bucket name -> level after the call (units; requests or tokens).
         granted: bucket name -> units leased beyond the request's own (``lease`` given and allowed;
             see :mod:`policies.quota_lease`).
+        leased: admitted from a local lease, or a lease was taken with it
+            (:class:`tenancy.quota_lease.LeasedQuota`): the tenant's bucket had at least a lease's
+            headroom.
     """
 
     allowed: bool
@@ -45,17 +48,25 @@ class QuotaDecision:
     limiting: BucketName | None
     remaining: dict[str, float]
     granted: dict[str, int] | None = None
+    leased: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """What was taken for one request, to be reconciled or refunded later."""
+    """What was taken for one request, to be reconciled or refunded later.
+
+    ``linger``: its settle may wait ``settle_linger_s`` to share a Redis write with others. Set for
+    requests admitted under a lease (:attr:`QuotaDecision.leased`): their tenant's bucket had a lease's
+    headroom, so a refund that lands 2 ms later does not refuse the tenant's next request on another
+    replica. Small quotas, which lease nothing, settle at once.
+    """
 
     tenant_id: str
     quotas: Quotas
     requests: int
     tokens: int
     epoch: str | None = None
+    linger: bool = False
 
 
 class QuotaLimiter:
@@ -264,5 +275,5 @@ class QuotaLimiter:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
         for field, value in counts:
             args.extend([field, value])
-        result = await self._batch.run(self._settle, keys, args, self._settle_linger_s)
+        result = await self._batch.run(self._settle, keys, args, self._settle_linger_s if r.linger else 0.0)
         return int(result[0]) != -2

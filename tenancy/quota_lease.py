@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from tenancy.quota import QuotaDecision, QuotaLimiter
 
 log = structlog.get_logger("radixgate.quota_lease")
 
-_ALLOWED = QuotaDecision(True, False, 0.0, None, {})
+_ALLOWED = QuotaDecision(True, False, 0.0, None, {}, leased=True)
 
 
 def lease_terms(quotas: Quotas, epoch: str | None) -> Terms:
@@ -116,6 +117,10 @@ class LeasedQuota:
         extra_tokens = lease_size(
             quotas.tokens_per_min, quotas.effective_token_burst, self._horizon_s, self._max_fraction
         )
+        if quotas.tokens_per_min is not None and extra_tokens < tokens:
+            # a token lease smaller than this request would likely admit nothing: lease neither bucket
+            # (a request lease alone would only hold units back from the other replicas)
+            extra_requests = extra_tokens = 0
         credit = (0.0, 0.0)
         if held is not None:
             del self._leases[tenant_id]
@@ -130,12 +135,10 @@ class LeasedQuota:
             asks["tokens"] = (extra_tokens, credit[1])
         if not asks:
             return await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch)
-        try:
-            decision = await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, lease=asks)
-        except (StoreUnavailable, asyncio.CancelledError):
-            if held is not None and credit != (0.0, 0.0):  # the leftover may not have gone back: keep it
-                self._install(tenant_id, held[0], held[1])
-            raise
+        # when the call fails (StoreUnavailable, cancelled) its outcome is unknown: the leftover may have
+        # gone back already, so it is not kept (that could count its units twice); at most one lease is
+        # lost, refilled with time
+        decision = await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, lease=asks)
         if decision.never and held is not None and credit != (0.0, 0.0):  # refused before the credit
             self._install(tenant_id, held[0], held[1])
         if decision.allowed and decision.granted:
@@ -149,6 +152,7 @@ class LeasedQuota:
                     self._clock() + self._ttl_s,
                 )
                 self._install(tenant_id, lease, quotas)
+                return dataclasses.replace(decision, leased=True)
             else:  # a lease that can serve no request (one bucket granted nothing): give it back now
                 self._give_back_later(
                     tenant_id,

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from policies.quota_lease import QuotaLease, lease_size
 from tenancy.models import Quotas
-from tenancy.quota import QuotaLimiter
+from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.quota_lease import LeasedQuota, may_credit
 from tests.support.fake_worker import FakeWorker
 from tests.test_api import new_tenant
@@ -183,29 +183,62 @@ async def test_a_refused_request_still_gives_the_lease_back(redis_client: aiored
     quota = leased(redis_client, "l5:")
     tokens = Quotas(tokens_per_min=0.001, token_burst=1000)
     key = QuotaLimiter(redis_client, "l5:").bucket_key("t", "tokens")
-    assert (await quota.reserve("t", tokens, 500)).granted == {"tokens": 100}  # 400 left in Redis
-    decision = await quota.reserve("t", tokens, 600)  # the lease (100) cannot cover it; Redis neither
+    assert (await quota.reserve("t", tokens, 100)).granted == {"tokens": 100}  # 800 left in Redis
+    decision = await quota.reserve("t", tokens, 950)  # the lease (100) cannot cover it; Redis neither
     assert not decision.allowed and not decision.never
-    assert await level(redis_client, key) == pytest.approx(500, abs=0.01)  # 400 + the lease's 100
+    assert await level(redis_client, key) == pytest.approx(900, abs=0.01)  # 800 + the lease's 100
     too_big = await quota.reserve("t", tokens, 5000)
     assert too_big.never
     assert quota.held == 0
 
 
 async def test_a_lease_that_could_serve_no_request_goes_back_at_once(redis_client: aioredis.Redis) -> None:
-    """The token bucket has nothing to lease beyond this request: the requests granted alone could admit
-    nothing, so they go back instead of being held."""
+    """The token bucket has nothing left to lease beyond this request: the requests granted alone could
+    admit nothing, so they go back instead of being held."""
     quota = leased(redis_client, "l7:")
-    both = Quotas(requests_per_min=0.001, request_burst=400, tokens_per_min=0.001, token_burst=100)
-    key = QuotaLimiter(redis_client, "l7:").bucket_key("t", "requests")
+    both = Quotas(requests_per_min=0.001, request_burst=400, tokens_per_min=0.001, token_burst=1000)
+    limiter = QuotaLimiter(redis_client, "l7:")
+    assert (await limiter.reserve("t", both, 900)).allowed  # 100 tokens left, 399 requests
     decision = await quota.reserve("t", both, 100)
-    assert decision.allowed and decision.granted == {"requests": 40, "tokens": 0}
+    assert decision.allowed and decision.granted == {"requests": 40, "tokens": 0} and not decision.leased
     assert quota.held == 0
+    key = limiter.bucket_key("t", "requests")
     for _ in range(50):  # the give-back runs in a task of its own
-        if await level(redis_client, key) == pytest.approx(399, abs=0.01):
+        if await level(redis_client, key) == pytest.approx(398, abs=0.01):
             break
         await asyncio.sleep(0.01)
+    assert await level(redis_client, key) == pytest.approx(398, abs=0.01)
+
+
+async def test_no_lease_when_the_token_lease_could_not_cover_the_request(
+    redis_client: aioredis.Redis,
+) -> None:
+    """A huge RPM with a small TPM: a token lease (10) below the request's tokens (100) would admit
+    nothing, so neither bucket leases (nu14: the request lease alone only held units back)."""
+    quota = leased(redis_client, "l8:")
+    small_tpm = Quotas(requests_per_min=0.001, request_burst=400, tokens_per_min=0.001, token_burst=100)
+    decision = await quota.reserve("t", small_tpm, 100)
+    assert decision.allowed and decision.granted is None and not decision.leased
+    key = QuotaLimiter(redis_client, "l8:").bucket_key("t", "requests")
     assert await level(redis_client, key) == pytest.approx(399, abs=0.01)
+
+
+async def test_only_a_leased_reservation_lets_its_settle_linger(redis_client: aioredis.Redis) -> None:
+    """A tenant without a lease (small quotas) settles at once: its refund must reach Redis before its
+    next request, which may go to another replica (nu14: 429s across replicas with a 2 ms linger). A
+    leased one's settle may wait to share a write; a reservation joining ends that wait."""
+    limiter = QuotaLimiter(redis_client, "l9:", settle_linger_s=5.0)
+    quotas = Quotas(tokens_per_min=0.001, token_burst=1000)
+    usage = {"requests": 1}
+    plain = Reservation("t", quotas, 1, 100)
+    await asyncio.wait_for(limiter.settle(plain, 10, usage), 1.0)
+    lingering = asyncio.ensure_future(
+        limiter.settle(Reservation("t", quotas, 1, 100, linger=True), 10, usage)
+    )
+    await asyncio.sleep(0.2)
+    assert not lingering.done()
+    assert (await asyncio.wait_for(limiter.reserve("t", quotas, 1), 1.0)).allowed
+    assert await asyncio.wait_for(lingering, 1.0)
 
 
 async def test_a_lease_admits_while_redis_is_paused(redis_client: aioredis.Redis) -> None:
