@@ -138,3 +138,17 @@ async def test_an_unreachable_redis_fails_every_call_of_the_batch() -> None:
             await batcher.run(script, ["k"], ["alone"])
     finally:
         await client.aclose()
+
+
+async def test_a_call_does_not_linger_while_an_exchange_is_in_progress(redis_client: aioredis.Redis) -> None:
+    """Under load (an exchange in progress) calls batch by themselves: a lingering call waits one loop
+    round, not its linger (in saturated streams a linger cost 8-17% more CPU per stream)."""
+    script = redis_client.register_script(ECHO)
+    await redis_client.script_load(ECHO)
+    batcher = ScriptBatcher(redis_client)
+    batcher._busy = 1  # as while another batch's exchange is under way
+    try:
+        reply = await asyncio.wait_for(batcher.run(script, ["busy"], ["v"], 5.0), 1.0)
+    finally:
+        batcher._busy -= 1
+    assert reply == ["v", "1"]
