@@ -155,8 +155,18 @@ def parallel(fn: Callable[..., Any], args: Sequence[tuple[Any, ...]]) -> list[An
     if len(args) == 1:
         return [fn(*args[0])]
     processes = min(len(args), os.cpu_count() or 1)
-    with terminate_as_exit(), multiprocessing.Pool(processes, initializer=_ignore_sigint) as pool:
-        return pool.starmap(fn, args)
+    with terminate_as_exit():
+        pool = multiprocessing.Pool(processes, initializer=_ignore_sigint)
+        try:
+            results = pool.starmap(fn, args)
+            # done: let the workers exit on their own (close + join). ``Pool.__exit__`` terminates them,
+            # and its worker-handler thread can start a replacement meanwhile, which terminate then waits
+            # for forever (seen once in CI: a forked worker blocked on the task queue's lock)
+            pool.close()
+            pool.join()
+            return results
+        finally:
+            pool.terminate()  # an error or a signal: stop them at once (a no-op after join)
 
 
 def smallest_fleet(
