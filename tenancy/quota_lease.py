@@ -153,12 +153,9 @@ class LeasedQuota:
                 )
                 self._install(tenant_id, lease, quotas)
                 return dataclasses.replace(decision, leased=True)
-            else:  # a lease that can serve no request (one bucket granted nothing): give it back now
-                self._give_back_later(
-                    tenant_id,
-                    QuotaLease(terms, float(requests or 0), float(tokens_left or 0), 0.0),
-                    quotas,
-                )
+            # a lease that can serve no request (one bucket granted nothing): give it back now
+            unused = QuotaLease(terms, float(requests or 0), float(tokens_left or 0), 0.0)
+            self._give_back_later(tenant_id, unused, quotas)
         return decision
 
     def on_invalidation(self, message: str) -> None:
@@ -183,15 +180,13 @@ class LeasedQuota:
 
     def _give_back_later(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
         """Give ``lease`` back in a task of its own (it is off every request's path)."""
-        if lease.leftover() == (0.0, 0.0):
-            return
         task = asyncio.get_running_loop().create_task(self._give_back(tenant_id, lease, quotas))
         self._returns.add(task)
         task.add_done_callback(self._returns.discard)
 
     async def _give_back(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
         requests, tokens = lease.leftover()
-        if requests == 0 and tokens == 0:
+        if requests == 0 and tokens == 0:  # nothing to write (an unlimited bucket's lease, or used up)
             return
         epoch = lease.terms[0]
         try:

@@ -85,9 +85,9 @@ class ScriptBatcher:
         would otherwise each be an exchange of its own (on a virtual machine each wait for a reply costs
         a wake-up). It lingers only while no exchange is in progress (under load calls batch by
         themselves; in the benchmark's saturated streams a linger cost 8-17% more CPU per stream). A call
-        without linger that joins such a batch ends the wait at once and goes out
-        after the calls already in it, in the same write: a reservation sent just after a settle of the
-        same replica is never run before it.
+        without linger that joins such a batch ends the wait at once and goes out after the calls already
+        in it, in the same write: a reservation sent just after a settle of the same replica is never run
+        before it.
         """
         loop = asyncio.get_running_loop()
         if self._pending is not None:  # another call collects this round: join it
