@@ -9,7 +9,6 @@ Starts its own two workers (the module kills and restarts them), about 40 s, the
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import os
@@ -28,8 +27,8 @@ from service.app import create_app
 from service.config import Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
-from tests.support.engine import engine_settings
-from tests.support.servers import ThreadedServer, free_port
+from tests.support.engine import start_worker
+from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
 
@@ -53,18 +52,14 @@ class Workers:
         self.log_dir = log_dir
         self.procs: list[WorkerProcess] = []
         for i in range(2):  # one at a time: SGLang sizes its KV cache from the memory left after loading
-            self.procs.append(self._launch(free_port(), i))
+            self.procs.append(self._launch(None, i))
 
-    def _launch(self, port: int, index: int) -> WorkerProcess:
-        proc = WorkerProcess(engine_settings(), port, log_path=self.log_dir / f"worker{index}.log")
-        proc.start()
+    def _launch(self, port: int | None, index: int) -> WorkerProcess:
         try:
-            asyncio.run(proc.wait_ready(timeout_s=600))
+            return start_worker(self.log_dir / f"worker{index}.log", port)
         except Exception:
-            proc.stop()
             self.stop()
             raise
-        return proc
 
     @property
     def urls(self) -> list[str]:
