@@ -1,11 +1,13 @@
-"""The pooled keep-alive connections to workers (service/workers/transport.py) through SGLangClient:
+"""The pooled keep-alive connections to workers (service/workers/transport.py, and native_transport.py
+with ``upstream.http_client=httptools``: each test runs on both) through SGLangClient:
 connections reused (streams read to their end), idle connections capped by max_keepalive_connections,
 an exhausted pool reported as local (never the worker's fault), unbounded SSE lines."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from starlette.applications import Starlette
@@ -18,6 +20,15 @@ from service.config import UpstreamSettings
 from service.workers.client import SGLangClient, UpstreamError
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
+
+Up = Callable[..., UpstreamSettings]
+
+
+@pytest.fixture(params=["aiohttp", "httptools"])
+def up(request: pytest.FixtureRequest) -> Up:
+    """Upstream settings with each HTTP client of the pool (``upstream.http_client``)."""
+    return functools.partial(UpstreamSettings, http_client=request.param)
+
 
 BODY = {"text": "hello there", "sampling_params": {"max_new_tokens": 8}, "rid": "t-1"}
 
@@ -34,9 +45,9 @@ async def fake() -> AsyncIterator[tuple[FakeSGLang, str]]:
         await server.wait_closed()
 
 
-async def test_generate_and_streams_reuse_one_connection(fake: tuple[FakeSGLang, str]) -> None:
+async def test_generate_and_streams_reuse_one_connection(up: Up, fake: tuple[FakeSGLang, str]) -> None:
     app, url = fake
-    async with SGLangClient() as client:
+    async with SGLangClient(up()) as client:
         assert await client.probe(url) == "ok"
         for _ in range(10):
             whole = await client.generate(url, BODY)
@@ -53,10 +64,10 @@ async def _burst(client: SGLangClient, url: str, n: int) -> None:
 
 @pytest.mark.parametrize(("keepalive", "reopened"), [(2, 6), (64, 0)])
 async def test_idle_connections_are_capped_by_max_keepalive(
-    fake: tuple[FakeSGLang, str], keepalive: int, reopened: int
+    up: Up, fake: tuple[FakeSGLang, str], keepalive: int, reopened: int
 ) -> None:
     app, url = fake
-    async with SGLangClient(UpstreamSettings(max_keepalive_connections=keepalive)) as client:
+    async with SGLangClient(up(max_keepalive_connections=keepalive)) as client:
         await _burst(client, url, 8)
         assert app.connections == 8  # 8 calls in flight at once: 8 connections
         await _burst(client, url, 8)
@@ -64,7 +75,9 @@ async def test_idle_connections_are_capped_by_max_keepalive(
         assert app.connections - 8 == reopened
 
 
-async def test_an_exhausted_pool_is_local_and_probes_say_unknown(fake: tuple[FakeSGLang, str]) -> None:
+async def test_an_exhausted_pool_is_local_and_probes_say_unknown(
+    up: Up, fake: tuple[FakeSGLang, str]
+) -> None:
     _, url = fake
     settings = UpstreamSettings(max_connections=1, pool_timeout_s=0.1)
     async with SGLangClient(settings) as client:
@@ -78,29 +91,29 @@ async def test_an_exhausted_pool_is_local_and_probes_say_unknown(fake: tuple[Fak
         assert (await client.generate(url, BODY)).completion_tokens == 8
 
 
-async def test_a_refused_connection_is_refused() -> None:
+async def test_a_refused_connection_is_refused(up: Up) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with SGLangClient() as client:
+    async with SGLangClient(up()) as client:
         with pytest.raises(UpstreamError) as caught:
             await client.generate(dead, BODY)
         assert caught.value.refused and caught.value.retryable
         assert await client.probe(dead) == "refused"
 
 
-async def test_sse_lines_longer_than_the_read_buffer_are_parsed() -> None:
+async def test_sse_lines_longer_than_the_read_buffer_are_parsed(up: Up) -> None:
     worker = FakeWorker()
     worker.tokens = ["a" * 300_000, " b"]  # one SSE line of about 300 KB
     with ThreadedServer(worker.app) as server:
-        async with SGLangClient() as client:
+        async with SGLangClient(up()) as client:
             text = "".join([c.text async for c in client.stream(server.url, BODY)])
     assert text == "a" * 300_000 + " b"
 
 
-async def test_chunks_of_one_read_say_that_more_follow_at_once(fake: tuple[FakeSGLang, str]) -> None:
+async def test_chunks_of_one_read_say_that_more_follow_at_once(up: Up, fake: tuple[FakeSGLang, str]) -> None:
     """A worker that sent several chunks in one write: each but the last of them says ``more_ready``, so
     the gateway may forward them in one write; chunks that come apart never do."""
     _, url = fake  # writes a whole streamed answer at once
-    async with SGLangClient() as client:
+    async with SGLangClient(up()) as client:
         together = [c async for c in client.stream(url, BODY)]
         worker = FakeWorker()
         worker.delay_s = 0.05  # one chunk per 50 ms
@@ -119,7 +132,7 @@ async def test_chunks_of_one_read_say_that_more_follow_at_once(fake: tuple[FakeS
         b"data: {not json\n\n",  # malformed
     ],
 )
-async def test_an_error_after_good_chunks_of_one_read_comes_after_them(bad: bytes) -> None:
+async def test_an_error_after_good_chunks_of_one_read_comes_after_them(up: Up, bad: bytes) -> None:
     """An error in the same read as good chunks is raised once those chunks are out (the client keeps
     what was generated; the stream resumes after it), and the last good chunk does not say that more
     follow at once: the resume elsewhere is a wait its events must not be held over."""
@@ -131,14 +144,14 @@ async def test_an_error_after_good_chunks_of_one_read_comes_after_them(bad: byte
     app = Starlette(routes=[Route("/generate", answer, methods=["POST"])])
     seen: list[tuple[str, bool]] = []
     with ThreadedServer(app) as server:
-        async with SGLangClient() as client:
+        async with SGLangClient(up()) as client:
             with pytest.raises(UpstreamError):
                 async for chunk in client.stream(server.url, BODY):
                     seen.append((chunk.text, chunk.more_ready))
     assert seen == [("hi", False)]
 
 
-async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked() -> None:
+async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked(up: Up) -> None:
     """SGLang serves /metrics with prometheus_client's ASGI app, which gzips the text for a client that
     accepts gzip; aiohttp sends ``Accept-Encoding: gzip`` by default and the pool does not decompress, so
     every load poll read gzip bytes as text and failed (windows never left window_initial)."""
@@ -157,7 +170,7 @@ async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked() -> N
         Gauge(name, name, registry=registry).set(value)
     app = Starlette(routes=[Mount("/metrics", make_asgi_app(registry=registry))])
     with ThreadedServer(app) as server:
-        async with SGLangClient() as client:
+        async with SGLangClient(up()) as client:
             assert await client.load(server.url) == WorkerLoad(running=3, queued=2, kv_usage=0.5)
 
 
@@ -170,7 +183,7 @@ GARBAGE = [
 
 
 @pytest.mark.parametrize("body", GARBAGE)
-async def test_a_worker_answering_garbage_raises_upstream_error(body: bytes) -> None:
+async def test_a_worker_answering_garbage_raises_upstream_error(up: Up, body: bytes) -> None:
     """A 200 whose body is not SGLang's answer (whole or as SSE) is the worker's failure
     (:class:`UpstreamError`, retried elsewhere and held against its breaker), never an unhandled
     parse error (a 500 to the tenant)."""
@@ -183,7 +196,7 @@ async def test_a_worker_answering_garbage_raises_upstream_error(body: bytes) -> 
 
     app = Starlette(routes=[Route("/generate", answer, methods=["POST"])])
     with ThreadedServer(app) as server:
-        async with SGLangClient() as client:
+        async with SGLangClient(up()) as client:
             with pytest.raises(UpstreamError) as whole:
                 await client.generate(server.url, BODY)
             with pytest.raises(UpstreamError) as streamed:
@@ -192,3 +205,21 @@ async def test_a_worker_answering_garbage_raises_upstream_error(body: bytes) -> 
     for caught in (whole.value, streamed.value):
         assert caught.retryable and caught.status is None and not caught.rejected
         assert "malformed" in str(caught)
+
+
+def test_the_native_client_runs_on_uvloop() -> None:
+    """The gateway serves on uvloop, whose transports are not ``asyncio.Transport`` subclasses; the other
+    tests here run on the default loop."""
+    import uvloop
+
+    worker = FakeWorker()
+
+    async def calls(url: str) -> tuple[str, str]:
+        async with SGLangClient(UpstreamSettings(http_client="httptools")) as client:
+            whole = await client.generate(url, BODY)
+            streamed = "".join([c.text async for c in client.stream(url, BODY)])
+            return whole.text, streamed
+
+    with ThreadedServer(worker.app) as server:
+        whole, streamed = uvloop.run(calls(server.url))
+    assert whole and whole == streamed

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.compact_json import compact_json
 from service.config import UpstreamSettings
+from service.workers.native_transport import NativeWorkerHTTP
 from service.workers.stall_watch import StallWatch, StreamStalled
 from service.workers.transport import TransportFailure, WorkerHTTP
 from service.workers.upstream_errors import (
@@ -325,7 +326,8 @@ class SGLangClient:
 
     def __init__(self, settings: UpstreamSettings | None = None) -> None:
         settings = settings or UpstreamSettings()
-        self._http = WorkerHTTP(settings)
+        native = settings.http_client == "httptools"
+        self._http = NativeWorkerHTTP(settings) if native else WorkerHTTP(settings)
         self._idle_s = settings.stream_idle_timeout_s
         self._info: dict[str, WorkerInfo] = {}
 
