@@ -115,16 +115,7 @@ def adjust(state: BucketState, limit: BucketLimit, delta: float, now_ms: float) 
 
     The level is capped at the capacity and floored at ``-capacity``: an overrun can put a tenant into
     debt (later requests wait for it to be paid back) but never more than one burst deep.
-
-    ``limit`` is the one the units were reserved under, which may be older than the tenant's quota: a
-    level already above ``limit.capacity`` (the capacity was raised since) is never cut down to it, it
-    only stops refilling and takes no refund. Without that rule, each request in flight when an admin
-    raised a quota settled the bucket back down to the old burst (spurious 429s just after a raise).
     """
-    ceiling = max(limit.capacity, state.level)
-    level, updated = state.level, state.updated_ms
-    elapsed = now_ms - updated
-    if elapsed > 0:
-        level = min(ceiling, level + elapsed * limit.rate_per_min / MS_PER_MIN)
-        updated = now_ms
-    return BucketState(level=max(-limit.capacity, min(ceiling, level + delta)), updated_ms=updated)
+    current = refill(state, limit, now_ms)
+    level = max(-limit.capacity, min(limit.capacity, current.level + delta))
+    return BucketState(level=level, updated_ms=current.updated_ms)

@@ -38,42 +38,10 @@ local function adjusted(level, amount, cap)
   return math.max(-cap, math.min(cap, level + amount))
 end
 
--- bucket_store(key, level, stamp, rate_per_min, capacity[, only_longer]): write the bucket back.
+-- bucket_store(key, level, stamp, rate_per_min, capacity): write the bucket back.
 -- An idle bucket refills from -capacity to full in 2*capacity/rate minutes; after that a missing key
--- means the same as a full bucket, so the key can expire. only_longer: never shorten the key's life
--- (the limits are a reservation's, maybe older than the tenant's larger ones).
-local function bucket_store(key, level, stamp, rate, cap, only_longer)
+-- means the same as a full bucket, so the key can expire.
+local function bucket_store(key, level, stamp, rate, cap)
   redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', stamp))
-  local ttl = math.min(math.ceil(2 * cap * 60000 / rate), MAX_WAIT_MS) + 1000
-  if only_longer then
-    redis.call('PEXPIRE', key, ttl, 'GT')
-  else
-    redis.call('PEXPIRE', key, ttl)
-  end
-end
-
--- bucket_adjust(key, rate_per_min, capacity, now, amount): refill, add amount (refund > 0, overrun
--- charge < 0) and write back, under the limits the units were reserved with, which may be older than the
--- tenant's (policies/token_bucket.py adjust): a level above capacity (raised since) is never cut, only
--- not refilled; a missing (full) bucket stays missing on a refund; the key's life is never shortened.
--- Returns the level.
-local function bucket_adjust(key, rate, cap, now, amount)
-  local stored = redis.call('HMGET', key, 'level', 'ts')
-  local level, updated = tonumber(stored[1]), tonumber(stored[2])
-  local missing = level == nil or updated == nil
-  if missing then
-    if amount >= 0 then
-      return cap
-    end
-    level, updated = cap, now
-  end
-  local ceiling = math.max(cap, level)
-  local elapsed = now - updated
-  if elapsed > 0 then
-    level = math.min(ceiling, level + elapsed * rate / 60000)
-    updated = now
-  end
-  level = math.max(-cap, math.min(ceiling, level + amount))
-  bucket_store(key, level, updated, rate, cap, not missing)
-  return level
+  redis.call('PEXPIRE', key, math.min(math.ceil(2 * cap * 60000 / rate), MAX_WAIT_MS) + 1000)
 end

@@ -12,8 +12,7 @@
 -- ARGV[4]  n, the number of buckets
 -- ARGV[5]  lifetime of the marker KEYS[3], whole seconds; "" settles without a marker
 -- ARGV[3*i+3], ARGV[3*i+4], ARGV[3*i+5]  rate_per_min, capacity, amount added to bucket i (a refund is
---          positive, an overrun charge negative; capped at capacity, floored at minus it; these are the
---          reservation's limits, maybe older than the tenant's: see bucket_adjust in bucket_lib.lua)
+--          positive, an overrun charge negative; capped at capacity, floored at minus it)
 -- ARGV[6+3n..]  usage field, amount pairs (HINCRBY)
 --
 -- Returns {1, level_1, ..., level_n} (levels as strings), {-2} when the tenant is gone, or {-3} when the
@@ -33,7 +32,9 @@ if n > 0 then
   for i = 1, n do
     local rate = tonumber(ARGV[3 * i + 3])
     local cap = tonumber(ARGV[3 * i + 4])
-    local level = bucket_adjust(KEYS[3 + i], rate, cap, now, tonumber(ARGV[3 * i + 5]))
+    local level, stamp = bucket_level(KEYS[3 + i], rate, cap, now)
+    level = adjusted(level, tonumber(ARGV[3 * i + 5]), cap)
+    bucket_store(KEYS[3 + i], level, stamp, rate, cap)
     out[1 + i] = string.format('%.17g', level)
   end
 end

@@ -25,17 +25,12 @@ if ARGV[3] == '1' and not tenant_alive(KEYS[1], ARGV[4]) then
 end
 
 local now = now_ms(ARGV[1])
-local leasing = ARGV[2] == 'lease'
-local n = #KEYS - 1
-if ARGV[2] == 'adjust' then -- the reservation's limits, maybe older than the tenant's: see bucket_adjust
-  local out = {1, 0, 0}
-  for i = 1, n do
-    local level = bucket_adjust(KEYS[1 + i], tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3]), now,
-      tonumber(ARGV[3 * i + 4]))
-    out[3 + i] = string.format('%.17g', level)
-  end
-  return out
+local mode = ARGV[2]
+local leasing = mode == 'lease'
+if leasing then
+  mode = 'take'
 end
+local n = #KEYS - 1
 local rates, caps, amounts, levels, stamps, extras = {}, {}, {}, {}, {}, {}
 local worst_wait, worst_idx = 0, 0
 local credited = false
@@ -54,19 +49,21 @@ for i = 1, n do
       credited = true
     end
   end
-  if amount > cap then
-    return {-1, 0, i}
-  end
-  if levels[i] < amount then
-    local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
-    if wait > worst_wait then
-      worst_wait, worst_idx = wait, i
+  if mode == 'take' then
+    if amount > cap then
+      return {-1, 0, i}
+    end
+    if levels[i] < amount then
+      local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
+      if wait > worst_wait then
+        worst_wait, worst_idx = wait, i
+      end
     end
   end
 end
 
 local out = {1, 0, 0}
-if worst_wait > 0 then
+if mode == 'take' and worst_wait > 0 then
   out = {0, worst_wait, worst_idx}
   for i = 1, n do
     if credited then
@@ -78,11 +75,15 @@ if worst_wait > 0 then
 end
 
 for i = 1, n do
-  levels[i] = levels[i] - amounts[i]
-  if leasing then
-    local grant = math.max(0, math.min(extras[i], math.floor(levels[i])))
-    levels[i] = levels[i] - grant
-    out[3 + n + i] = grant
+  if mode == 'take' then
+    levels[i] = levels[i] - amounts[i]
+    if leasing then
+      local grant = math.max(0, math.min(extras[i], math.floor(levels[i])))
+      levels[i] = levels[i] - grant
+      out[3 + n + i] = grant
+    end
+  else
+    levels[i] = adjusted(levels[i], amounts[i], caps[i])
   end
   bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
   out[3 + i] = string.format('%.17g', levels[i])
