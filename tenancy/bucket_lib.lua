@@ -17,11 +17,17 @@ local function now_ms(arg)
   return now
 end
 
--- bucket_level(key, rate_per_min, capacity, now): the level refilled up to now (capped at capacity; a
--- clock going back refills nothing), and the timestamp to store with it.
-local function bucket_level(key, rate, cap, now)
-  local stored = redis.call('HMGET', key, 'level', 'ts')
+-- bucket_level(key, rate_per_min, capacity, now[, stored_terms]): the level refilled up to now (capped at
+-- capacity; a clock going back refills nothing), the timestamp to store with it, and the rate and capacity
+-- it was refilled with. With stored_terms (a settle or a give-back, which carry the quotas their request
+-- was reserved under), the rate and capacity the bucket's last take wrote win over those given: a quota
+-- lowered meanwhile is not refilled at the old rate nor up to the old burst.
+local function bucket_level(key, rate, cap, now, stored_terms)
+  local stored = redis.call('HMGET', key, 'level', 'ts', 'rate', 'cap')
   local level, updated = tonumber(stored[1]), tonumber(stored[2])
+  if stored_terms and tonumber(stored[3]) and tonumber(stored[4]) then
+    rate, cap = tonumber(stored[3]), tonumber(stored[4])
+  end
   if level == nil or updated == nil then
     level, updated = cap, now
   end
@@ -30,7 +36,7 @@ local function bucket_level(key, rate, cap, now)
     level = math.min(cap, level + elapsed * rate / 60000)
     updated = now
   end
-  return level, updated
+  return level, updated, rate, cap
 end
 
 -- adjusted(level, amount, capacity): level + amount, capped at the capacity and floored at minus it.
@@ -38,10 +44,12 @@ local function adjusted(level, amount, cap)
   return math.max(-cap, math.min(cap, level + amount))
 end
 
--- bucket_store(key, level, stamp, rate_per_min, capacity): write the bucket back.
+-- bucket_store(key, level, stamp, rate_per_min, capacity): write the bucket back, with the rate and
+-- capacity it is under (read back by settles, see bucket_level).
 -- An idle bucket refills from -capacity to full in 2*capacity/rate minutes; after that a missing key
 -- means the same as a full bucket, so the key can expire.
 local function bucket_store(key, level, stamp, rate, cap)
-  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', stamp))
+  redis.call('HSET', key, 'level', string.format('%.17g', level), 'ts', string.format('%.17g', stamp),
+    'rate', string.format('%.17g', rate), 'cap', string.format('%.17g', cap))
   redis.call('PEXPIRE', key, math.min(math.ceil(2 * cap * 60000 / rate), MAX_WAIT_MS) + 1000)
 end

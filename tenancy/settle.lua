@@ -32,7 +32,8 @@ if n > 0 then
   for i = 1, n do
     local rate = tonumber(ARGV[3 * i + 3])
     local cap = tonumber(ARGV[3 * i + 4])
-    local level, stamp = bucket_level(KEYS[3 + i], rate, cap, now)
+    local level, stamp
+    level, stamp, rate, cap = bucket_level(KEYS[3 + i], rate, cap, now, true)
     level = adjusted(level, tonumber(ARGV[3 * i + 5]), cap)
     bucket_store(KEYS[3 + i], level, stamp, rate, cap)
     out[1 + i] = string.format('%.17g', level)

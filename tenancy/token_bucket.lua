@@ -39,8 +39,8 @@ for i = 1, n do
   local rate = tonumber(ARGV[3 * i + 2])
   local cap = tonumber(ARGV[3 * i + 3])
   local amount = tonumber(ARGV[3 * i + 4])
+  levels[i], stamps[i], rate, cap = bucket_level(KEYS[1 + i], rate, cap, now, mode == 'adjust')
   rates[i], caps[i], amounts[i] = rate, cap, amount
-  levels[i], stamps[i] = bucket_level(KEYS[1 + i], rate, cap, now)
   if leasing then
     extras[i] = tonumber(ARGV[3 * n + 3 + 2 * i])
     local credit = tonumber(ARGV[3 * n + 4 + 2 * i])

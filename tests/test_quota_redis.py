@@ -98,3 +98,25 @@ async def test_settle_is_reconcile_or_refund_and_usage_in_one_call(redis_client:
     assert await limiter.settle(Reservation("t", quotas, 1, 5), 5, {"errors": 0})  # nothing to write
     with pytest.raises(ValueError, match="unknown usage fields"):
         await limiter.settle(Reservation("t", quotas, 1, 5), 5, {"bogus": 1})
+
+
+OLD = Quotas(requests_per_min=6000)  # 100 requests/s, burst 6000
+NEW = Quotas(requests_per_min=3)  # burst 3, one request every 20 s
+
+
+async def test_settle_after_lowered_quota_does_not_refill_at_the_old_rate(
+    redis_client: aioredis.Redis,
+) -> None:
+    """A settle carries the quotas its request was reserved under; the bucket's own (written by its
+    latest take) win, so a quota lowered meanwhile is not refilled at the old rate nor to the old burst."""
+    limiter = QuotaLimiter(redis_client, "low:")
+    t0 = 1_000_000.0
+    assert (await limiter.reserve("t", OLD, 10, now_ms=t0)).allowed  # in flight when the quota drops
+    in_flight = Reservation("t", OLD, 1, 10)
+    admitted = sum([(await limiter.reserve("t", NEW, 10, now_ms=t0 + 1)).allowed for _ in range(5)])
+    assert admitted == 3  # the new burst
+    # 5 s later the in-flight request fails upstream: its one request goes back
+    await limiter.settle(in_flight, None, {}, now_ms=t0 + 5000)
+    # under the new quota the bucket holds about 1 + 5 s x 0.05/s: one request passes, not three
+    admitted = sum([(await limiter.reserve("t", NEW, 10, now_ms=t0 + 5001)).allowed for _ in range(5)])
+    assert admitted == 1
