@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import secrets
+from collections.abc import Mapping
 
 import structlog
 from redis.asyncio import Redis
@@ -124,16 +125,24 @@ class TenantStore:
         return [Tenant.model_validate_json(r) for r in raws if r is not None], more
 
     @store_operation
-    async def update(self, tenant_id: str, patch: TenantPatch) -> Tenant:
+    async def update(
+        self, tenant_id: str, patch: TenantPatch, quota_fields: Mapping[str, float | None] | None = None
+    ) -> Tenant:
         """Apply a partial update. Raises :class:`TenantNotFoundError`.
 
         Optimistic concurrency (Redis ``WATCH``/``MULTI``/``EXEC``): the record is read and written back
         only if nobody changed it in between, else read again; so two patches of different fields that
         race both land (a quota change racing a disable cannot re-enable the tenant), and a patch racing
         a delete and re-creation never writes the old record (with its old epoch) over the new one.
+
+        ``quota_fields`` (a JSON merge patch of the quotas): these quota fields replace the stored ones
+        and the others are kept, merged with the record read here, so that two patches of different
+        quota fields that race both land; it takes the place of ``patch.quotas``.
         """
         key = self._tenant_key(tenant_id)
         changes = patch.model_dump(exclude_unset=True)
+        if quota_fields is not None:
+            changes.pop("quotas", None)
         async with self._redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -142,7 +151,10 @@ class TenantStore:
                     if raw is None:
                         raise TenantNotFoundError(tenant_id)
                     current = Tenant.model_validate_json(raw)
-                    merged = Tenant.model_validate({**current.model_dump(), **changes})
+                    fields = current.model_dump()
+                    if quota_fields is not None:
+                        fields["quotas"] = {**fields["quotas"], **quota_fields}
+                    merged = Tenant.model_validate({**fields, **changes})
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.set(key, merged.model_dump_json(), xx=True)
                     await pipe.execute()

@@ -597,6 +597,27 @@ def test_concurrent_admin_patches_of_one_tenant_lose_no_update(gateway: str) -> 
         assert lost == []
 
 
+def test_concurrent_patches_of_different_quota_fields_both_land(gateway: str) -> None:
+    """A JSON merge patch of ``quotas`` keeps the quota fields it leaves out, also when another PATCH of
+    another quota field races it: the merge with the stored quotas happens where the record is written
+    (merged with a copy read before the write, one of the two was lost in 29 of 30 rounds)."""
+    with httpx.Client(base_url=gateway, timeout=30) as a, httpx.Client(base_url=gateway, timeout=30) as b:
+        tenant_id, _ = new_tenant(a, quotas={"requests_per_min": 1, "tokens_per_min": 1})
+        url = f"/admin/tenants/{tenant_id}"
+        lost = []
+        with ThreadPoolExecutor(2) as pool:
+            for i in range(20):
+                done = [
+                    pool.submit(a.patch, url, json={"quotas": {"requests_per_min": 100 + i}}, headers=ADMIN),
+                    pool.submit(b.patch, url, json={"quotas": {"tokens_per_min": 1000 + i}}, headers=ADMIN),
+                ]
+                assert [f.result().status_code for f in done] == [200, 200]
+                quotas = a.get(url, headers=ADMIN).json()["quotas"]
+                if (quotas["requests_per_min"], quotas["tokens_per_min"]) != (100 + i, 1000 + i):
+                    lost.append((i, quotas))
+        assert lost == []
+
+
 def test_admin_lists_tenants_page_by_page(http: httpx.Client) -> None:
     """``GET /admin/tenants?limit=&after=`` pages through the tenants in id order (OpenAI's list shape:
     ``has_more``, ``first_id``, ``last_id``); without ``limit`` the whole list, as before."""

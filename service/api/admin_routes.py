@@ -133,7 +133,10 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
         current = await state.tenants.get(tenant_id)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
+    given: dict[str, float | None] | None = None
     if patch.quotas is not None:
+        # checked merged with the quotas read now; merged again with those the write reads (a PATCH of
+        # another quota field may land in between)
         given = {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}
         patch = patch.model_copy(update={"quotas": current.quotas.model_copy(update=given)})
     _check_quotas(patch.quotas)
@@ -144,7 +147,7 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
         patch.allowed_models,
     )
     try:
-        return await state.tenants.update(tenant_id, patch)
+        return await state.tenants.update(tenant_id, patch, quota_fields=given)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
 
