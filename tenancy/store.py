@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 from redis.asyncio import Redis
@@ -126,7 +126,11 @@ class TenantStore:
 
     @store_operation
     async def update(
-        self, tenant_id: str, patch: TenantPatch, quota_fields: Mapping[str, float | None] | None = None
+        self,
+        tenant_id: str,
+        patch: TenantPatch,
+        quota_fields: Mapping[str, float | None] | None = None,
+        check: Callable[[Tenant], None] | None = None,
     ) -> Tenant:
         """Apply a partial update. Raises :class:`TenantNotFoundError`.
 
@@ -138,6 +142,10 @@ class TenantStore:
         ``quota_fields`` (a JSON merge patch of the quotas): these quota fields replace the stored ones
         and the others are kept, merged with the record read here, so that two patches of different
         quota fields that race both land; it takes the place of ``patch.quotas``.
+
+        ``check`` is called with the record about to be written (merged with the one read in the
+        transaction) and may raise to write nothing: a rule across fields (a default priority class
+        not above the highest one) holds also when two patches of those fields race.
         """
         key = self._tenant_key(tenant_id)
         changes = patch.model_dump(exclude_unset=True)
@@ -155,6 +163,8 @@ class TenantStore:
                     if quota_fields is not None:
                         fields["quotas"] = {**fields["quotas"], **quota_fields}
                     merged = Tenant.model_validate({**fields, **changes})
+                    if check is not None:
+                        check(merged)
                     pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.set(key, merged.model_dump_json(), xx=True)
                     await pipe.execute()

@@ -618,6 +618,33 @@ def test_concurrent_patches_of_different_quota_fields_both_land(gateway: str) ->
         assert lost == []
 
 
+def test_concurrent_patches_of_the_priority_classes_never_store_a_default_above_the_max(gateway: str) -> None:
+    """A PATCH lowering ``max_priority_class`` racing one raising ``priority_class``: each is valid
+    against the record before both, together they are not (every request of the tenant would get 403,
+    and every later PATCH of another field 400). The check runs on the record the write merges with,
+    so the second one gets 400 (both landed in 12 of 20 rounds when it ran on a copy read before)."""
+    with httpx.Client(base_url=gateway, timeout=30) as a, httpx.Client(base_url=gateway, timeout=30) as b:
+        tenant_id, _ = new_tenant(a, priority_class="standard", max_priority_class="interactive")
+        url = f"/admin/tenants/{tenant_id}"
+        broken = []
+        with ThreadPoolExecutor(2) as pool:
+            for i in range(20):
+                reset = {"priority_class": "standard", "max_priority_class": "interactive"}
+                assert a.patch(url, json=reset, headers=ADMIN).status_code == 200
+                done = [
+                    pool.submit(a.patch, url, json={"max_priority_class": "standard"}, headers=ADMIN),
+                    pool.submit(b.patch, url, json={"priority_class": "interactive"}, headers=ADMIN),
+                ]
+                codes = sorted(f.result().status_code for f in done)
+                tenant = a.get(url, headers=ADMIN).json()
+                if (
+                    codes != [200, 400]
+                    or tenant["priority_class"] == "interactive" != tenant["max_priority_class"]
+                ):
+                    broken.append((i, codes, tenant["priority_class"], tenant["max_priority_class"]))
+        assert broken == []
+
+
 def test_admin_lists_tenants_page_by_page(http: httpx.Client) -> None:
     """``GET /admin/tenants?limit=&after=`` pages through the tenants in id order (OpenAI's list shape:
     ``has_more``, ``first_id``, ``last_id``); without ``limit`` the whole list, as before."""

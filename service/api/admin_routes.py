@@ -147,7 +147,15 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
         patch.allowed_models,
     )
     try:
-        return await state.tenants.update(tenant_id, patch, quota_fields=given)
+        return await state.tenants.update(
+            tenant_id,
+            patch,
+            quota_fields=given,
+            # again on the record the write merges with: a PATCH of the other class may land in between
+            check=lambda merged: _check_tenant(
+                state.settings, merged.priority_class, merged.max_priority_class, None
+            ),
+        )
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
 
