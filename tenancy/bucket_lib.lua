@@ -21,14 +21,16 @@ end
 -- capacity; a clock going back refills nothing), the timestamp to store with it, and the rate and capacity
 -- it was refilled with. With stored_terms (a settle or a give-back, which carry the quotas their request
 -- was reserved under), the rate and capacity the bucket's last take wrote win over those given: a quota
--- lowered meanwhile is not refilled at the old rate nor up to the old burst.
+-- lowered meanwhile is not refilled at the old rate nor up to the old burst. Last: true when the bucket
+-- is missing (full); a refund to it writes nothing, as it may be full under a capacity larger than cap.
 local function bucket_level(key, rate, cap, now, stored_terms)
   local stored = redis.call('HMGET', key, 'level', 'ts', 'rate', 'cap')
   local level, updated = tonumber(stored[1]), tonumber(stored[2])
   if stored_terms and tonumber(stored[3]) and tonumber(stored[4]) then
     rate, cap = tonumber(stored[3]), tonumber(stored[4])
   end
-  if level == nil or updated == nil then
+  local missing = level == nil or updated == nil
+  if missing then
     level, updated = cap, now
   end
   local elapsed = now - updated
@@ -36,7 +38,7 @@ local function bucket_level(key, rate, cap, now, stored_terms)
     level = math.min(cap, level + elapsed * rate / 60000)
     updated = now
   end
-  return level, updated, rate, cap
+  return level, updated, rate, cap, missing
 end
 
 -- adjusted(level, amount, capacity): level + amount, capped at the capacity and floored at minus it.

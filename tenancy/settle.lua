@@ -32,10 +32,13 @@ if n > 0 then
   for i = 1, n do
     local rate = tonumber(ARGV[3 * i + 3])
     local cap = tonumber(ARGV[3 * i + 4])
-    local level, stamp
-    level, stamp, rate, cap = bucket_level(KEYS[3 + i], rate, cap, now, true)
-    level = adjusted(level, tonumber(ARGV[3 * i + 5]), cap)
-    bucket_store(KEYS[3 + i], level, stamp, rate, cap)
+    local amount = tonumber(ARGV[3 * i + 5])
+    local level, stamp, missing
+    level, stamp, rate, cap, missing = bucket_level(KEYS[3 + i], rate, cap, now, true)
+    if not (missing and amount >= 0) then
+      level = adjusted(level, amount, cap)
+      bucket_store(KEYS[3 + i], level, stamp, rate, cap)
+    end
     out[1 + i] = string.format('%.17g', level)
   end
 end

@@ -31,7 +31,7 @@ if leasing then
   mode = 'take'
 end
 local n = #KEYS - 1
-local rates, caps, amounts, levels, stamps, extras = {}, {}, {}, {}, {}, {}
+local rates, caps, amounts, levels, stamps, extras, missing = {}, {}, {}, {}, {}, {}, {}
 local worst_wait, worst_idx = 0, 0
 local credited = false
 
@@ -39,7 +39,7 @@ for i = 1, n do
   local rate = tonumber(ARGV[3 * i + 2])
   local cap = tonumber(ARGV[3 * i + 3])
   local amount = tonumber(ARGV[3 * i + 4])
-  levels[i], stamps[i], rate, cap = bucket_level(KEYS[1 + i], rate, cap, now, mode == 'adjust')
+  levels[i], stamps[i], rate, cap, missing[i] = bucket_level(KEYS[1 + i], rate, cap, now, mode == 'adjust')
   rates[i], caps[i], amounts[i] = rate, cap, amount
   if leasing then
     extras[i] = tonumber(ARGV[3 * n + 3 + 2 * i])
@@ -75,6 +75,7 @@ if mode == 'take' and worst_wait > 0 then
 end
 
 for i = 1, n do
+  local write = true
   if mode == 'take' then
     levels[i] = levels[i] - amounts[i]
     if leasing then
@@ -82,10 +83,14 @@ for i = 1, n do
       levels[i] = levels[i] - grant
       out[3 + n + i] = grant
     end
+  elseif missing[i] and amounts[i] >= 0 then -- a refund to a missing (full) bucket: nothing to write
+    write = false
   else
     levels[i] = adjusted(levels[i], amounts[i], caps[i])
   end
-  bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
+  if write then
+    bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
+  end
   out[3 + i] = string.format('%.17g', levels[i])
 end
 return out

@@ -142,23 +142,13 @@ async def test_a_rate_too_slow_to_refill_in_time_refuses_with_a_bounded_wait(
     assert wait_ms_for(0, 60, BucketLimit(rate_per_min=1e-300, capacity=100)) == MAX_WAIT_MS
 
 
-@pytest.mark.parametrize("delta", [5, -3])
-def test_an_adjust_under_an_older_smaller_capacity_never_cuts_the_level(delta: float) -> None:
-    """A settle carries the limits its request was reserved under; after a raise they are smaller than
-    the bucket's level. The level is kept (no refill, no refund above it), a charge still lands."""
-    raised = BucketState(level=50, updated_ms=0)
-    after = adjust(raised, LIMIT, delta, now_ms=10_000)
-    assert after.level == pytest.approx(50 + min(delta, 0))
-    assert after.updated_ms == 10_000
-
-
 async def test_a_settle_after_a_quota_raise_keeps_the_raised_level_and_the_key_life(
     redis_client: aioredis.Redis,
 ) -> None:
     """nu14: a request in flight when an admin raised a tenant's burst settled the bucket back to the old
     burst (settle.lua and the give-back path capped the refilled level at the reservation's capacity),
-    so the raise gave 429s for a while. Both paths now keep the level, and never shorten the key's life
-    (a key that expired early would read as a full bucket)."""
+    so the raise gave 429s for a while. Both paths now refill and cap with the terms of the bucket's
+    latest take (nu15), and keep the key's life (a key that expired early would read as a full bucket)."""
     limiter = QuotaLimiter(redis_client, "raise:")
     old = Quotas(tokens_per_min=60, token_burst=10)
     new = Quotas(tokens_per_min=600, token_burst=1000)
@@ -170,13 +160,13 @@ async def test_a_settle_after_a_quota_raise_keeps_the_raised_level_and_the_key_l
     ttl = await redis_client.pttl(key)
     assert level == pytest.approx(900)  # capped at the new burst, less 100
     reservation = Reservation("acme", old, 0, 8)
-    assert await limiter.settle(reservation, 2, {}, now_ms=100_000)  # 6 tokens back under burst 10
-    assert float(await redis_client.hget(key, "level")) == pytest.approx(900)
+    assert await limiter.settle(reservation, 2, {}, now_ms=100_000)  # 6 unused tokens back
+    assert float(await redis_client.hget(key, "level")) == pytest.approx(906)
     assert await redis_client.pttl(key) >= ttl - 1000
     await limiter.adjust("acme", old, tokens=5, now_ms=100_000)  # a lease's give-back
-    assert float(await redis_client.hget(key, "level")) == pytest.approx(900)
-    await limiter.adjust("acme", old, tokens=-4, now_ms=100_000)  # an overrun charge still lands
-    assert float(await redis_client.hget(key, "level")) == pytest.approx(896)
+    assert float(await redis_client.hget(key, "level")) == pytest.approx(911)
+    await limiter.adjust("acme", old, tokens=-4, now_ms=100_000)  # an overrun charge
+    assert float(await redis_client.hget(key, "level")) == pytest.approx(907)
 
 
 async def test_a_refund_to_a_missing_bucket_leaves_it_missing(redis_client: aioredis.Redis) -> None:
