@@ -6,6 +6,7 @@ calls them straight from its ASGI entry (:data:`COMPLETION_ROUTES`); FastAPI kee
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -140,7 +141,9 @@ async def responses(request: Request) -> Response:
     try:
         return await _serve(request, state, tenant, to_chat(req), len(raw), shaper)
     except GatewayError as err:  # raised on the chat form: name the Responses parameter
-        err.param = responses_param(err.param)
+        chat_param, err.param = err.param, responses_param(err.param)
+        if chat_param and err.param and chat_param != err.param and "." not in chat_param:
+            err.message = re.sub(rf"\b{re.escape(chat_param)}\b", err.param, err.message)  # nu15
         raise
 
 
