@@ -75,6 +75,19 @@ async def test_idle_connections_are_capped_by_max_keepalive(
         assert app.connections - 8 == reopened
 
 
+async def test_a_connection_idle_past_keepalive_is_not_reused(up: Up, fake: tuple[FakeSGLang, str]) -> None:
+    """``keepalive_s`` is below the worker's own idle timeout, so a call never goes out on a connection
+    the worker is closing: one idle longer is closed, the next call opens another."""
+    app, url = fake
+    async with SGLangClient(up(keepalive_s=0.2)) as client:
+        await client.generate(url, BODY)
+        await client.generate(url, BODY)
+        assert app.connections == 1
+        await asyncio.sleep(0.4)
+        await client.generate(url, BODY)
+        assert app.connections == 2
+
+
 async def test_an_exhausted_pool_is_local_and_probes_say_unknown(
     up: Up, fake: tuple[FakeSGLang, str]
 ) -> None:

@@ -6,10 +6,14 @@ instant upstream costs about 12 µs of client CPU against about 61 µs through `
 (micro-benchmark under uvloop on the 2-core development machine, 16 calls in flight). Chosen with
 ``RADIXGATE_UPSTREAM__HTTP_CLIENT=httptools``.
 
-It speaks only what the gateway needs of a worker: ``GET`` and ``POST`` with a JSON body, answers framed
-by ``Content-Length`` or chunked transfer coding (SGLang's uvicorn always frames them), no redirects, no
-cookies, no compression (``Accept-Encoding: identity``), no proxies. The parser is httptools (llhttp,
-Node.js's HTTP parser), the one uvicorn uses for requests.
+It speaks only what the gateway needs of a worker: ``GET`` and ``POST`` with a JSON body; answers framed
+by ``Content-Length`` or chunked transfer coding (SGLang's uvicorn always frames them); ``https`` with the
+system's CA certificates; one redirect of a ``GET`` on the same worker (Starlette's ``/metrics`` ->
+``/metrics/``) and no other; no cookies, no compression (``Accept-Encoding: identity``), no proxies. The
+parser is httptools (llhttp, Node.js's HTTP parser), the one uvicorn uses for requests.
+
+Idle connections are reused most recent first (its server-side idle timer is the furthest off); the
+oldest are closed once idle ``keepalive_s``, checked whenever a call takes a connection.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -35,7 +40,7 @@ _PAUSE_BYTES = 1 << 20
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: the response being read, its body pieces and its end."""
 
-    def __init__(self, key: tuple[str, int]) -> None:
+    def __init__(self, key: tuple[str, int, bool]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -237,7 +242,7 @@ class NativeWorkerHTTP(WorkerHTTP):
 
     def __init__(self, settings: UpstreamSettings) -> None:
         super().__init__(settings)
-        self._idle: dict[tuple[str, int], collections.deque[_Conn]] = {}
+        self._idle: dict[tuple[str, int, bool], collections.deque[_Conn]] = {}
         self._heads: dict[tuple[str, str, str, bool], bytes] = {}
         self._read_s = settings.read_timeout_s
         self._open_conns: set[_Conn] = set()
@@ -262,20 +267,38 @@ class NativeWorkerHTTP(WorkerHTTP):
             head = self._heads[key] = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         return head
 
-    async def _connect(self, key: tuple[str, int]) -> _Conn:
+    def _usable(self, conn: _Conn, now: float) -> bool:
+        """An idle connection that is still open and was idle less than ``keepalive_s``; one that is not is
+        closed and forgotten."""
+        transport = conn.transport
+        if transport is not None and not transport.is_closing():
+            if now - conn.idle_since < self._settings.keepalive_s:
+                return True
+            transport.close()
+        self._open_conns.discard(conn)
+        return False
+
+    async def _connect(self, key: tuple[str, int, bool]) -> _Conn:
         idle = self._idle.get(key)
-        now = time.monotonic()
-        while idle:
-            conn = idle.pop()
-            if conn.transport is not None and not conn.transport.is_closing():
-                if now - conn.idle_since < self._settings.keepalive_s:
+        if idle:
+            now = time.monotonic()
+            while idle and not self._usable(idle[0], now):  # the oldest first: closed or idle too long
+                idle.popleft()
+            while idle:  # then the most recent, whose server-side idle timer is the furthest off
+                conn = idle.pop()
+                if self._usable(conn, now):
                     return conn
-                conn.transport.close()
-            self._open_conns.discard(conn)
         loop = asyncio.get_running_loop()
+        host, port, tls = key
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Conn(key), key[0], key[1])
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(key),
+                    host,
+                    port,
+                    ssl=ssl.create_default_context() if tls else None,
+                    server_hostname=host if tls else None,
+                )
         except TimeoutError:
             raise TransportFailure(f"TimeoutError: connecting to {key[0]}:{key[1]}") from None
         except OSError as exc:
@@ -286,7 +309,7 @@ class NativeWorkerHTTP(WorkerHTTP):
     async def _send(self, method: str, worker: str, path: str, body: bytes | None, close: bool) -> _Conn:
         """Send one request and wait for its status line and headers; returns the connection."""
         url = self.url(worker, path)
-        key = (url.raw_host or "", url.port or 80)
+        key = (url.raw_host or "", url.port or 80, url.scheme == "https")
         conn = await self._connect(key)
         head = self._head(method, worker, path, close)
         payload = body or b""
