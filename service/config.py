@@ -246,10 +246,11 @@ class UpstreamSettings(BaseModel):
     read_timeout_s: float = Field(
         300.0, gt=0, description="Longest silence on a worker call before its answer or first token, s."
     )
-    http_client: Literal["aiohttp", "httptools"] = Field(
-        "aiohttp",
-        description="HTTP/1.1 client of the worker pool: aiohttp's ClientSession, or asyncio protocols "
-        "with httptools' parser (service/workers/native_transport.py: about 1/5 of the client CPU per call).",
+    http_client: Literal["httptools", "aiohttp"] = Field(
+        "httptools",
+        description="HTTP/1.1 client of the worker pool: asyncio protocols with httptools' parser "
+        "(service/workers/native_transport.py: about 1/5 of aiohttp's client CPU per call), or aiohttp's "
+        "ClientSession.",
     )
     stream_idle_timeout_s: float = Field(
         60.0,

@@ -3,8 +3,9 @@
 The same pool as :class:`service.workers.transport.WorkerHTTP` (same settings, slots, ``Connection: close``
 rule, errors and reading to the end), without aiohttp's client: one ``POST /generate`` to the bench's
 instant upstream costs about 12 µs of client CPU against about 61 µs through ``aiohttp.ClientSession``
-(micro-benchmark under uvloop on the 2-core development machine, 16 calls in flight). Chosen with
-``RADIXGATE_UPSTREAM__HTTP_CLIENT=httptools``.
+(micro-benchmark under uvloop on the 2-core development machine, 16 calls in flight); the gateway's CPU per
+request fell 15-20% (bench A/B in the README). The default; ``RADIXGATE_UPSTREAM__HTTP_CLIENT=aiohttp``
+switches back to :class:`WorkerHTTP`.
 
 It speaks only what the gateway needs of a worker: ``GET`` and ``POST`` with a JSON body; answers framed
 by ``Content-Length`` or chunked transfer coding (SGLang's uvicorn always frames them); ``https`` with the
