@@ -394,10 +394,10 @@ class Dispatcher:
             self._scheduler.release(
                 slot, ok=served_here, prompt_tokens=outcome.prompt_tokens, cached_tokens=cached
             )
+        if outcome.status == 200:  # nothing awaited: no cancel scope needed (2% of a request's CPU)
+            self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
+            return
         with anyio.CancelScope(shield=True):
-            if outcome.status == 200:
-                self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
-                return
             await self._abort(prepared, run.choices)
             await self._settle(prepared, reservation, outcome)
 
