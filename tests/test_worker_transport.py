@@ -88,6 +88,19 @@ async def test_a_connection_idle_past_keepalive_is_not_reused(up: Up, fake: tupl
         assert app.connections == 2
 
 
+async def test_a_worker_restarted_on_its_port_is_called_on_a_new_connection(up: Up) -> None:
+    """The pooled connection to a worker that stopped is closed by it; after a restart on the same port the
+    next call opens a new connection instead of failing on the stale one."""
+    port = free_port()
+    async with SGLangClient(up()) as client:
+        for _ in range(2):
+            worker = FakeWorker()
+            with ThreadedServer(worker.app, port=port) as server:
+                assert (await client.generate(server.url, BODY)).completion_tokens > 0
+                assert (await client.generate(server.url, BODY)).completion_tokens > 0
+            await asyncio.sleep(0.1)  # the closed connection's end reaches the client
+
+
 async def test_an_exhausted_pool_is_local_and_probes_say_unknown(
     up: Up, fake: tuple[FakeSGLang, str]
 ) -> None:

@@ -56,6 +56,7 @@ class _Conn(asyncio.Protocol):
         self.headers_done = False
         self.location = b""
         self.idle_since = 0.0
+        self.lost = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -75,6 +76,7 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         if not self.complete:
             reason = f"{type(exc).__name__}: {exc}" if exc else "the worker closed the connection"
             self._fail(TransportFailure(f"connection lost mid-answer ({reason})"))
@@ -144,11 +146,11 @@ class _Conn(asyncio.Protocol):
             self._fail(TransportFailure("TimeoutError: a worker stayed silent past read_timeout_s"))
 
     def reset(self) -> None:
-        """Ready for the next request on this connection."""
+        """Ready for the next request on this connection (one already lost fails its first wait)."""
         self.status = 0
         self.complete = self.headers_done = False
         self.keep_alive = False
-        self.failed = None
+        self.failed = TransportFailure("connection lost before the request was sent") if self.lost else None
         self.location = b""
 
 
@@ -272,7 +274,7 @@ class NativeWorkerHTTP(WorkerHTTP):
         """An idle connection that is still open and was idle less than ``keepalive_s``; one that is not is
         closed and forgotten."""
         transport = conn.transport
-        if transport is not None and not transport.is_closing():
+        if transport is not None and not transport.is_closing() and not conn.lost:
             if now - conn.idle_since < self._settings.keepalive_s:
                 return True
             transport.close()
