@@ -6,9 +6,11 @@ an exhausted pool reported as local (never the worker's fault), unbounded SSE li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
 
+import orjson
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,7 +19,7 @@ from starlette.routing import Route
 
 from loadgen.bench.upstream import FakeSGLang, serve
 from service.config import UpstreamSettings
-from service.workers.client import SGLangClient, UpstreamError
+from service.workers.client import SGLangClient, UpstreamError, WorkerInfo
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
 
@@ -249,3 +251,78 @@ def test_the_native_client_runs_on_uvloop() -> None:
     with ThreadedServer(worker.app) as server:
         whole, streamed = uvloop.run(calls(server.url))
     assert whole and whole == streamed
+
+
+@contextlib.asynccontextmanager
+async def raw_worker(answer: Callable[[int], list[bytes]]) -> AsyncIterator[str]:
+    """A worker on bare asyncio streams that writes ``answer(n)`` for its n-th request (each piece, then a
+    short pause), closing the connection after a piece ``b"CLOSE"``; yields its URL."""
+    count = 0
+    tasks: set[asyncio.Task[object]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                count += 1
+                for piece in answer(count):
+                    if piece == b"CLOSE":
+                        writer.close()
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            writer.close()  # a cancelled handler ends quietly (asyncio's callback would log it)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _answer(text: str, stream: bool, head: bytes = b"") -> bytes:
+    payload = {
+        "text": text,
+        "output_ids": [1],
+        "meta_info": {"completion_tokens": 1, "finish_reason": "length"},
+    }
+    body = orjson.dumps(payload)
+    if stream:
+        body = b"data: " + body + b"\n\ndata: [DONE]\n\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (len(body), head) + body
+
+
+async def _text(client: SGLangClient, url: str, stream: bool) -> str:
+    if stream:
+        return "".join([c.text async for c in client.stream(url, BODY)])
+    return (await client.generate(url, BODY)).text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_informational_answer_is_skipped(up: Up, stream: bool) -> None:
+    """A ``100 Continue`` (or ``103 Early Hints``) read apart from the answer after it is not the answer:
+    the native client took its status for the answer's and left the real one on the pooled connection,
+    where the next request read it as its own (another tenant's text)."""
+    first = [b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"]
+
+    def answer(n: int) -> list[bytes]:
+        return [*first, _answer("first", stream)] if n == 1 else [_answer("second", stream)]
+
+    async with raw_worker(answer) as url, SGLangClient(up()) as client:
+        client._info[url] = WorkerInfo()
+        texts = [await _text(client, url, stream), await _text(client, url, stream)]
+    assert texts == ["first", "second"]

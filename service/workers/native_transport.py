@@ -8,7 +8,8 @@ request fell 15-20% (bench A/B in the README). The default; ``RADIXGATE_UPSTREAM
 switches back to :class:`WorkerHTTP`.
 
 It speaks only what the gateway needs of a worker: ``GET`` and ``POST`` with a JSON body; answers framed
-by ``Content-Length`` or chunked transfer coding (SGLang's uvicorn always frames them); ``https`` with the
+by ``Content-Length`` or chunked transfer coding (SGLang's uvicorn always frames them), informational
+``1xx`` ones before them skipped (as aiohttp does); ``https`` with the
 system's CA certificates; one redirect of a ``GET`` on the same worker (Starlette's ``/metrics`` ->
 ``/metrics/``) and no other; no cookies, no compression (``Accept-Encoding: identity``), no proxies. The
 parser is httptools (llhttp, Node.js's HTTP parser), the one uvicorn uses for requests.
@@ -54,6 +55,7 @@ class _Conn(asyncio.Protocol):
         self.failed: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.headers_done = False
+        self.informational = False
         self.location = b""
         self.idle_since = 0.0
         self.lost = False
@@ -87,7 +89,12 @@ class _Conn(asyncio.Protocol):
             self.location = value
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # informational (100 Continue, 103 Early Hints): the answer follows
+            self.informational = True
+            self.location = b""
+            return
+        self.status = status
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -95,6 +102,9 @@ class _Conn(asyncio.Protocol):
         self.buffered += len(body)
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
 
