@@ -326,3 +326,23 @@ async def test_an_informational_answer_is_skipped(up: Up, stream: bool) -> None:
         client._info[url] = WorkerInfo()
         texts = [await _text(client, url, stream), await _text(client, url, stream)]
     assert texts == ["first", "second"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_connection_that_spoke_while_idle_is_not_reused(stream: bool) -> None:
+    """Bytes a worker sends on an idle pooled connection (a late duplicate answer, a ``408`` before it
+    closes) answer nothing the gateway asked: the native client closes that connection, where it read them
+    as the next call's answer (a stale answer, or a 408 that would reach a tenant as its input's fault).
+    (aiohttp's client has the same fault, here left alone: it reads them as the next answer.)"""
+    late = [b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 4\r\n\r\nlate", _answer("stale", stream)]
+
+    def answer(n: int) -> list[bytes]:
+        return [_answer("first", stream), *late] if n == 1 else [_answer("second", stream)]
+
+    settings = UpstreamSettings(http_client="httptools")
+    async with raw_worker(answer) as url, SGLangClient(settings) as client:
+        client._info[url] = WorkerInfo()
+        first = await _text(client, url, stream)
+        await asyncio.sleep(0.3)  # the late bytes came while the connection was idle
+        texts = [first, await _text(client, url, stream), await _text(client, url, stream)]
+    assert texts == ["first", "second", "second"]

@@ -59,12 +59,18 @@ class _Conn(asyncio.Protocol):
         self.location = b""
         self.idle_since = 0.0
         self.lost = False
+        self.idle = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's TCPTransport is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:  # nothing was asked: a stray answer (a late one, a 408) would be the next call's
+            self.idle = False
+            if self.transport is not None:
+                self.transport.close()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -300,6 +306,7 @@ class NativeWorkerHTTP(WorkerHTTP):
             while idle:  # then the most recent, whose server-side idle timer is the furthest off
                 conn = idle.pop()
                 if self._usable(conn, now):
+                    conn.idle = False
                     return conn
         loop = asyncio.get_running_loop()
         host, port, tls = key
@@ -330,6 +337,9 @@ class NativeWorkerHTTP(WorkerHTTP):
         conn.reset()
         transport = conn.transport
         assert transport is not None
+        if transport.is_closing():  # it failed or was closed before anything was asked (stray bytes)
+            self._discard(conn)
+            raise TransportFailure(f"the connection to {worker} closed before the request was sent")
         transport.write(head + framing + payload)
         try:
             while not conn.headers_done:
@@ -342,6 +352,7 @@ class NativeWorkerHTTP(WorkerHTTP):
     def _release(self, conn: _Conn) -> None:
         """Back to the pool when its answer was read to the end and may be kept; otherwise closed."""
         if conn.complete and conn.keep_alive and conn.failed is None and not conn.pieces:
+            conn.idle = True
             conn.idle_since = time.monotonic()
             self._idle.setdefault(conn.key, collections.deque()).append(conn)
         else:
