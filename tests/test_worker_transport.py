@@ -346,3 +346,20 @@ async def test_a_connection_that_spoke_while_idle_is_not_reused(stream: bool) ->
         await asyncio.sleep(0.3)  # the late bytes came while the connection was idle
         texts = [first, await _text(client, url, stream), await _text(client, url, stream)]
     assert texts == ["first", "second", "second"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_that_ends_with_its_connection_is_whole(up: Up, stream: bool) -> None:
+    """An answer with neither ``Content-Length`` nor chunks ends where the worker closes the connection
+    (RFC 9112 6.3; an HTTP/1.0 server, some proxies): the native client failed every such answer as cut
+    short ("connection lost mid-answer"), retried and held against the worker, where aiohttp reads it."""
+
+    def answer(n: int) -> list[bytes]:
+        whole = _answer(f"answer {n}", stream)
+        body = whole.split(b"\r\n\r\n", 1)[1]
+        return [b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n", body, b"CLOSE"]
+
+    async with raw_worker(answer) as url, SGLangClient(up()) as client:
+        client._info[url] = WorkerInfo()
+        texts = [await _text(client, url, stream), await _text(client, url, stream)]
+    assert texts == ["answer 1", "answer 2"]

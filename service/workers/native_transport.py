@@ -8,7 +8,8 @@ request fell 15-20% (bench A/B in the README). The default; ``RADIXGATE_UPSTREAM
 switches back to :class:`WorkerHTTP`.
 
 It speaks only what the gateway needs of a worker: ``GET`` and ``POST`` with a JSON body; answers framed
-by ``Content-Length`` or chunked transfer coding (SGLang's uvicorn always frames them), informational
+by ``Content-Length``, chunked transfer coding (SGLang's uvicorn always frames them) or the connection's
+close (RFC 9112 6.3: neither of them; a reset is a failure), informational
 ``1xx`` ones before them skipped (as aiohttp does); ``https`` with the
 system's CA certificates; one redirect of a ``GET`` on the same worker (Starlette's ``/metrics`` ->
 ``/metrics/``) and no other; no cookies, no compression (``Accept-Encoding: identity``), no proxies. The
@@ -56,6 +57,7 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.headers_done = False
         self.informational = False
+        self.framed = False
         self.location = b""
         self.idle_since = 0.0
         self.lost = False
@@ -85,6 +87,9 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if exc is None and self.headers_done and not self.framed and not self.complete:
+            self.complete = True  # an answer with neither length nor chunks ends where the connection does
+            self._wake()
         if not self.complete:
             reason = f"{type(exc).__name__}: {exc}" if exc else "the worker closed the connection"
             self._fail(TransportFailure(f"connection lost mid-answer ({reason})"))
@@ -93,6 +98,8 @@ class _Conn(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 8 and name.lower() == b"location":
             self.location = value
+        elif len(name) in (14, 17) and name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -164,7 +171,7 @@ class _Conn(asyncio.Protocol):
     def reset(self) -> None:
         """Ready for the next request on this connection (one already lost fails its first wait)."""
         self.status = 0
-        self.complete = self.headers_done = False
+        self.complete = self.headers_done = self.framed = False
         self.keep_alive = False
         self.failed = TransportFailure("connection lost before the request was sent") if self.lost else None
         self.location = b""
