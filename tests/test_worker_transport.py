@@ -363,3 +363,17 @@ async def test_an_answer_that_ends_with_its_connection_is_whole(up: Up, stream: 
         client._info[url] = WorkerInfo()
         texts = [await _text(client, url, stream), await _text(client, url, stream)]
     assert texts == ["answer 1", "answer 2"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_worker_that_never_answers_times_out_after_read_timeout(up: Up, stream: bool) -> None:
+    """A worker that takes the request and stays silent (a hung engine, a stopped process) fails the
+    call after ``read_timeout_s``: aiohttp's client waited forever on a non-streamed one (its per-call
+    ``timeout=None`` is no timeout at all, not the session's)."""
+    async with raw_worker(lambda n: []) as url, SGLangClient(up(read_timeout_s=0.3)) as client:
+        client._info[url] = WorkerInfo()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamError) as caught:
+            await asyncio.wait_for(_text(client, url, stream), 5)
+        waited = asyncio.get_running_loop().time() - started
+    assert caught.value.retryable and waited < 2

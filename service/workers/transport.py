@@ -228,13 +228,13 @@ class WorkerHTTP:
         resp: aiohttp.ClientResponse | None = None
         try:
             session = self._session or self._open()
-            resp = await session.request(
-                method,
-                self.url(worker, path),
-                data=body,
-                headers=headers,
-                timeout=None if timeout_s is None else self._timeout(timeout_s),
-            )
+            url = self.url(worker, path)
+            if timeout_s is None:  # the session's connect and read timeouts (timeout=None would be none)
+                resp = await session.request(method, url, data=body, headers=headers)
+            else:
+                resp = await session.request(
+                    method, url, data=body, headers=headers, timeout=self._timeout(timeout_s)
+                )
             return resp.status, await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from exc
