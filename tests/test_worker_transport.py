@@ -377,3 +377,15 @@ async def test_a_worker_that_never_answers_times_out_after_read_timeout(up: Up, 
             await asyncio.wait_for(_text(client, url, stream), 5)
         waited = asyncio.get_running_loop().time() - started
     assert caught.value.retryable and waited < 2
+
+
+async def test_an_endless_answer_head_fails_the_call(up: Up) -> None:
+    """Headers that never end (a broken worker or proxy) fail the call once past a bound, as aiohttp's
+    8 KiB line limit does, instead of growing in memory for as long as the worker sends them."""
+    endless = [b"HTTP/1.1 200 OK\r\nX-Padding: "] + [b"a" * 65536] * 40  # 2.6 MB over 2 s
+    async with raw_worker(lambda n: endless) as url, SGLangClient(up(read_timeout_s=5)) as client:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamError) as caught:
+            await client.generate(url, BODY)
+        waited = asyncio.get_running_loop().time() - started
+    assert caught.value.retryable and caught.value.status is None and waited < 1

@@ -39,6 +39,10 @@ from service.workers.transport import TransportFailure, WorkerHTTP
 _PAUSE_BYTES = 1 << 20
 """A response buffers at most about this much before the socket stops being read (flow control)."""
 
+_MAX_HEAD_BYTES = 64 << 10
+"""The longest status line and headers an answer may have (httptools keeps a header whole in memory; aiohttp
+refuses a line over 8 KiB)."""
+
 
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: the response being read, its body pieces and its end."""
@@ -58,6 +62,7 @@ class _Conn(asyncio.Protocol):
         self.headers_done = False
         self.informational = False
         self.framed = False
+        self.head_bytes = 0
         self.location = b""
         self.idle_since = 0.0
         self.lost = False
@@ -80,6 +85,13 @@ class _Conn(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
+        if not self.headers_done:
+            self.head_bytes += len(data)
+            if self.head_bytes > _MAX_HEAD_BYTES:
+                self._fail(TransportFailure(f"a worker's answer head is over {_MAX_HEAD_BYTES} bytes"))
+                if self.transport is not None:
+                    self.transport.close()
+                return
         if self.buffered > _PAUSE_BYTES and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
@@ -172,6 +184,7 @@ class _Conn(asyncio.Protocol):
         """Ready for the next request on this connection (one already lost fails its first wait)."""
         self.status = 0
         self.complete = self.headers_done = self.framed = False
+        self.head_bytes = 0
         self.keep_alive = False
         self.failed = TransportFailure("connection lost before the request was sent") if self.lost else None
         self.location = b""
