@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import orjson
 import pytest
@@ -20,6 +21,7 @@ from starlette.routing import Route
 from loadgen.bench.upstream import FakeSGLang, serve
 from service.config import UpstreamSettings
 from service.workers.client import SGLangClient, UpstreamError, WorkerInfo
+from service.workers.native_transport import NativeWorkerHTTP
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
 
@@ -389,3 +391,16 @@ async def test_an_endless_answer_head_fails_the_call(up: Up) -> None:
             await client.generate(url, BODY)
         waited = asyncio.get_running_loop().time() - started
     assert caught.value.retryable and caught.value.status is None and waited < 1
+
+
+async def test_connections_the_worker_closed_leave_nothing_in_the_pool() -> None:
+    """Idle connections a worker closes (its keep-alive timeout, a restart) leave the native pool's books
+    at once, not when a later call to that worker looks at them: a worker no longer called (removed,
+    drained) left every closed connection of its in the pool for the life of the process."""
+    answers = [_answer("hi", False, b"Connection: keep-alive\r\n"), b"CLOSE"]
+    settings = UpstreamSettings(http_client="httptools")
+    async with raw_worker(lambda n: answers) as url, SGLangClient(settings) as client:
+        await asyncio.gather(*(client.generate(url, BODY) for _ in range(4)))
+        await asyncio.sleep(0.2)  # the worker closed each idle connection
+        http = cast(NativeWorkerHTTP, client._http)
+        assert not http._open_conns and not http._idle

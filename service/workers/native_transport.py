@@ -26,7 +26,7 @@ import collections
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import cast
 
@@ -47,8 +47,9 @@ refuses a line over 8 KiB)."""
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: the response being read, its body pieces and its end."""
 
-    def __init__(self, key: tuple[str, int, bool]) -> None:
+    def __init__(self, key: tuple[str, int, bool], forget: Callable[[_Conn], None]) -> None:
         self.key = key
+        self.forget = forget
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
@@ -74,7 +75,6 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.idle:  # nothing was asked: a stray answer (a late one, a 408) would be the next call's
-            self.idle = False
             if self.transport is not None:
                 self.transport.close()
             return
@@ -99,6 +99,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self.forget(self)
         if exc is None and self.headers_done and not self.framed and not self.complete:
             self.complete = True  # an answer with neither length nor chunks ends where the connection does
             self._wake()
@@ -333,7 +334,7 @@ class NativeWorkerHTTP(WorkerHTTP):
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Conn(key),
+                    lambda: _Conn(key, self._forget),
                     host,
                     port,
                     ssl=ssl.create_default_context() if tls else None,
@@ -377,6 +378,18 @@ class NativeWorkerHTTP(WorkerHTTP):
             self._idle.setdefault(conn.key, collections.deque()).append(conn)
         else:
             self._discard(conn)
+
+    def _forget(self, conn: _Conn) -> None:
+        """A connection closed (by either side): out of the pool's books, so a worker closing the idle
+        connections of a worker no longer called (removed, drained) leaves nothing behind."""
+        self._open_conns.discard(conn)
+        if conn.idle:
+            idle = self._idle.get(conn.key)
+            if idle is not None:
+                with contextlib.suppress(ValueError):
+                    idle.remove(conn)
+                if not idle:
+                    del self._idle[conn.key]
 
     def _discard(self, conn: _Conn) -> None:
         self._open_conns.discard(conn)
