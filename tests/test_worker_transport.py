@@ -404,3 +404,14 @@ async def test_connections_the_worker_closed_leave_nothing_in_the_pool() -> None
         await asyncio.sleep(0.2)  # the worker closed each idle connection
         http = cast(NativeWorkerHTTP, client._http)
         assert not http._open_conns and not http._idle
+
+
+async def test_a_connection_whose_request_said_close_is_not_reused() -> None:
+    """A call sent with ``Connection: close`` (over ``max_keepalive_connections`` in flight) never has its
+    connection reused, even when the worker ignores the option and keeps it open (RFC 9112 9.6: the
+    client sends no further request on it); the native pool kept it idle, past its cap."""
+    settings = UpstreamSettings(http_client="httptools", max_keepalive_connections=0)
+    async with raw_worker(lambda n: [_answer("hi", False)]) as url, SGLangClient(settings) as client:
+        await asyncio.gather(*(client.generate(url, BODY) for _ in range(3)))
+        http = cast(NativeWorkerHTTP, client._http)
+        assert not http._idle and not http._open_conns

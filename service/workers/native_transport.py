@@ -67,6 +67,8 @@ class _Conn(asyncio.Protocol):
         self.location = b""
         self.idle_since = 0.0
         self.lost = False
+        # the request said ``Connection: close``: no further request on it (RFC 9112 9.6)
+        self.closing = False
         self.idle = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
@@ -356,6 +358,7 @@ class NativeWorkerHTTP(WorkerHTTP):
         payload = body or b""
         framing = b"Content-Length: %d\r\n\r\n" % len(payload) if method == "POST" else b"\r\n"
         conn.reset()
+        conn.closing = close
         transport = conn.transport
         assert transport is not None
         if transport.is_closing():  # it failed or was closed before anything was asked (stray bytes)
@@ -372,7 +375,7 @@ class NativeWorkerHTTP(WorkerHTTP):
 
     def _release(self, conn: _Conn) -> None:
         """Back to the pool when its answer was read to the end and may be kept; otherwise closed."""
-        if conn.complete and conn.keep_alive and conn.failed is None and not conn.pieces:
+        if conn.complete and conn.keep_alive and not conn.closing and conn.failed is None and not conn.pieces:
             conn.idle = True
             conn.idle_since = time.monotonic()
             self._idle.setdefault(conn.key, collections.deque()).append(conn)
