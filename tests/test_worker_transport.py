@@ -415,3 +415,19 @@ async def test_a_connection_whose_request_said_close_is_not_reused() -> None:
         await asyncio.gather(*(client.generate(url, BODY) for _ in range(3)))
         http = cast(NativeWorkerHTTP, client._http)
         assert not http._idle and not http._open_conns
+
+
+async def test_keepalive_counts_from_the_end_of_the_answer(fake: tuple[FakeSGLang, str]) -> None:
+    """A connection's idle time runs from the end of its answer, when the worker's own idle timer starts,
+    not from when its caller was done with it: a stream held by a slow client after its last chunk was
+    pooled as fresh and could be reused past the worker's keep-alive timeout, as it closed it. (aiohttp's
+    client counts from the release: reported.)"""
+    app, url = fake  # writes a whole streamed answer at once
+    async with SGLangClient(UpstreamSettings(http_client="httptools", keepalive_s=0.2)) as client:
+        await client.probe(url)
+        async for chunk in client.stream(url, BODY):
+            if chunk.finish_reason is not None:
+                await asyncio.sleep(0.3)  # a slow client: the answer has long ended at the worker
+        before = app.connections
+        await client.generate(url, BODY)
+    assert app.connections == before + 1

@@ -16,7 +16,9 @@ system's CA certificates; one redirect of a ``GET`` on the same worker (Starlett
 parser is httptools (llhttp, Node.js's HTTP parser), the one uvicorn uses for requests.
 
 Idle connections are reused most recent first (its server-side idle timer is the furthest off); the
-oldest are closed once idle ``keepalive_s``, checked whenever a call takes a connection.
+oldest are closed once idle ``keepalive_s``, checked whenever a call takes a connection. A connection is
+idle from the end of its answer, when the worker's own idle timer starts, however long its caller then
+took to finish with it (a stream held by a slow client).
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class _Conn(asyncio.Protocol):
             return
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
+        self.idle_since = time.monotonic()  # the worker's idle timer starts now, not when the caller is done
 
     # -- reading ------------------------------------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
@@ -377,7 +380,6 @@ class NativeWorkerHTTP(WorkerHTTP):
         """Back to the pool when its answer was read to the end and may be kept; otherwise closed."""
         if conn.complete and conn.keep_alive and not conn.closing and conn.failed is None and not conn.pieces:
             conn.idle = True
-            conn.idle_since = time.monotonic()
             self._idle.setdefault(conn.key, collections.deque()).append(conn)
         else:
             self._discard(conn)
