@@ -280,6 +280,10 @@ def test_a_stream_broken_mid_way_ends_with_error_and_response_failed(
     assert failed["status"] == "failed" and failed["error"]["code"] == "upstream_error"
     deltas = [p["delta"] for n, p in events if n == "response.output_text.delta"]
     assert "".join(deltas) == "alpha beta"
+    # the failed response holds what was delivered, as an incomplete message (nu17: its output was empty)
+    (message,) = failed["output"]
+    assert message["type"] == "message" and message["status"] == "incomplete"
+    assert message["content"][0]["text"] == "alpha beta"
     assert usage_of(http, tenant_id)["completion_tokens"] == 2  # only what was delivered is charged
 
 

@@ -186,10 +186,14 @@ class ResponsesShaper:
         return [*out, self._event(kind, response=whole)]
 
     def error(self, err: GatewayError) -> list[bytes]:
-        """``error``, then ``response.failed`` with the error."""
+        """``error``, then ``response.failed`` with the error and the output delivered so far (a message cut
+        mid-way as ``incomplete``)."""
         api = to_api_error(err)
+        output = list(self._items)
+        if self._open is not None:
+            output.append({**self._open, "status": "incomplete"})
         failed = {
-            **self._object("failed", self._items, None),
+            **self._object("failed", output, None),
             "error": {"code": api.code, "message": api.message},
         }
         return [
