@@ -16,7 +16,8 @@ Definitions (all over the *measured* requests: those that arrived after the warm
   over the successful requests whose server reported cached tokens; ``None`` if none did.
 - Jain fairness index J = (Σx)² / (n Σx²) over tenants of the same class and weight (equal-weight peers),
   with x = each tenant's completion tokens/s (``jain_throughput``) and x = served share of its demanded
-  tokens (``jain_demand``: completion tokens / Σ max_tokens sent). J = 1 is perfectly even, 1/n worst.
+  tokens (``jain_demand``: completion tokens / Σ max_tokens sent). J = 1 is perfectly even, 1/n worst;
+  peers none of whom was served (``served_any`` false) are printed as undefined, not as 1.
   Source: R. Jain, D. Chiu, W. Hawe, "A Quantitative Measure of Fairness and Discrimination for Resource
   Allocation in Shared Computer Systems", DEC-TR-301, 1984.
 """
@@ -160,6 +161,7 @@ def fairness(scenario: Scenario, tenants: Mapping[str, Mapping[str, Any]]) -> li
                 "tenants": ids,
                 "jain_throughput": jain_index(tput),
                 "jain_demand": jain_index(demand),
+                "served_any": any(tenants[i]["completion_tokens"] for i in ids),
             }
         )
     return out
@@ -314,10 +316,13 @@ def print_report(report: Mapping[str, Any], console: Console | None = None) -> N
     console.print(_outcomes(sections))
     console.print(_latencies(sections))
     for f in report["fairness"]:
+        names = ", ".join(f["tenants"])
+        peers = f"Jain fairness, {f['priority_class']} tenants of weight {f['weight']:g} ({names})"
+        if not f.get("served_any", True):  # all at zero: even, but nothing to compare (nu17)
+            console.print(f"{peers}: none of them was served (undefined)")
+            continue
         console.print(
-            f"Jain fairness, {f['priority_class']} tenants of weight {f['weight']:g} "
-            f"({', '.join(f['tenants'])}): throughput {_num(f['jain_throughput'])}, "
-            f"served/demanded {_num(f['jain_demand'])}"
+            f"{peers}: throughput {_num(f['jain_throughput'])}, served/demanded {_num(f['jain_demand'])}"
         )
     lg = report["loadgen"]
     lag = lg["send_lag_ms"]

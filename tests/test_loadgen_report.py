@@ -134,6 +134,22 @@ def test_build_report_excludes_warmup_and_computes_fairness() -> None:
     assert "requests (measured)" in text and "Jain fairness, interactive" in text and "0.05" in text
 
 
+def test_peers_none_of_whom_was_served_print_as_undefined() -> None:
+    """nu17: two standard tenants served 0 of 224 requests printed "served/demanded 1.000"."""
+    records = [
+        *(rec(index=i, tenant="a", sent_s=3.0, status=503, completion_tokens=None) for i in range(3)),
+        *(rec(index=i, tenant="b", sent_s=3.0, status=503, completion_tokens=None) for i in range(3, 6)),
+    ]
+    run = {"base_url": "http://x", "wall_s": 10.0, "cpu_s": 0.5, "send_lag_ms": [0.1]}
+    report = build_report(scenario(), records, run, bin_s=1.0)
+    (fair,) = report["fairness"]
+    assert fair["tenants"] == ["a", "b"] and not fair["served_any"]
+    console = Console(record=True, width=200)
+    print_report(report, console)
+    text = console.export_text()
+    assert "(a, b): none of them was served (undefined)" in text and "served/demanded 1" not in text
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -162,7 +162,11 @@ _SAMPLING: dict[str, FieldRule] = {
     "top_p": _served("(0, 1]"),
     "frequency_penalty": _served("-2 to 2"),
     "presence_penalty": _served("-2 to 2"),
-    "seed": _served("int64; honoured by workers run deterministically"),
+    "seed": _served(
+        "int64, sent to the worker (choice i: seed + i); the same seed gives the same answer only from a "
+        "worker whose sampling is deterministic, which SGLang does not promise across batches (the CPU "
+        "worker `make up` starts is not)"
+    ),
     "stop": _served(
         f"up to {limits.MAX_STOP_SEQUENCES}, {limits.MAX_STOP_BYTES} bytes each; empty and repeated "
         "ones dropped"
