@@ -36,7 +36,7 @@ import httptools
 from yarl import URL
 
 from service.config import UpstreamSettings
-from service.workers.transport import TransportFailure, WorkerHTTP
+from service.workers.transport import TransportFailure, WorkerHTTP, split_read
 
 _PAUSE_BYTES = 1 << 20
 """A response buffers at most about this much before the socket stops being read (flow control)."""
@@ -182,6 +182,15 @@ class _Conn(asyncio.Protocol):
         if self.failed is not None:
             raise self.failed
 
+    async def read_to_end(self, timeout_s: float) -> bytes:
+        """The rest of the body, waiting at most ``timeout_s`` of silence at a time. Raises
+        :class:`TransportFailure`."""
+        parts = [self.take()]
+        while not self.complete:
+            await self.wait(timeout_s)
+            parts.append(self.take())
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def _silent(self, waiter: asyncio.Future[None]) -> None:
         if waiter is self.waiter:
             self._fail(TransportFailure("TimeoutError: a worker stayed silent past read_timeout_s"))
@@ -246,12 +255,7 @@ class NativeOpenStream:
         """The rest of the body. Raises :class:`TransportFailure`."""
         conn = self._conn
         assert conn is not None
-        read_s = self._http._read_s
-        parts = [conn.take()]
-        while not conn.complete:
-            await conn.wait(read_s)
-            parts.append(conn.take())
-        return b"".join(parts)
+        return await conn.read_to_end(self._http._read_s)
 
     async def line_batches(self) -> AsyncIterator[list[bytes]]:
         """As :meth:`service.workers.transport.OpenStream.line_batches`: the body's lines (without
@@ -268,12 +272,9 @@ class NativeOpenStream:
                     break
                 await conn.wait(read_s)
                 continue
-            if b"\n" not in data:
-                pending += data
-                continue
-            parts = (pending + data).split(b"\n") if pending else data.split(b"\n")
-            pending = parts.pop()
-            yield parts
+            parts, pending = split_read(pending, data)
+            if parts:
+                yield parts
         if pending:
             yield [pending]
 
@@ -291,6 +292,7 @@ class NativeWorkerHTTP(WorkerHTTP):
         self._heads: dict[tuple[str, str, str, bool], bytes] = {}
         self._read_s = settings.read_timeout_s
         self._open_conns: set[_Conn] = set()
+        self._ssl: ssl.SSLContext | None = None
 
     def _head(self, method: str, worker: str, path: str, close: bool) -> bytes:
         key = (method, worker, path, close)
@@ -311,6 +313,12 @@ class NativeWorkerHTTP(WorkerHTTP):
                 self._heads.clear()
             head = self._heads[key] = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         return head
+
+    def _tls(self) -> ssl.SSLContext:
+        """One TLS context for every ``https`` worker (loading the system's CAs takes milliseconds)."""
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
 
     def _usable(self, conn: _Conn, now: float) -> bool:
         """An idle connection that is still open and was idle less than ``keepalive_s``; one that is not is
@@ -342,7 +350,7 @@ class NativeWorkerHTTP(WorkerHTTP):
                     lambda: _Conn(key, self._forget),
                     host,
                     port,
-                    ssl=ssl.create_default_context() if tls else None,
+                    ssl=self._tls() if tls else None,
                     server_hostname=host if tls else None,
                 )
         except TimeoutError:
@@ -413,17 +421,14 @@ class NativeWorkerHTTP(WorkerHTTP):
             async with bound:
                 for hop in range(2):
                     conn = await self._send(method, worker, path, body, close)
-                    parts = [conn.take()]
-                    while not conn.complete:
-                        await conn.wait(self._read_s)
-                        parts.append(conn.take())
+                    data = await conn.read_to_end(self._read_s)
                     target = _same_worker_redirect(method, conn, worker, path) if hop == 0 else None
                     if target is None:
                         break
                     self._release(conn)
                     conn, path = None, target
             assert conn is not None
-            return conn.status, b"".join(parts)
+            return conn.status, data
         except TimeoutError:
             raise TransportFailure(f"TimeoutError: {method} {path} took over {timeout_s:g} s") from None
         finally:

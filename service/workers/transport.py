@@ -112,24 +112,26 @@ class OpenStream:
         :class:`TransportFailure`."""
         assert self._resp is not None
         content = self._resp.content
-        pending = bytearray()
+        pending = b""
         try:
             async for data in content.iter_any():
-                if b"\n" not in data:
-                    pending += data
-                    continue
-                if pending:
-                    pending += data
-                    parts = bytes(pending).split(b"\n")
-                    pending.clear()
-                else:
-                    parts = data.split(b"\n")
-                pending += parts.pop()
-                yield parts
+                parts, pending = split_read(pending, data)
+                if parts:
+                    yield parts
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from exc
         if pending:
-            yield [bytes(pending)]
+            yield [pending]
+
+
+def split_read(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """One read of a line-oriented body: ``(lines completed, without \n, the rest)``, where ``pending``
+    is the unfinished line of the reads before. Shared by both worker clients' ``line_batches``."""
+    if b"\n" not in data:
+        return [], pending + data
+    parts = (pending + data).split(b"\n") if pending else data.split(b"\n")
+    rest = parts.pop()
+    return parts, rest
 
 
 class WorkerHTTP:
