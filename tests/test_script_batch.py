@@ -100,7 +100,7 @@ def test_evalsha_is_packed_byte_for_byte_as_redis_py_packs_it(
     assert pack_evalsha("f" * 40, keys, args) == expected
 
 
-@pytest.mark.parametrize("bad", [True, None, b"bytes", [1]])
+@pytest.mark.parametrize("bad", [True, None, [1], {"a": 1}])
 def test_an_argument_redis_py_would_refuse_is_refused(bad: Any) -> None:
     with pytest.raises(TypeError):
         pack_evalsha("f" * 40, ["k"], [bad])
