@@ -395,7 +395,10 @@ class Dispatcher:
                 slot, ok=served_here, prompt_tokens=outcome.prompt_tokens, cached_tokens=cached
             )
         if outcome.status == 200:  # nothing awaited: no cancel scope needed (2% of a request's CPU)
-            self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
+            if reservation.linger:
+                self._settle_with_others(prepared, reservation, outcome)
+            else:
+                self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
             return
         with anyio.CancelScope(shield=True):
             await self._abort(prepared, run.choices)
@@ -420,28 +423,56 @@ class Dispatcher:
         part when it gave none. Refunded in full: everything else. A 499 is the client's choice, not an
         error.
         """
-        tenant_id = prepared.tenant.id
-        slot = outcome.slot
+        item, charged = self._settlement(prepared, reservation, outcome)
+        latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
+        # one round trip for buckets and usage; retried in the background if Redis is short
+        await self._settler.settle(item)
+        self._record(prepared, reservation, outcome, charged, latency)
+
+    def _settle_with_others(
+        self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
+    ) -> None:
+        """:meth:`_settle` of a served answer under a lease: summed with its tenant's other settles of the
+        linger (:meth:`service.settlement.Settler.submit`), nothing awaited."""
+        item, charged = self._settlement(prepared, reservation, outcome)
+        self._settler.submit(item)
+        self._record(prepared, reservation, outcome, charged, time.perf_counter() - prepared.arrival)
+
+    @staticmethod
+    def _settlement(
+        prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
+    ) -> tuple[Settlement, bool]:
+        """What settles the request (see :meth:`_settle`) and whether it is charged."""
         abandoned = (outcome.status == 499 or outcome.revoked) and outcome.dispatched
         charged = outcome.finished or outcome.streamed_any or abandoned
         errors = int(outcome.status not in (200, 499))
-        if charged:
-            if not outcome.prompt_tokens:  # the worker's count is unknown: the reservation's prompt part
-                outcome.prompt_tokens = prepared.prompt.num_tokens
-            usage = {
-                "requests": 1,
-                "errors": errors,
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "cached_tokens": outcome.cached_tokens,
-            }
-            used: int | None = outcome.prompt_tokens + outcome.completion_tokens
-        else:
-            usage, used = {"errors": errors}, None  # refund it all
-        latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
-        # one round trip for buckets and usage; retried in the background if Redis is short
-        await self._settler.settle(Settlement(prepared.rid, reservation, used, usage))
-        m = self._metrics.request_series(self._metrics.tenant(tenant_id), prepared.model, outcome.status)
+        if not charged:
+            return Settlement(prepared.rid, reservation, None, {"errors": errors}), False  # refund it all
+        if not outcome.prompt_tokens:  # the worker's count is unknown: the reservation's prompt part
+            outcome.prompt_tokens = prepared.prompt.num_tokens
+        usage = {
+            "requests": 1,
+            "errors": errors,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "cached_tokens": outcome.cached_tokens,
+        }
+        used = outcome.prompt_tokens + outcome.completion_tokens
+        return Settlement(prepared.rid, reservation, used, usage), True
+
+    def _record(
+        self,
+        prepared: PreparedRequest,
+        reservation: Reservation,
+        outcome: Outcome,
+        charged: bool,
+        latency: float,
+    ) -> None:
+        """Count the request in the metrics and log its ``request`` line (``latency`` in s)."""
+        slot = outcome.slot
+        m = self._metrics.request_series(
+            self._metrics.tenant(prepared.tenant.id), prepared.model, outcome.status
+        )
         m.requests.inc()
         m.e2e.observe(latency)
         if outcome.ttft_s is not None:
@@ -453,7 +484,7 @@ class Dispatcher:
         log.info(
             "request",
             request_id=prepared.rid,
-            tenant=tenant_id,
+            tenant=prepared.tenant.id,
             model=prepared.model,
             priority_class=prepared.priority_class,
             stream=prepared.stream,

@@ -15,6 +15,14 @@ its request id and writes a marker (``settled:<request id>``, :meth:`tenancy.lay
 in the same atomic call, so a retry of one that did land changes nothing. The marker outlives every retry
 (:attr:`service.config.RedisSettings.settle_marker_ttl_s`).
 
+The settles of requests admitted under a quota lease (:attr:`tenancy.quota.Reservation.linger`: their
+tenant's bucket had a lease's headroom) are summed per tenant for ``redis.settle_linger_s``
+(:meth:`Settler.submit`) and settled as one call per tenant, under a marker of its own: the amounts given
+back to (or charged to) each bucket and each usage counter add up, so one call does what the requests'
+own calls did, except where a bucket's level meets its cap in between (the sum is capped once). It took
+a task, a script call and its reply per request off a busy tenant's path (the benchmark's saturated
+c64: about 60-80 us of CPU per request of a 0.46 ms total).
+
 What finally cannot be settled (retries spent, a script error, too many pending, shutdown) is counted in
 ``radixgate_settle_failures_total`` and logged as one ``settle_lost`` line with the usage it carried.
 """
@@ -23,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
+import secrets
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -51,12 +61,34 @@ class Settlement:
         reservation: what admission took.
         used_tokens: prompt + completion tokens to charge; None gives the whole reservation back.
         usage: usage counters to add (fields of :class:`tenancy.models.Usage`).
+        covers: how many requests it settles (more than one: a tenant's summed settles,
+            :meth:`Settler.submit`, whose ``request_id`` is the sum's own).
     """
 
     request_id: str
     reservation: Reservation
     used_tokens: int | None
     usage: Mapping[str, int]
+    covers: int = 1
+
+
+@dataclass(slots=True)
+class _Sum:
+    """The settles of one tenant (one epoch, one quotas object) collected during one linger: the units to
+    give back to its buckets (negative: charged) and the usage to add."""
+
+    reservation: Reservation
+    requests: int = 0
+    tokens: int = 0
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)
+    count: int = 0
+
+    def settlement(self) -> Settlement:
+        """One settle of it all: the sums as a reservation given back whole (``used_tokens`` None)."""
+        whole = dataclasses.replace(
+            self.reservation, requests=self.requests, tokens=self.tokens, linger=False
+        )
+        return Settlement(f"sum-{secrets.token_hex(12)}", whole, None, self.usage, self.count)
 
 
 class Settler:
@@ -77,7 +109,9 @@ class Settler:
         self._once_s = settings.settle_marker_ttl_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = asyncio.Event()
-        self._running: dict[str, set[asyncio.Task[None]]] = {}
+        self._running: dict[str, set[asyncio.Task[Any]]] = {}
+        self._open: dict[tuple[str, str | None, int], _Sum] = {}  # (tenant, epoch, id(quotas)) -> sum
+        self._flush_at: asyncio.TimerHandle | None = None
 
     @property
     def pending(self) -> int:
@@ -102,24 +136,64 @@ class Settler:
             return "lost"
         return "settled"
 
-    def start(self, tenant_id: str, settle: Coroutine[Any, Any, None]) -> None:
+    def start(self, tenant_id: str, settle: Coroutine[Any, Any, object]) -> None:
         """Run ``settle`` (of ``tenant_id``'s served answer) in a task of its own, off the answer's
         latency path; until it is done :meth:`settled` waits for it, and :meth:`drain` at shutdown."""
         task = asyncio.ensure_future(settle)
         running = self._running.setdefault(tenant_id, set())
         running.add(task)
 
-        def done(_: asyncio.Task[None]) -> None:
+        def done(_: asyncio.Task[object]) -> None:
             running.discard(task)
             if not running and self._running.get(tenant_id) is running:
                 del self._running[tenant_id]
 
         task.add_done_callback(done)
 
+    def submit(self, item: Settlement) -> None:
+        """Settle ``item`` with the other settles of its tenant submitted within ``settle_linger_s``: one
+        Redis call for them all, in a task (:meth:`start`), so nothing waits here. Never raises.
+
+        For the settles of reservations admitted under a lease (the linger is why they may land a few ms
+        later); once :meth:`drain` began, each is started on its own at once.
+        """
+        r = item.reservation
+        if self._draining.is_set():
+            self.start(r.tenant_id, self.settle(item))
+            return
+        key = (r.tenant_id, r.epoch, id(r.quotas))  # the sum holds the quotas: no id is reused meanwhile
+        total = self._open.get(key)
+        if total is None:
+            total = self._open[key] = _Sum(r)
+            if self._flush_at is None:
+                self._flush_at = asyncio.get_running_loop().call_later(self._cfg.settle_linger_s, self._flush)
+        if item.used_tokens is None:
+            total.requests += r.requests
+            total.tokens += r.tokens
+        else:
+            total.tokens += r.tokens - item.used_tokens
+        usage = total.usage
+        for name, amount in item.usage.items():
+            if amount:
+                usage[name] = usage.get(name, 0) + amount
+        total.count += 1
+
+    def _flush(self) -> None:
+        """Start the settle of every sum collected so far (one task per tenant's sum)."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        sums, self._open = self._open, {}
+        for total in sums.values():
+            self.start(total.reservation.tenant_id, self.settle(total.settlement()))
+
     async def settled(self, tenant_id: str) -> None:
         """Wait until the settles of ``tenant_id`` started so far (:meth:`start`) are done, at most one
         Redis call's bound (``pool_timeout_s + socket_timeout_s``): a client that reads its usage after
-        an answer from this replica sees that answer counted (read-your-writes on one replica)."""
+        an answer from this replica sees that answer counted (read-your-writes on one replica). Sums
+        still collecting (:meth:`submit`) are sent at once."""
+        if any(key[0] == tenant_id for key in self._open):
+            self._flush()
         running = self._running.get(tenant_id)
         if running:
             await asyncio.wait(set(running), timeout=self._cfg.pool_timeout_s + self._cfg.socket_timeout_s)
@@ -187,6 +261,7 @@ class Settler:
             tenant=item.reservation.tenant_id,
             reason=reason,
             attempts=attempts,
+            requests_covered=item.covers,
             used_tokens=item.used_tokens,
             reserved_tokens=item.reservation.tokens,
             **{f"usage_{k}": v for k, v in item.usage.items()},
@@ -197,6 +272,7 @@ class Settler:
         ``settle_drain_s`` to land; the retries still pending then are cancelled and counted lost. Later
         failed settles are counted lost at once."""
         self._draining.set()
+        self._flush()
         under_way = set(self._tasks).union(*self._running.values())
         if not under_way:
             return

@@ -23,7 +23,7 @@ from tenancy.errors import (
     TenantNotFoundError,
     store_operation,
 )
-from tenancy.keys import digest_matches, generate_key, key_digest, parse_key
+from tenancy.keys import digest_matches, generate_key, key_digest, parse_key, tokens_equal
 from tenancy.layout import BUCKETS, KeyLayout, lua
 from tenancy.models import (
     ApiKeyInfo,
@@ -287,7 +287,11 @@ class TenantStore:
             return found[1] if found is not None and _passes(found, parsed.full, self._pepper) else None
         hit = cache.get(parsed.key_id)
         if hit is not None:
-            return hit.tenant if digest_matches(parsed.full, hit.digest, self._pepper) else None
+            if tokens_equal(parsed.full, hit.verified) or digest_matches(
+                parsed.full, hit.digest, self._pepper
+            ):
+                return hit.tenant
+            return None
         read_at, generation = cache.now(), cache.generation
         shared = self._reads.get(parsed.key_id)
         if shared is not None and shared[0] == generation:  # a read begun since the last invalidation
@@ -299,7 +303,7 @@ class TenantStore:
         found = await asyncio.shield(read)  # the first caller leaving does not fail the others
         if found is None or not _passes(found, parsed.full, self._pepper):
             return None
-        cache.put(parsed.key_id, found[0].digest, found[1], read_at, generation)
+        cache.put(parsed.key_id, found[0].digest, found[1], read_at, generation, parsed.full)
         return found[1]
 
     async def _read_key(self, key_id: str) -> _KeyRead:

@@ -16,6 +16,7 @@ import redis as syncredis
 import redis.asyncio as aioredis
 
 from service.app import create_app
+from tenancy import keys
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.models import Tenant, TenantCreate, TenantPatch
 from tenancy.store import TenantStore
@@ -69,6 +70,17 @@ async def test_store_answers_from_the_cache_within_its_ttl_only(redis_client: ai
     assert (tenant := await store.authenticate(issued.api_key)) is not None and tenant.id == "acme"
     wrong = issued.api_key[:-4] + ("AAAA" if not issued.api_key.endswith("AAAA") else "BBBB")
     assert await store.authenticate(wrong) is None  # the digest is checked on a hit too
+    hmacs: list[str] = []
+
+    def counted(full: str, digest: str, pepper: bytes) -> bool:
+        hmacs.append(full)
+        return keys.digest_matches(full, digest, pepper)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("tenancy.store.digest_matches", counted)
+        assert await store.authenticate(issued.api_key) is not None
+        assert hmacs == []  # the key that passed: compared, not hashed again
+        assert await store.authenticate(wrong) is None and hmacs == [wrong]
     await redis_client.delete(f"ac1:key:{issued.key_id}")  # behind the store's back: no invalidation
     clock.now += 0.9
     assert await store.authenticate(issued.api_key) is not None  # answered from memory

@@ -275,8 +275,9 @@ def reservations_by_source(metrics: str) -> dict[str, float]:
 def test_the_gateway_makes_one_redis_script_call_per_request_with_a_lease(
     redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
 ) -> None:
-    """A served request's settle is one script call; its reservation is none while the lease covers it
-    (issue 10: at most one Redis round trip per request, off the answer's path)."""
+    """A served request's settle is one script call at most (under a lease, the settles of one linger are
+    summed into one); its reservation is none while the lease covers it (issue 10: at most one Redis
+    round trip per request, off the answer's path)."""
     counts: list[int] = []
     sources: list[dict[str, float]] = []
     for lease_s in (0.0, 0.5):
@@ -294,7 +295,8 @@ def test_the_gateway_makes_one_redis_script_call_per_request_with_a_lease(
             counts.append(r.info("commandstats")["cmdstat_evalsha"]["calls"] - before)
             sources.append(reservations_by_source(http.get("/metrics").text))
     assert counts[0] == 40  # a reservation and a settle each
-    # the settles only (a slow run may outlive the lease's 1 s: one more reservation and a give-back)
-    assert 20 <= counts[1] <= 23, counts
+    # the settles only, or fewer where two fell in one linger (a slow run may outlive the lease's 1 s: one
+    # more reservation and a give-back)
+    assert 1 <= counts[1] <= 23, counts
     assert sources[0] == {"lease": 0.0, "redis": 21.0}
     assert sources[1]["lease"] >= 18 and sources[1]["lease"] + sources[1]["redis"] == 21, sources

@@ -152,6 +152,41 @@ async def test_a_started_settle_is_waited_for_by_usage_reads_and_by_the_drain(
     assert (await usage.get("t")).requests == 2
 
 
+async def test_leased_settles_of_a_tenant_are_summed_into_one_call(redis_client: aioredis.Redis) -> None:
+    """Settler.submit sums a tenant's settles of one linger into one script call that gives back and
+    records exactly what the requests' own calls would have; a usage read sends the sum at once (no
+    linger waited), and the drain sends what is still collecting."""
+    settler, quota, _ = settler_on(redis_client, settle_linger_s=1.0)  # a read or the drain sends sooner
+    usage = UsageRecorder(redis_client, "s:")
+    assert (await quota.reserve("t", QUOTAS, 400)).allowed  # 600 of 1000 left
+    assert (await quota.reserve("u", QUOTAS, 100)).allowed
+    await quota.settle(Reservation("w", QUOTAS, 1, 20), None, {})  # settle.lua loaded: no NOSCRIPT below
+    calls = int((await redis_client.info("commandstats"))["cmdstat_evalsha"]["calls"])
+    for i in range(10):  # 10 served answers, 20 tokens reserved each, 12 used: 8 back each
+        settler.submit(Settlement(f"a{i}", Reservation("t", QUOTAS, 1, 20, linger=True), 12, SERVED))
+    settler.submit(
+        Settlement("f", Reservation("t", QUOTAS, 1, 50, linger=True), None, {"errors": 1})
+    )  # refunded
+    settler.submit(Settlement("o", Reservation("t", QUOTAS, 1, 20, linger=True), 35, SERVED))  # 15 over
+    await asyncio.sleep(0.05)
+    assert (await usage.get("t")).requests == 0  # still collecting
+    await asyncio.wait_for(settler.settled("t"), 1)
+    after = int((await redis_client.info("commandstats"))["cmdstat_evalsha"]["calls"])
+    assert after - calls == 1  # one call for the 12 settles
+    got = await usage.get("t")
+    assert (got.requests, got.errors, got.prompt_tokens, got.completion_tokens) == (11, 1, 77, 33)
+    level = (await quota.adjust("t", QUOTAS, tokens=0.0001))["tokens"]
+    assert level == pytest.approx(600 + 10 * 8 + 50 - 15, abs=0.01)
+    settler.submit(Settlement("u1", Reservation("u", QUOTAS, 1, 20, linger=True), 10, SERVED))
+    await asyncio.sleep(0.1)
+    assert (await usage.get("u")).requests == 0  # collecting for its linger (1 s)...
+    await asyncio.wait_for(settler.drain(), 5)  # ...or until the drain
+    assert (await usage.get("u")).requests == 1
+    settler.submit(Settlement("late", Reservation("u", QUOTAS, 1, 20, linger=True), 10, SERVED))
+    await asyncio.wait_for(settler.settled("u"), 1)  # draining: settled on its own at once
+    assert (await usage.get("u")).requests == 2
+
+
 async def test_drain_past_its_bound_counts_what_is_still_pending(one_connection: aioredis.Redis) -> None:
     settler, _, metrics = settler_on(one_connection, settle_drain_s=0.2, settle_retries=1000)
     conn = await one_connection.connection_pool.get_connection()  # held through the drain
