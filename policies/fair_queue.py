@@ -177,9 +177,10 @@ class PriorityBands(Generic[T]):
         self.configs = {b.name: b for b in sorted(bands, key=lambda b: -b.rank)}
         self._queues: dict[str, WeightedFairQueue[T]] = {name: WeightedFairQueue() for name in self.configs}
         self._credit: dict[str, float] = dict.fromkeys(self.configs, 0.0)
+        self._count = 0  # items queued over all bands (len() is asked several times a request)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._count
 
     def depth(self, band: str) -> int:
         """Requests waiting in ``band``."""
@@ -192,12 +193,17 @@ class PriorityBands(Generic[T]):
     def push(self, item: QueuedItem[T]) -> None:
         """Enqueue into ``item.band`` (capacity checks are the caller's, see ``policies.admission_core``)."""
         self._queues[item.band].push(item)
+        self._count += 1
 
     def remove(self, item: QueuedItem[T]) -> bool:
         """Take an item out of its band; False if it was not queued."""
-        return self._queues[item.band].remove(item)
+        removed = self._queues[item.band].remove(item)
+        self._count -= removed
+        return removed
 
     def _next_band(self) -> str | None:
+        if not self._count:
+            return None
         # a backlogged band whose guaranteed-share credit covers its head goes first (highest rank first),
         # else the highest backlogged band; one pass over the bands
         first: str | None = None
@@ -223,6 +229,7 @@ class PriorityBands(Generic[T]):
             return None
         item = self._queues[band].pop()
         assert item is not None
+        self._count -= 1
         if self.configs[band].min_share > 0 and self._credit[band] >= item.cost:
             self._credit[band] -= item.cost
         for name, cfg in self.configs.items():

@@ -49,9 +49,10 @@ from service.openai.fanout import choice_requests, merge_choices, stream_choices
 from service.openai.shapes import ChatShaper, Shaper, TextShaper
 from service.preparation import PreparedRequest, RequestPreparer
 from service.prompting import PromptRenderer
+from service.request_record import record_request, settlement_of
 from service.revocation import Revocable, RevocationRegistry
 from service.scheduler import Scheduler
-from service.settlement import Settlement, Settler
+from service.settlement import Settler
 from service.upstream import Outcome, UpstreamCaller
 from service.workers.client import SGLangClient, UpstreamChunk
 from service.workers.pool import WorkerPool
@@ -423,87 +424,21 @@ class Dispatcher:
         part when it gave none. Refunded in full: everything else. A 499 is the client's choice, not an
         error.
         """
-        item, charged = self._settlement(prepared, reservation, outcome)
+        item, charged = settlement_of(prepared, reservation, outcome)
         latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
         # one round trip for buckets and usage; retried in the background if Redis is short
         await self._settler.settle(item)
-        self._record(prepared, reservation, outcome, charged, latency)
+        record_request(self._metrics, prepared, reservation, outcome, charged, latency)
 
     def _settle_with_others(
         self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
     ) -> None:
         """:meth:`_settle` of a served answer under a lease: summed with its tenant's other settles of the
         linger (:meth:`service.settlement.Settler.submit`), nothing awaited."""
-        item, charged = self._settlement(prepared, reservation, outcome)
+        item, charged = settlement_of(prepared, reservation, outcome)
         self._settler.submit(item)
-        self._record(prepared, reservation, outcome, charged, time.perf_counter() - prepared.arrival)
-
-    @staticmethod
-    def _settlement(
-        prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
-    ) -> tuple[Settlement, bool]:
-        """What settles the request (see :meth:`_settle`) and whether it is charged."""
-        abandoned = (outcome.status == 499 or outcome.revoked) and outcome.dispatched
-        charged = outcome.finished or outcome.streamed_any or abandoned
-        errors = int(outcome.status not in (200, 499))
-        if not charged:
-            return Settlement(prepared.rid, reservation, None, {"errors": errors}), False  # refund it all
-        if not outcome.prompt_tokens:  # the worker's count is unknown: the reservation's prompt part
-            outcome.prompt_tokens = prepared.prompt.num_tokens
-        usage = {
-            "requests": 1,
-            "errors": errors,
-            "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "cached_tokens": outcome.cached_tokens,
-        }
-        used = outcome.prompt_tokens + outcome.completion_tokens
-        return Settlement(prepared.rid, reservation, used, usage), True
-
-    def _record(
-        self,
-        prepared: PreparedRequest,
-        reservation: Reservation,
-        outcome: Outcome,
-        charged: bool,
-        latency: float,
-    ) -> None:
-        """Count the request in the metrics and log its ``request`` line (``latency`` in s)."""
-        slot = outcome.slot
-        m = self._metrics.request_series(
-            self._metrics.tenant(prepared.tenant.id), prepared.model, outcome.status
-        )
-        m.requests.inc()
-        m.e2e.observe(latency)
-        if outcome.ttft_s is not None:
-            m.ttft.observe(outcome.ttft_s)
-        if charged:
-            m.prompt_tokens.inc(outcome.prompt_tokens)
-            m.completion_tokens.inc(outcome.completion_tokens)
-            m.cached_tokens.inc(outcome.cached_tokens)
-        log.info(
-            "request",
-            request_id=prepared.rid,
-            tenant=prepared.tenant.id,
-            model=prepared.model,
-            priority_class=prepared.priority_class,
-            stream=prepared.stream,
-            worker=outcome.worker,
-            attempts=outcome.attempts,
-            resumes=outcome.resumes,
-            resume_mode=outcome.resume_mode,
-            status=outcome.status,
-            error=outcome.error_code,
-            charged=charged,
-            prompt_tokens=outcome.prompt_tokens or prepared.prompt.num_tokens,  # the size, charged or not
-            completion_tokens=outcome.completion_tokens,
-            cached_tokens=outcome.cached_tokens,
-            reserved_tokens=reservation.tokens,
-            ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
-            latency_ms=round(latency * 1000, 1),
-            queued_ms=_ms(outcome.expired_after_s if slot is None else slot.queued_s),
-            predicted_ttft_ms=_ms(outcome.shed_predicted_ttft_s if slot is None else slot.predicted_ttft_s),
-            shed_reason=outcome.shed_reason,
+        record_request(
+            self._metrics, prepared, reservation, outcome, charged, time.perf_counter() - prepared.arrival
         )
 
 
@@ -516,7 +451,3 @@ def failed(outcome: Outcome, err: GatewayError) -> None:
         outcome.shed_reason, outcome.shed_predicted_ttft_s = err.reason, err.predicted_ttft_s
     elif isinstance(err, QueueTimeout):
         outcome.expired_after_s, outcome.shed_predicted_ttft_s = err.waited_s, err.predicted_ttft_s
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)

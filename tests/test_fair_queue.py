@@ -6,6 +6,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.fair_queue import BandConfig, PriorityBands, QueuedItem, WeightedFairQueue
 
@@ -154,3 +156,34 @@ def test_weights_hold_after_an_idle_queue_whatever_came_before(first_weight: flo
         queue.push(item("b", weight=4.0))
     served = [nxt.tenant for nxt in iter(queue.pop, None)]
     assert served[:3] == ["b", "b", "b"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["push", "pop", "remove", "remove_again"]), st.integers(0, 2)), max_size=60
+    )
+)
+def test_the_length_kept_is_the_sum_of_the_bands_depths(ops: list[tuple[str, int]]) -> None:
+    """``len(PriorityBands)`` is a counter kept on push, pop and remove (it was a sum over the bands, asked
+    several times a request): it always equals the bands' depths, a second remove of an item included."""
+    bands: PriorityBands[str] = PriorityBands(BANDS)
+    names = [b.name for b in BANDS]
+    queued: list[QueuedItem[str]] = []
+    removed: list[QueuedItem[str]] = []
+    for n, (op, band) in enumerate(ops):
+        if op == "push":
+            queued.append(item(f"t{n % 3}", names[band], cost=1.0 + n % 4))
+            bands.push(queued[-1])
+        elif op == "pop":
+            got = bands.pop()
+            assert (got is None) == (not queued)
+            if got is not None:
+                queued.remove(got)
+        elif op == "remove" and queued:
+            removed.append(queued.pop(band % len(queued)))
+            assert bands.remove(removed[-1])
+        elif op == "remove_again" and removed:
+            assert not bands.remove(removed[-1])
+        assert len(bands) == sum(bands.depth(name) for name in names) == len(queued)
+        assert (bands.peek() is None) == (not queued)
