@@ -381,7 +381,7 @@ class AdmissionCore:
                 # work, and while the top band sends work here it would hold its first tokens (nothing
                 # preempts a prefill under way): shed it rather than spend on it
                 return Shed(req.rid, req.band, "costly_miss", self._retry_after(cls), predicted)
-        self.router.commit(choice.url, req.prompt, now)
+        self.router.commit(choice.url, req.prompt, now, route.matched_chars)  # the tree is not walked again
         e.worker, e.route, e.uncached, e.predicted = choice, route, uncached, predicted
         e.waits = prediction.wait_s > 0.0  # a wait is predicted only on a measured capacity
         e.beyond_goal = beyond_goal and cfg.slo_admission and not cls.serve_late

@@ -120,7 +120,7 @@ class ConsistentHash:
                 return RouteDecision(url, "hash")
         raise AssertionError("unreachable: no worker below the bounded-load capacity")
 
-    def commit(self, url: str, prompt: str, now: float) -> None:
+    def commit(self, url: str, prompt: str, now: float, matched: int | None = None) -> None:
         """Nothing to record: the ring is a function of the worker set."""
 
     def prefix_matches(self, prompt: str) -> dict[str, int]:

@@ -254,6 +254,8 @@ class PriorityBands(Generic[T]):
 
     def cost_ahead(self, band: str, tenant: str, weight: float, cost: float) -> float:
         """Tokens that would be served before a new request: higher bands plus earlier tags in its band."""
+        if not self._count:
+            return 0.0
         rank = self.configs[band].rank
         higher = sum(q.queued_cost for name, q in self._queues.items() if self.configs[name].rank > rank)
         own = self._queues[band]
@@ -261,6 +263,8 @@ class PriorityBands(Generic[T]):
 
     def count_ahead(self, band: str, tenant: str, weight: float, cost: float) -> int:
         """Requests that would be served before a new one: higher bands plus earlier tags in its band."""
+        if not self._count:
+            return 0
         rank = self.configs[band].rank
         higher = sum(len(q) for name, q in self._queues.items() if self.configs[name].rank > rank)
         own = self._queues[band]

@@ -100,8 +100,10 @@ class Router(Protocol):
         """
         ...
 
-    def commit(self, url: str, prompt: str, now: float) -> None:
-        """Record that ``prompt`` was sent to ``url`` at ``now`` (s); no-op for stateless policies."""
+    def commit(self, url: str, prompt: str, now: float, matched: int | None = None) -> None:
+        """Record that ``prompt`` was sent to ``url`` at ``now`` (s); no-op for stateless policies.
+        ``matched``: the characters :meth:`choose` or :meth:`prefix_matches` predicted cached on ``url``
+        just before (None: looked up again)."""
         ...
 
     def prefix_matches(self, prompt: str) -> dict[str, int]:

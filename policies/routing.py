@@ -56,7 +56,7 @@ class _Stateless:
     def remove_worker(self, url: str) -> None:
         """Nothing to forget."""
 
-    def commit(self, url: str, prompt: str, now: float) -> None:
+    def commit(self, url: str, prompt: str, now: float, matched: int | None = None) -> None:
         """Nothing to record."""
 
     def prefix_matches(self, prompt: str) -> dict[str, int]:
