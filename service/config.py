@@ -63,7 +63,8 @@ class RedisSettings(BaseModel):
         ge=0,
         description="Longest a replica answers an authenticated API key from memory, s: revocation and "
         "tenant changes reach every replica at once through Redis pub/sub, and within this bound when a "
-        "message is lost (0 = ask Redis on every request).",
+        "message is lost; the requests that find a key's entry expired share one Redis read (0 = every "
+        "request asks Redis itself).",
     )
     auth_cache_entries: int = Field(
         10_000, ge=1, description="API keys a replica remembers at most (oldest dropped first)."
@@ -88,9 +89,9 @@ class RedisSettings(BaseModel):
         0.002,
         ge=0,
         le=1,
-        description="The settle of a request admitted under a quota lease (off the answer's path) waits up "
-        "to this long to share one Redis exchange with other settles, s (0 = only with those of the same "
-        "event-loop round); small quotas, which lease nothing, settle at once.",
+        description="The settles of a tenant's requests admitted under a quota lease (off the answer's path) "
+        "are summed for this long and settled as one Redis call, s (0 = those of one event-loop round); "
+        "small quotas, which lease nothing, settle at once.",
     )
     settle_retries: int = Field(
         8,
