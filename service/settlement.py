@@ -254,7 +254,7 @@ class Settler:
             raise
 
     def _lost(self, item: Settlement, reason: str, attempts: int) -> None:
-        self._metrics.settle_failures.inc()
+        self._metrics.settle_failures.inc(item.covers)  # requests: a lost sum loses each it carried
         log.error(
             "settle_lost",
             request_id=item.request_id,

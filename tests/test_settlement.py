@@ -197,6 +197,18 @@ async def test_drain_past_its_bound_counts_what_is_still_pending(one_connection:
     await one_connection.connection_pool.release(conn)
 
 
+async def test_a_lost_sum_counts_every_request_it_covered(one_connection: aioredis.Redis) -> None:
+    """radixgate_settle_failures_total counts requests: a tenant's summed settle that is lost counts each
+    request it carried, not 1 (it counted 1 for the sum's 5)."""
+    settler, _, metrics = settler_on(one_connection, settle_linger_s=1.0, settle_retries=0)
+    for i in range(5):
+        settler.submit(Settlement(f"l{i}", Reservation("t", QUOTAS, 1, 20, linger=True), 10, SERVED))
+    conn = await one_connection.connection_pool.get_connection()  # Redis unavailable for the sum
+    await asyncio.wait_for(settler.settled("t"), 5)
+    assert value(metrics, "radixgate_settle_failures_total") == 5
+    await one_connection.connection_pool.release(conn)
+
+
 def test_burst_on_a_one_connection_pool_charges_every_served_request(
     redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]
 ) -> None:
