@@ -74,7 +74,7 @@ class Settlement:
 
 @dataclass(slots=True)
 class _Sum:
-    """The settles of one tenant (one epoch, one quotas object) collected during one linger: the units to
+    """The settles of one tenant (one epoch, one set of quotas) collected during one linger: the units to
     give back to its buckets (negative: charged) and the usage to add."""
 
     reservation: Reservation
@@ -110,7 +110,7 @@ class Settler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = asyncio.Event()
         self._running: dict[str, set[asyncio.Task[Any]]] = {}
-        self._open: dict[tuple[str, str | None, int], _Sum] = {}  # (tenant, epoch, id(quotas)) -> sum
+        self._open: dict[tuple[object, ...], _Sum] = {}  # (tenant, epoch, *quotas' values) -> sum
         self._flush_at: asyncio.TimerHandle | None = None
 
     @property
@@ -161,7 +161,8 @@ class Settler:
         if self._draining.is_set():
             self.start(r.tenant_id, self.settle(item))
             return
-        key = (r.tenant_id, r.epoch, id(r.quotas))  # the sum holds the quotas: no id is reused meanwhile
+        q = r.quotas  # by value: each tenant read (auth cache off, or each refresh) has its own object
+        key = (r.tenant_id, r.epoch, q.requests_per_min, q.tokens_per_min, q.request_burst, q.token_burst)
         total = self._open.get(key)
         if total is None:
             total = self._open[key] = _Sum(r)

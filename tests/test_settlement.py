@@ -197,6 +197,24 @@ async def test_drain_past_its_bound_counts_what_is_still_pending(one_connection:
     await one_connection.connection_pool.release(conn)
 
 
+async def test_settles_under_equal_quotas_read_apart_are_summed(redis_client: aioredis.Redis) -> None:
+    """Settles are summed by the quotas' values, not by the quotas object: with the auth cache off
+    (``auth_cache_ttl_s`` 0) each request reads its tenant anew, and each settle was its own call."""
+    settler, _, _ = settler_on(redis_client, settle_linger_s=1.0)
+    usage = UsageRecorder(redis_client, "s:")
+    await settler.settle(Settlement("w", Reservation("w", QUOTAS, 1, 20), 10, SERVED))  # script loaded
+    calls = int((await redis_client.info("commandstats"))["cmdstat_evalsha"]["calls"])
+    for i in range(6):
+        quotas = Quotas.model_validate(QUOTAS.model_dump())  # as read from Redis for each request
+        settler.submit(Settlement(f"e{i}", Reservation("t", quotas, 1, 20, linger=True), 10, SERVED))
+    other = Quotas(tokens_per_min=0.001, token_burst=999)  # other values: a sum of its own
+    settler.submit(Settlement("x", Reservation("t", other, 1, 20, linger=True), 10, SERVED))
+    await asyncio.wait_for(settler.settled("t"), 1)
+    after = int((await redis_client.info("commandstats"))["cmdstat_evalsha"]["calls"])
+    assert after - calls == 2
+    assert (await usage.get("t")).requests == 7
+
+
 async def test_a_lost_sum_counts_every_request_it_covered(one_connection: aioredis.Redis) -> None:
     """radixgate_settle_failures_total counts requests: a tenant's summed settle that is lost counts each
     request it carried, not 1 (it counted 1 for the sum's 5)."""
