@@ -5,11 +5,14 @@ redis-py's."""
 from __future__ import annotations
 
 import asyncio
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
+from packaging.requirements import Requirement
 
 from tenancy.script_batch import ScriptBatcher, pack_evalsha
 from tests.support.servers import free_port
@@ -152,3 +155,14 @@ async def test_a_call_does_not_linger_while_an_exchange_is_in_progress(redis_cli
     finally:
         batcher._busy -= 1
     assert reply == ["v", "1"]
+
+
+def test_the_packer_is_a_declared_dependency() -> None:
+    """pack_evalsha calls hiredis.pack_command (hiredis 2.2.1+): hiredis is a dependency of its own with
+    that floor. ``redis[hiredis]>=5.0`` alone allowed hiredis 1.x or 2.0 (redis 5's extra: >=1.0.0), under
+    which every reservation and settle raised AttributeError."""
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "hiredis"]
+    assert declared, "hiredis is not a declared dependency"
+    for old in ("1.1.0", "2.0.0", "2.2.0"):
+        assert not declared[0].specifier.contains(old), old
