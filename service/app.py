@@ -233,6 +233,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
         await scheduler.start()
         settler = Settler(quota, settings.redis, metrics)
+        leased.before_remote = settler.ahead_of_reservation  # summed refunds land before it
         dispatcher = Dispatcher(
             settings, renderer, leased, usage, pool, client, metrics, scheduler, settler, revocations
         )

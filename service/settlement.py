@@ -83,10 +83,11 @@ class _Sum:
     usage: dict[str, int] = dataclasses.field(default_factory=dict)
     count: int = 0
 
-    def settlement(self) -> Settlement:
-        """One settle of it all: the sums as a reservation given back whole (``used_tokens`` None)."""
+    def settlement(self, linger: bool = False) -> Settlement:
+        """One settle of it all: the sums as a reservation given back whole (``used_tokens`` None);
+        ``linger``: it waits in the script batcher for a call to share its write with."""
         whole = dataclasses.replace(
-            self.reservation, requests=self.requests, tokens=self.tokens, linger=False
+            self.reservation, requests=self.requests, tokens=self.tokens, linger=linger
         )
         return Settlement(f"sum-{secrets.token_hex(12)}", whole, None, self.usage, self.count)
 
@@ -187,6 +188,20 @@ class Settler:
         sums, self._open = self._open, {}
         for total in sums.values():
             self.start(total.reservation.tenant_id, self.settle(total.settlement()))
+
+    async def ahead_of_reservation(self, tenant_id: str) -> None:
+        """Send the sums of ``tenant_id`` still collecting ahead of a reservation of it about to go to
+        Redis (:attr:`tenancy.quota_lease.LeasedQuota.before_remote`), in the same write: each settle
+        starts a batch in the script batcher (lingering) which the reservation, sent once this returns,
+        joins after it. A summed refund then lands before the reservation that may need it, as each
+        request's own settle did (a reservation refused for want of it: a 429 the quota did not call for).
+        Waits one loop round at most; nothing when none collects."""
+        keys = [key for key in self._open if key[0] == tenant_id]
+        if not keys:
+            return
+        for key in keys:
+            self.start(tenant_id, self.settle(self._open.pop(key).settlement(linger=True)))
+        await asyncio.sleep(0)  # the settles run up to the batcher, where the reservation joins them
 
     async def settled(self, tenant_id: str) -> None:
         """Wait until the settles of ``tenant_id`` started so far (:meth:`start`) are done, at most one

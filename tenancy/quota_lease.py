@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -78,8 +78,13 @@ class LeasedQuota:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         on_reserve: Callable[[bool], None] | None = None,
+        before_remote: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._limiter = limiter
+        self.before_remote = before_remote
+        """Awaited with the tenant id before a reservation the lease cannot cover goes to Redis (the
+        settler sends that tenant's settles still collecting ahead of it, in the same write:
+        :meth:`service.settlement.Settler.ahead_of_reservation`)."""
         self._horizon_s = horizon_s
         self._max_fraction = max_fraction
         self._ttl_s = ttl_s
@@ -108,6 +113,13 @@ class LeasedQuota:
             self.local += 1
             self._on_reserve(True)
             return _ALLOWED
+        if self.before_remote is not None:
+            await self.before_remote(tenant_id)
+            held = self._leases.get(tenant_id)  # another request may have replaced it meanwhile
+            if held is not None and held[0].take(terms, 1, tokens, self._clock()):
+                self.local += 1
+                self._on_reserve(True)
+                return _ALLOWED
         self.remote += 1
         self._on_reserve(False)
         asks: dict[BucketName, tuple[float, float]] = {}

@@ -27,6 +27,7 @@ from service.metrics import GatewayMetrics
 from service.settlement import Settlement, Settler
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.quota_lease import LeasedQuota
 from tenancy.usage import UsageRecorder
 from tests.conftest import gateway_settings
 from tests.support.fake_worker import FakeWorker
@@ -213,6 +214,36 @@ async def test_settles_under_equal_quotas_read_apart_are_summed(redis_client: ai
     after = int((await redis_client.info("commandstats"))["cmdstat_evalsha"]["calls"])
     assert after - calls == 2
     assert (await usage.get("t")).requests == 7
+
+
+async def test_a_reservation_to_redis_goes_after_the_sums_still_collecting(
+    redis_client: aioredis.Redis,
+) -> None:
+    """A reservation of a tenant that its lease cannot cover goes to Redis after that tenant's settles
+    still collecting on this replica, in the same write (script_batch's promise: "a reservation sent just
+    after a settle of the same replica is never run before it"). Summed settles waited out their linger
+    instead, and the reservation was refused for want of the refunds they carried (a 429 on the
+    request after two served ones, whose unused tokens would have covered it)."""
+    quotas = Quotas(tokens_per_min=6000, token_burst=100000)  # a lease of 5000 tokens; 100 a s refill
+    limiter = QuotaLimiter(redis_client, "s:", settle_linger_s=0.3)
+    settler = Settler(
+        limiter,
+        RedisSettings.model_validate({"settle_linger_s": 0.3}),
+        GatewayMetrics(CollectorRegistry(), 10),
+    )
+    leased = LeasedQuota(limiter, 60.0, 0.05, 60.0, before_remote=settler.ahead_of_reservation)
+    await limiter.settle(Reservation("w", quotas, 1, 20), None, {})  # settle.lua loaded: no NOSCRIPT below
+    await limiter.adjust("t", quotas, tokens=-91000)  # 9000 left
+    first = await leased.reserve("t", quotas, 4000)  # 4000 and a lease of 5000: nothing left in Redis
+    assert first.allowed and first.leased
+    assert (await leased.reserve("t", quotas, 4000)).allowed  # from the lease (1000 left in it)
+    for i in range(2):  # both served with 100 tokens: 3900 each to give back
+        settler.submit(Settlement(f"q{i}", Reservation("t", quotas, 1, 4000, linger=True), 100, SERVED))
+    third = await leased.reserve("t", quotas, 4000)  # the lease cannot: Redis, after the refunds
+    assert third.allowed, third
+    await asyncio.wait_for(settler.settled("t"), 1)
+    assert (await UsageRecorder(redis_client, "s:").get("t")).requests == 2
+    await leased.close()
 
 
 async def test_a_lost_sum_counts_every_request_it_covered(one_connection: aioredis.Redis) -> None:
