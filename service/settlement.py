@@ -111,7 +111,8 @@ class Settler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = asyncio.Event()
         self._running: dict[str, set[asyncio.Task[Any]]] = {}
-        self._open: dict[tuple[object, ...], _Sum] = {}  # (tenant, epoch, *quotas' values) -> sum
+        # tenant -> (epoch, *quotas' values) -> sum: a tenant's sums found without scanning the others'
+        self._open: dict[str, dict[tuple[object, ...], _Sum]] = {}
         self._flush_at: asyncio.TimerHandle | None = None
 
     @property
@@ -163,10 +164,13 @@ class Settler:
             self.start(r.tenant_id, self.settle(item))
             return
         q = r.quotas  # by value: each tenant read (auth cache off, or each refresh) has its own object
-        key = (r.tenant_id, r.epoch, q.requests_per_min, q.tokens_per_min, q.request_burst, q.token_burst)
-        total = self._open.get(key)
+        key = (r.epoch, q.requests_per_min, q.tokens_per_min, q.request_burst, q.token_burst)
+        sums = self._open.get(r.tenant_id)
+        if sums is None:
+            sums = self._open[r.tenant_id] = {}
+        total = sums.get(key)
         if total is None:
-            total = self._open[key] = _Sum(r)
+            total = sums[key] = _Sum(r)
             if self._flush_at is None:
                 self._flush_at = asyncio.get_running_loop().call_later(self._cfg.settle_linger_s, self._flush)
         if item.used_tokens is None:
@@ -185,9 +189,10 @@ class Settler:
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None
-        sums, self._open = self._open, {}
-        for total in sums.values():
-            self.start(total.reservation.tenant_id, self.settle(total.settlement()))
+        tenants, self._open = self._open, {}
+        for tenant_id, sums in tenants.items():
+            for total in sums.values():
+                self.start(tenant_id, self.settle(total.settlement()))
 
     async def ahead_of_reservation(self, tenant_id: str) -> None:
         """Send the sums of ``tenant_id`` still collecting ahead of a reservation of it about to go to
@@ -196,11 +201,11 @@ class Settler:
         joins after it. A summed refund then lands before the reservation that may need it, as each
         request's own settle did (a reservation refused for want of it: a 429 the quota did not call for).
         Waits one loop round at most; nothing when none collects."""
-        keys = [key for key in self._open if key[0] == tenant_id]
-        if not keys:
+        sums = self._open.pop(tenant_id, None)
+        if not sums:
             return
-        for key in keys:
-            self.start(tenant_id, self.settle(self._open.pop(key).settlement(linger=True)))
+        for total in sums.values():
+            self.start(tenant_id, self.settle(total.settlement(linger=True)))
         await asyncio.sleep(0)  # the settles run up to the batcher, where the reservation joins them
 
     async def settled(self, tenant_id: str) -> None:
@@ -208,7 +213,7 @@ class Settler:
         Redis call's bound (``pool_timeout_s + socket_timeout_s``): a client that reads its usage after
         an answer from this replica sees that answer counted (read-your-writes on one replica). Sums
         still collecting (:meth:`submit`) are sent at once."""
-        if any(key[0] == tenant_id for key in self._open):
+        if tenant_id in self._open:
             self._flush()
         running = self._running.get(tenant_id)
         if running:
