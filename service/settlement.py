@@ -276,15 +276,22 @@ class Settler:
 
     def _lost(self, item: Settlement, reason: str, attempts: int) -> None:
         self._metrics.settle_failures.inc(item.covers)  # requests: a lost sum loses each it carried
+        r = item.reservation
+        # one request: what it reserved and used; a sum (covers > 1): the net units it was giving back to
+        # the buckets (negative: charging), its requests' reservations and uses summed away
+        amounts = (
+            {"used_tokens": item.used_tokens, "reserved_tokens": r.tokens}
+            if item.covers == 1
+            else {"given_back_tokens": r.tokens, "given_back_requests": r.requests}
+        )
         log.error(
             "settle_lost",
             request_id=item.request_id,
-            tenant=item.reservation.tenant_id,
+            tenant=r.tenant_id,
             reason=reason,
             attempts=attempts,
             requests_covered=item.covers,
-            used_tokens=item.used_tokens,
-            reserved_tokens=item.reservation.tokens,
+            **amounts,
             **{f"usage_{k}": v for k, v in item.usage.items()},
         )
 
