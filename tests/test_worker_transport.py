@@ -13,6 +13,8 @@ from typing import cast
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,6 +24,7 @@ from loadgen.bench.upstream import FakeSGLang, serve
 from service.config import UpstreamSettings
 from service.workers.client import SGLangClient, UpstreamError, WorkerInfo
 from service.workers.native_transport import NativeWorkerHTTP
+from service.workers.transport import split_read
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
 
@@ -431,3 +434,16 @@ async def test_keepalive_counts_from_the_end_of_the_answer(fake: tuple[FakeSGLan
         before = app.connections
         await client.generate(url, BODY)
     assert app.connections == before + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\x00", b"\n")), max_size=20))
+def test_lines_split_over_reads_are_the_lines_of_the_whole(reads: list[bytes]) -> None:
+    """``split_read`` over any cut of a body into reads gives the body's lines, in order, the unfinished
+    last one left in ``pending`` (which grows in place: a long line in many reads is copied once)."""
+    pending = bytearray()
+    lines: list[bytes] = []
+    for data in reads:
+        lines += split_read(pending, data)
+    whole = b"".join(reads).split(b"\n")
+    assert lines == whole[:-1] and bytes(pending) == whole[-1]

@@ -264,7 +264,7 @@ class NativeOpenStream:
         conn = self._conn
         assert conn is not None
         read_s = self._http._read_s
-        pending = b""
+        pending = bytearray()
         while True:
             data = conn.take()
             if not data:
@@ -272,11 +272,11 @@ class NativeOpenStream:
                     break
                 await conn.wait(read_s)
                 continue
-            parts, pending = split_read(pending, data)
+            parts = split_read(pending, data)
             if parts:
                 yield parts
         if pending:
-            yield [pending]
+            yield [bytes(pending)]
 
 
 class NativeWorkerHTTP(WorkerHTTP):

@@ -112,26 +112,34 @@ class OpenStream:
         :class:`TransportFailure`."""
         assert self._resp is not None
         content = self._resp.content
-        pending = b""
+        pending = bytearray()
         try:
             async for data in content.iter_any():
-                parts, pending = split_read(pending, data)
+                parts = split_read(pending, data)
                 if parts:
                     yield parts
         except (aiohttp.ClientError, OSError) as exc:
             raise _failure(exc) from exc
         if pending:
-            yield [pending]
+            yield [bytes(pending)]
 
 
-def split_read(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
-    """One read of a line-oriented body: ``(lines completed, without \n, the rest)``, where ``pending``
-    is the unfinished line of the reads before. Shared by both worker clients' ``line_batches``."""
+def split_read(pending: bytearray, data: bytes) -> list[bytes]:
+    """One read of a line-oriented body: the lines it completed (without ``\n``); ``pending`` holds the
+    unfinished line of the reads before, and is left holding this read's (it is appended to, so a long line
+    that comes in many reads is copied once, not once per read). Shared by both worker clients'
+    ``line_batches``."""
     if b"\n" not in data:
-        return [], pending + data
-    parts = (pending + data).split(b"\n") if pending else data.split(b"\n")
-    rest = parts.pop()
-    return parts, rest
+        pending += data
+        return []
+    if pending:
+        pending += data
+        parts = bytes(pending).split(b"\n")
+        pending.clear()
+    else:
+        parts = data.split(b"\n")
+    pending += parts.pop()
+    return parts
 
 
 class WorkerHTTP:
