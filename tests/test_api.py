@@ -345,6 +345,30 @@ def test_request_bucket_below_one_request(http: httpx.Client) -> None:
     assert http.get(f"/admin/tenants/{tenant_id}", headers=ADMIN).json()["quotas"]["requests_per_min"] == 0.5
 
 
+def test_a_burst_without_its_rate_is_refused(http: httpx.Client, worker: FakeWorker) -> None:
+    # nu19: a bucket without a rate is unlimited, so {"token_burst": 50} alone was stored, shown by the
+    # usage routes, and limited nothing (a 500-token request passed)
+    for quotas, param in (
+        ({"token_burst": 50}, "quotas.token_burst"),
+        ({"request_burst": 2, "tokens_per_min": 100}, "quotas.request_burst"),
+    ):
+        body = {"id": f"t{next(_ids)}", "name": "x", "quotas": quotas}
+        err = assert_openai_error(http.post("/admin/tenants", json=body, headers=ADMIN), 400, "invalid_value")
+        assert err["param"] == param
+    tenant_id, _ = new_tenant(http, quotas={"tokens_per_min": 100})
+    url = f"/admin/tenants/{tenant_id}"
+    err = assert_openai_error(http.put(f"{url}/quotas", json={"token_burst": 50}, headers=ADMIN), 400)
+    assert err["param"] == "quotas.token_burst"
+    err = assert_openai_error(http.patch(url, json={"quotas": {"request_burst": 3}}, headers=ADMIN), 400)
+    assert err["param"] == "quotas.request_burst"
+    assert http.get(url, headers=ADMIN).json()["quotas"]["tokens_per_min"] == 100  # nothing written
+    # with its rate, in the same body or already stored, a burst is taken
+    patched = http.patch(url, json={"quotas": {"token_burst": 50}}, headers=ADMIN)
+    assert patched.status_code == 200 and patched.json()["quotas"]["token_burst"] == 50
+    both = {"quotas": {"request_burst": 3, "requests_per_min": 1}}
+    assert http.patch(url, json=both, headers=ADMIN).json()["quotas"]["request_burst"] == 3
+
+
 def test_admin_routes_need_the_admin_token(http: httpx.Client) -> None:
     _, key = new_tenant(http)
     assert_openai_error(http.get("/admin/tenants"), 401)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -67,9 +68,20 @@ def _check_tenant(
         )
 
 
-def _check_quotas(quotas: Quotas | None) -> None:
-    """Reject a request bucket smaller than one request (it would refuse every request with 413)."""
-    if quotas is not None and quotas.request_burst is not None and quotas.request_burst < MIN_REQUEST_BURST:
+_BURST_RATES = {"request_burst": "requests_per_min", "token_burst": "tokens_per_min"}
+"""Each burst and the rate of its bucket."""
+
+
+def _check_quotas(quotas: Quotas | None, given: Collection[str] | None = None) -> None:
+    """Reject a request bucket smaller than one request (it would refuse every request with 413), and a
+    burst the body sets (``given``: the quota fields it names; None: all) for a bucket without a rate.
+
+    A bucket without a rate is unlimited, so its burst does nothing (nu19: ``{"token_burst": 1000}`` alone
+    was stored and shown, and every request passed); a burst kept by a PATCH that clears the rate stays
+    stored, as the rate may come back."""
+    if quotas is None:
+        return
+    if quotas.request_burst is not None and quotas.request_burst < MIN_REQUEST_BURST:
         raise APIError(
             400,
             f"Invalid value for 'quotas.request_burst': {quotas.request_burst:g} is below one request; "
@@ -77,6 +89,16 @@ def _check_quotas(quotas: Quotas | None) -> None:
             code="invalid_value",
             param="quotas.request_burst",
         )
+    for burst, rate in _BURST_RATES.items():
+        named = given is None or burst in given
+        if named and getattr(quotas, burst) is not None and getattr(quotas, rate) is None:
+            raise APIError(
+                400,
+                f"Invalid value for 'quotas.{burst}': the bucket has no {rate}, so it is unlimited and "
+                f"a burst would do nothing; set {rate} too (or {burst} null).",
+                code="invalid_value",
+                param=f"quotas.{burst}",
+            )
 
 
 @router.post("/tenants", status_code=201)
@@ -139,7 +161,7 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
         # another quota field may land in between)
         given = {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}
         patch = patch.model_copy(update={"quotas": current.quotas.model_copy(update=given)})
-    _check_quotas(patch.quotas)
+    _check_quotas(patch.quotas, () if given is None else given.keys())
     _check_tenant(
         state.settings,
         patch.priority_class or current.priority_class,
