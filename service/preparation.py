@@ -7,6 +7,7 @@ touched and before anything reaches a worker.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,7 +135,9 @@ class RequestPreparer:
                 output = OutputSpec(logprobs=req.logprobs)
         except PromptError as exc:
             raise InvalidRequest(str(exc), code="invalid_prompt", param=prompt_param) from exc
-        max_tokens = self._max_tokens(tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param)
+        max_tokens = self._max_tokens(
+            tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param, req.n
+        )
         body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
         body["sampling_params"].update(constraint)
         if output.logprobs is not None:
@@ -210,7 +213,9 @@ class RequestPreparer:
             )
         return name
 
-    def _max_tokens(self, tenant: Tenant, asked: int | None, prompt_tokens: int, prompt_param: str) -> int:
+    def _max_tokens(
+        self, tenant: Tenant, asked: int | None, prompt_tokens: int, prompt_param: str, n: int = 1
+    ) -> int:
         limits = self.limits()
         context = limits.max_total_tokens
         room = context - prompt_tokens
@@ -223,7 +228,8 @@ class RequestPreparer:
             )
         cap = tenant.max_tokens_cap
         if asked is None:
-            return min(self._settings.api.default_max_tokens, cap or room, room)
+            default = self._settings.api.default_max_tokens
+            return min(default, cap or room, room, _burst_room(tenant, prompt_tokens, n))
         if cap is not None and asked > cap:
             raise InvalidRequest(
                 f"max_tokens is {asked}; this tenant's cap is {cap}.",
@@ -269,3 +275,17 @@ class RequestPreparer:
         if self._settings.upstream.send_priority:
             body["priority"] = self._settings.priority_classes[priority_class].sglang_priority
         return body
+
+
+def _burst_room(tenant: Tenant, prompt_tokens: int, n: int) -> int:
+    """The largest max_tokens whose reservation (prompt + n x max_tokens) fits the tenant's token burst, for
+    a request that gives none (nu19: the default of 256 made every such request of a tenant with a smaller
+    burst a 413 ``request_exceeds_burst`` telling it to lower a max_tokens it never sent); no bound (a large
+    number) without a token quota or when even one token per choice does not fit (the 413 is then the
+    prompt's)."""
+    quotas = tenant.quotas
+    burst = quotas.effective_token_burst
+    if quotas.tokens_per_min is None or burst is None:
+        return sys.maxsize
+    fit = int((burst - prompt_tokens) // n)
+    return fit if fit >= 1 else sys.maxsize

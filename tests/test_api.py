@@ -491,6 +491,27 @@ def test_request_larger_than_the_burst_gets_413_not_429(http: httpx.Client, work
     assert (usage["quota_rejections"], usage["oversized_rejections"]) == (0, 1)
 
 
+def test_a_request_without_max_tokens_fits_its_default_to_the_token_burst(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    # nu19: the default max_tokens (256) made every request without max_tokens of a tenant whose token
+    # burst is smaller a 413 telling it to "lower max_tokens", a field it never sent
+    tenant_id, key = new_tenant(http, quotas={"tokens_per_min": 100})
+    resp = http.post("/v1/chat/completions", json=chat(), headers=auth(key))
+    assert resp.status_code == 200, resp.text
+    fitted = worker.received[-1]["sampling_params"]["max_new_tokens"]
+    assert 0 < fitted < 100 - 5  # the burst less the prompt (the gateway's count of a few tokens)
+    prompt = 100 - fitted
+    resp = http.post("/v1/chat/completions", json=chat(n=2), headers=auth(key))
+    assert resp.status_code in (200, 429), resp.text  # fits the burst; the bucket may still be short
+    if resp.status_code == 200:
+        assert worker.received[-1]["sampling_params"]["max_new_tokens"] == (100 - prompt) // 2
+    # a prompt larger than the burst is still the request's own 413
+    resp = http.post("/v1/chat/completions", json=chat("word " * 150), headers=auth(key))
+    assert_openai_error(resp, 413, "request_exceeds_burst")
+    assert usage_of(http, tenant_id)["oversized_rejections"] == 1
+
+
 def quota_rejections(http: httpx.Client, tenant_id: str) -> dict[tuple[str, str], float]:
     """``radixgate_quota_rejections_total`` of one tenant on /metrics: (bucket, reason) -> count."""
     out: dict[tuple[str, str], float] = {}
