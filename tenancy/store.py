@@ -96,10 +96,14 @@ class TenantStore:
     async def create(self, spec: TenantCreate) -> Tenant:
         """Store a new tenant with a fresh epoch. Raises :class:`TenantExistsError` if the id is taken."""
         tenant = Tenant(**spec.model_dump(), epoch=secrets.token_hex(8))
-        created = await self._redis.set(self._tenant_key(tenant.id), tenant.model_dump_json(), nx=True)
+        # record and index entry in one transaction: a delete landing between the two left the id in the
+        # index without its record (nu19); when the id is taken, the SADD re-adds an id already there
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._tenant_key(tenant.id), tenant.model_dump_json(), nx=True)
+            pipe.sadd(self._index, tenant.id)
+            created, _ = await pipe.execute()
         if not created:
             raise TenantExistsError(tenant.id)
-        await self._redis.sadd(self._index, tenant.id)
         return tenant
 
     @store_operation
@@ -124,12 +128,14 @@ class TenantStore:
         ids = sorted(str(i) for i in await self._redis.smembers(self._index))
         if after is not None:
             ids = ids[bisect.bisect_right(ids, after) :]
-        more = limit is not None and len(ids) > limit
-        ids = ids[:limit]
-        if not ids:
-            return [], False
-        raws = await self._redis.mget([self._tenant_key(i) for i in ids])
-        return [Tenant.model_validate_json(r) for r in raws if r is not None], more
+        page: list[Tenant] = []
+        while ids and (limit is None or len(page) < limit):
+            # an id whose record is gone (deleted since the index was read) is skipped and the page
+            # filled from the ids after it: a short page must not end the listing early
+            batch, ids = (ids, []) if limit is None else (ids[: limit - len(page)], ids[limit - len(page) :])
+            raws = await self._redis.mget([self._tenant_key(i) for i in batch])
+            page += [Tenant.model_validate_json(r) for r in raws if r is not None]
+        return page, bool(ids)
 
     @store_operation
     async def update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from service.app import create_app
-from tenancy.errors import TenantNotFoundError
+from tenancy.errors import TenantExistsError, TenantNotFoundError
 from tenancy.models import Quotas, TenantCreate
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.store import TenantStore
@@ -147,3 +148,51 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
     await asyncio.gather(delete(), *(request(i) for i in range(80)))
     assert "gone" in outcomes and "reserved" in outcomes  # the delete really raced the requests
     assert [k async for k in redis_client.scan_iter(match="*busy*")] == []
+
+
+async def test_creates_racing_deletes_leave_no_id_in_the_index_without_its_record(
+    redis_client: aioredis.Redis,
+) -> None:
+    """nu19: a delete landing between a create's record write and its index write left the id in the index
+    with no record: a listing page of it was empty with ``has_more`` and no ``last_id`` (a client paging
+    with ``after=last_id`` started over, forever), and DELETE answered 404 without removing it."""
+    store = TenantStore(redis_client, "ghost:", PEPPER)
+
+    async def create(tenant_id: str) -> None:
+        for _ in range(150):
+            with contextlib.suppress(TenantExistsError):
+                await store.create(TenantCreate(id=tenant_id, name="g"))
+
+    async def delete(tenant_id: str) -> None:
+        for _ in range(150):
+            with contextlib.suppress(TenantNotFoundError):
+                await store.delete(tenant_id)
+
+    ids = [f"ghost{i}" for i in range(6)]
+    await asyncio.gather(*(f(i) for i in ids for f in (create, delete)))
+    indexed = sorted(str(i) for i in await redis_client.smembers("ghost:tenants"))
+    stored = [i for i in ids if await redis_client.exists(f"ghost:tenant:{i}")]
+    assert indexed == stored
+
+
+async def test_an_id_in_the_index_without_its_record_is_skipped_and_deletable(
+    redis_client: aioredis.Redis,
+) -> None:
+    """An index entry without a record (left by the race above before it was fixed) neither ends a page
+    early nor stays for good: a page holds ``limit`` tenants, and DELETE of that id removes the entry."""
+    store = TenantStore(redis_client, "stale:", PEPPER)
+    for tenant_id in ("a1", "a3"):
+        await store.create(TenantCreate(id=tenant_id, name="s"))
+    await redis_client.sadd("stale:tenants", "a2")
+    seen, after = [], None
+    for _ in range(5):
+        page, more = await store.list_page(after, 1)
+        assert len(page) == 1
+        seen.append(page[0].id)
+        if not more:
+            break
+        after = page[0].id
+    assert seen == ["a1", "a3"]
+    with pytest.raises(TenantNotFoundError):
+        await store.delete("a2")
+    assert sorted(str(i) for i in await redis_client.smembers("stale:tenants")) == ["a1", "a3"]
