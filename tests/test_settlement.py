@@ -18,6 +18,8 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
+import structlog
+import structlog.testing
 from prometheus_client import CollectorRegistry
 from redis.asyncio import BlockingConnectionPool
 
@@ -253,9 +255,15 @@ async def test_a_lost_sum_counts_every_request_it_covered(one_connection: aiored
     for i in range(5):
         settler.submit(Settlement(f"l{i}", Reservation("t", QUOTAS, 1, 20, linger=True), 10, SERVED))
     conn = await one_connection.connection_pool.get_connection()  # Redis unavailable for the sum
-    await asyncio.wait_for(settler.settled("t"), 5)
+    with structlog.testing.capture_logs() as logs:
+        await asyncio.wait_for(settler.settled("t"), 5)
     assert value(metrics, "radixgate_settle_failures_total") == 5
     await one_connection.connection_pool.release(conn)
+    (lost,) = [e for e in logs if e["event"] == "settle_lost"]
+    # the net units it was giving back (5 x (20 reserved - 10 used)), not a reservation it never had
+    assert lost["requests_covered"] == 5 and lost["usage_requests"] == 5
+    assert lost["given_back_tokens"] == 50 and lost["given_back_requests"] == 0
+    assert "reserved_tokens" not in lost
 
 
 def test_burst_on_a_one_connection_pool_charges_every_served_request(
