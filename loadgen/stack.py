@@ -63,6 +63,20 @@ def terminate_as_exit() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def wait_until_stopped() -> None:
+    """Sleep until Ctrl-C, SIGTERM or SIGHUP (the last two inside :func:`terminate_as_exit`), then return:
+    for a stack kept running (``make up``) they are the way to stop it, so the caller stops the stack and
+    exits 0 (SIGTERM made ``make up`` fail with 143 after a clean stop)."""
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    except SystemExit as stop:  # raised by terminate_as_exit's handler only
+        if stop.code not in (128 + signal.SIGTERM, 128 + signal.SIGHUP):
+            raise
+
+
 class LocalStack:
     """Redis + gateway (+ the SGLang workers the gateway launches), started and stopped together.
 

@@ -20,7 +20,13 @@ from pathlib import Path
 import httpx
 import openai
 
-from loadgen.stack import CPU_PRIORITY_CLASSES, LocalStack, StackError, terminate_as_exit
+from loadgen.stack import (
+    CPU_PRIORITY_CLASSES,
+    LocalStack,
+    StackError,
+    terminate_as_exit,
+    wait_until_stopped,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / ".run"
@@ -130,11 +136,7 @@ def serve(stack: LocalStack, keep: bool, t0: float) -> None:
                 f"\nThe stack keeps running: gateway {stack.url}, admin token {stack.admin_token}\n"
                 "Ctrl-C stops it."
             )
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+            wait_until_stopped()
         else:
             print("\nstopping (use `make up` to keep the stack running)")
     finally:

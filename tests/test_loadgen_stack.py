@@ -81,6 +81,28 @@ def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: 
         stop_marked(marker)
 
 
+KEPT = """
+from loadgen.stack import terminate_as_exit, wait_until_stopped
+with terminate_as_exit():
+    print("waiting", flush=True)
+    wait_until_stopped()
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_kept_stack_stopped_by_a_signal_exits_0(sig: int) -> None:
+    """``make up`` keeps the stack until a signal; the signal is how it is stopped, so the script goes on to
+    stop the stack and exits 0 (SIGTERM made it exit 143 and ``make`` report an error after a clean stop)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", KEPT], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
+    os.killpg(child.pid, sig)
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0 and out.strip() == "stopped"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
