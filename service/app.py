@@ -204,12 +204,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
         revocations = RevocationRegistry(*store_checks(tenants), enabled=settings.api.end_revoked_requests)
         quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s)
+        settler = Settler(quota, settings.redis, metrics)
         leased = LeasedQuota(
             quota,
             settings.redis.quota_lease_s,
             settings.redis.quota_lease_max_fraction,
             2 * settings.redis.quota_lease_s,
             on_reserve=lease_counter(metrics),
+            before_remote=settler.ahead_of_reservation,  # summed refunds land before the reservation
         )
 
         def on_invalidation(message: str) -> None:
@@ -232,8 +234,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
         scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
         await scheduler.start()
-        settler = Settler(quota, settings.redis, metrics)
-        leased.before_remote = settler.ahead_of_reservation  # summed refunds land before it
         dispatcher = Dispatcher(
             settings, renderer, leased, usage, pool, client, metrics, scheduler, settler, revocations
         )

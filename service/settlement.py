@@ -198,7 +198,7 @@ class Settler:
 
     async def ahead_of_reservation(self, tenant_id: str) -> None:
         """Send the sums of ``tenant_id`` still collecting ahead of a reservation of it about to go to
-        Redis (:attr:`tenancy.quota_lease.LeasedQuota.before_remote`), in the same write: each settle
+        Redis (``before_remote`` of :class:`tenancy.quota_lease.LeasedQuota`), in the same write: each settle
         starts a batch in the script batcher (lingering) which the reservation, sent once this returns,
         joins after it. A summed refund then lands before the reservation that may need it, as each
         request's own settle did (a reservation refused for want of it: a 429 the quota did not call for).

@@ -55,3 +55,17 @@ local function bucket_store(key, level, stamp, rate, cap)
     'rate', string.format('%.17g', rate), 'cap', string.format('%.17g', cap))
   redis.call('PEXPIRE', key, math.min(math.ceil(2 * cap * 60000 / rate), MAX_WAIT_MS) + 1000)
 end
+
+-- bucket_adjust(key, rate_per_min, capacity, now, amount): a settle's or an adjust's change to one bucket:
+-- refilled under the bucket's stored terms (bucket_level), amount added (a refund > 0, an overrun charge
+-- < 0; adjusted) and written back; a refund to a missing (full) bucket writes nothing. Returns the level.
+local function bucket_adjust(key, rate, cap, now, amount)
+  local level, stamp, missing
+  level, stamp, rate, cap, missing = bucket_level(key, rate, cap, now, true)
+  if missing and amount >= 0 then
+    return level
+  end
+  level = adjusted(level, amount, cap)
+  bucket_store(key, level, stamp, rate, cap)
+  return level
+end

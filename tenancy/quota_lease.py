@@ -66,6 +66,9 @@ class LeasedQuota:
         clock: monotonic clock, s (test hook).
         on_reserve: called with ``True`` for each reservation admitted from a lease, ``False`` for each
             decided by Redis (metrics).
+        before_remote: awaited with the tenant id before a reservation the lease cannot cover goes to
+            Redis (the settler sends that tenant's settles still collecting ahead of it, in the same
+            write: :meth:`service.settlement.Settler.ahead_of_reservation`).
 
     Counters ``local`` and ``remote`` count the same.
     """
@@ -81,10 +84,7 @@ class LeasedQuota:
         before_remote: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._limiter = limiter
-        self.before_remote = before_remote
-        """Awaited with the tenant id before a reservation the lease cannot cover goes to Redis (the
-        settler sends that tenant's settles still collecting ahead of it, in the same write:
-        :meth:`service.settlement.Settler.ahead_of_reservation`)."""
+        self._before_remote = before_remote
         self._horizon_s = horizon_s
         self._max_fraction = max_fraction
         self._ttl_s = ttl_s
@@ -113,8 +113,8 @@ class LeasedQuota:
             self.local += 1
             self._on_reserve(True)
             return _ALLOWED
-        if self.before_remote is not None:
-            await self.before_remote(tenant_id)
+        if self._before_remote is not None:
+            await self._before_remote(tenant_id)
             held = self._leases.get(tenant_id)  # another request may have replaced it meanwhile
             if held is not None and held[0].take(terms, 1, tokens, self._clock()):
                 self.local += 1

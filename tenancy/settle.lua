@@ -30,15 +30,8 @@ local out = {1}
 if n > 0 then
   local now = now_ms(ARGV[1])
   for i = 1, n do
-    local rate = tonumber(ARGV[3 * i + 3])
-    local cap = tonumber(ARGV[3 * i + 4])
-    local amount = tonumber(ARGV[3 * i + 5])
-    local level, stamp, missing
-    level, stamp, rate, cap, missing = bucket_level(KEYS[3 + i], rate, cap, now, true)
-    if not (missing and amount >= 0) then
-      level = adjusted(level, amount, cap)
-      bucket_store(KEYS[3 + i], level, stamp, rate, cap)
-    end
+    local level = bucket_adjust(KEYS[3 + i], tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4]), now,
+      tonumber(ARGV[3 * i + 5]))
     out[1 + i] = string.format('%.17g', level)
   end
 end

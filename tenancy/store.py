@@ -65,8 +65,8 @@ class TenantStore:
 
     Concurrent cache misses of one key id share one Redis read (single flight): when an entry expires
     under load, every request in flight for that key used to read the key and its tenant itself (the
-    benchmark's 64 connections: about 0.11 Redis reads per request, and the Redis pool grown by dozens
-    of connections each second).
+    benchmark's 64 connections: about 0.11 Redis reads per request, and the Redis pool grown by about a
+    dozen connections a second).
     """
 
     def __init__(self, redis: Redis, prefix: str, pepper: bytes, cache: AuthCache | None = None) -> None:

@@ -2,7 +2,7 @@
 -- tenant_guard.lua and bucket_lib.lua are prepended (see tenancy/layout.py).
 --
 -- KEYS[1]  the tenant's record (checked when ARGV[3] is "1"; see tenant_guard.lua)
--- KEYS[1+i]  bucket hashes, fields: level (units), ts (ms)
+-- KEYS[1+i]  bucket hashes, fields: level (units), ts (ms), rate, cap (the terms of the last write)
 -- ARGV[1]  now in ms, or "" to use the Redis server's clock (one clock for every gateway replica)
 -- ARGV[2]  "take" (debit amount if every bucket holds it), "adjust" (add amount, may be negative) or
 --          "lease" (as "take", after crediting credit_i; then also debit grant_i = min(extra_i,
@@ -25,13 +25,18 @@ if ARGV[3] == '1' and not tenant_alive(KEYS[1], ARGV[4]) then
 end
 
 local now = now_ms(ARGV[1])
-local mode = ARGV[2]
-local leasing = mode == 'lease'
-if leasing then
-  mode = 'take'
-end
 local n = #KEYS - 1
-local rates, caps, amounts, levels, stamps, extras, missing = {}, {}, {}, {}, {}, {}, {}
+if ARGV[2] == 'adjust' then -- under each bucket's stored terms (bucket_adjust in bucket_lib.lua)
+  local out = {1, 0, 0}
+  for i = 1, n do
+    local level = bucket_adjust(KEYS[1 + i], tonumber(ARGV[3 * i + 2]), tonumber(ARGV[3 * i + 3]), now,
+      tonumber(ARGV[3 * i + 4]))
+    out[3 + i] = string.format('%.17g', level)
+  end
+  return out
+end
+local leasing = ARGV[2] == 'lease'
+local rates, caps, amounts, levels, stamps, extras = {}, {}, {}, {}, {}, {}
 local worst_wait, worst_idx = 0, 0
 local credited = false
 
@@ -39,8 +44,8 @@ for i = 1, n do
   local rate = tonumber(ARGV[3 * i + 2])
   local cap = tonumber(ARGV[3 * i + 3])
   local amount = tonumber(ARGV[3 * i + 4])
-  levels[i], stamps[i], rate, cap, missing[i] = bucket_level(KEYS[1 + i], rate, cap, now, mode == 'adjust')
   rates[i], caps[i], amounts[i] = rate, cap, amount
+  levels[i], stamps[i] = bucket_level(KEYS[1 + i], rate, cap, now)
   if leasing then
     extras[i] = tonumber(ARGV[3 * n + 3 + 2 * i])
     local credit = tonumber(ARGV[3 * n + 4 + 2 * i])
@@ -49,21 +54,19 @@ for i = 1, n do
       credited = true
     end
   end
-  if mode == 'take' then
-    if amount > cap then
-      return {-1, 0, i}
-    end
-    if levels[i] < amount then
-      local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
-      if wait > worst_wait then
-        worst_wait, worst_idx = wait, i
-      end
+  if amount > cap then
+    return {-1, 0, i}
+  end
+  if levels[i] < amount then
+    local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
+    if wait > worst_wait then
+      worst_wait, worst_idx = wait, i
     end
   end
 end
 
 local out = {1, 0, 0}
-if mode == 'take' and worst_wait > 0 then
+if worst_wait > 0 then
   out = {0, worst_wait, worst_idx}
   for i = 1, n do
     if credited then
@@ -75,22 +78,13 @@ if mode == 'take' and worst_wait > 0 then
 end
 
 for i = 1, n do
-  local write = true
-  if mode == 'take' then
-    levels[i] = levels[i] - amounts[i]
-    if leasing then
-      local grant = math.max(0, math.min(extras[i], math.floor(levels[i])))
-      levels[i] = levels[i] - grant
-      out[3 + n + i] = grant
-    end
-  elseif missing[i] and amounts[i] >= 0 then -- a refund to a missing (full) bucket: nothing to write
-    write = false
-  else
-    levels[i] = adjusted(levels[i], amounts[i], caps[i])
+  levels[i] = levels[i] - amounts[i]
+  if leasing then
+    local grant = math.max(0, math.min(extras[i], math.floor(levels[i])))
+    levels[i] = levels[i] - grant
+    out[3 + n + i] = grant
   end
-  if write then
-    bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
-  end
+  bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
   out[3 + i] = string.format('%.17g', levels[i])
 end
 return out
