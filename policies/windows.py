@@ -134,27 +134,36 @@ class WorkerWindow:
         self.engine_max: int | None = None
         self._queued_reports = 0
         self.ttft_target_s = ttft_target_s if ttft_target_s is not None else config.ttft_target_s
+        self._ceiling = self._size = self._headroom = 0
+        self._derive()
+
+    def _derive(self) -> None:
+        """Recompute :attr:`ceiling`, :attr:`size` and :attr:`headroom` from ``limit`` and ``engine_max``
+        (they change only in :meth:`on_report`; the admission core reads them several times a request)."""
+        cfg = self.config
+        cap = cfg.maximum
+        if cfg.mode == "engine" and self.engine_max is not None:
+            cap = min(cap, self.engine_max)
+        self._ceiling = max(cfg.minimum, cap)
+        self._size = (
+            cfg.initial if cfg.mode == "fixed" else max(cfg.minimum, min(self._ceiling, int(self.limit)))
+        )
+        self._headroom = max(cfg.top_band_headroom, int(cfg.top_band_headroom_fraction * self._size))
 
     @property
     def ceiling(self) -> int:
         """Largest window allowed now: ``maximum``, or the engine's ``max_running_requests`` if lower."""
-        cap = self.config.maximum
-        if self.config.mode == "engine" and self.engine_max is not None:
-            cap = min(cap, self.engine_max)
-        return max(self.config.minimum, cap)
+        return self._ceiling
 
     @property
     def size(self) -> int:
         """Current window, whole requests, within ``[minimum, ceiling]``."""
-        if self.config.mode == "fixed":
-            return self.config.initial
-        return max(self.config.minimum, min(self.ceiling, int(self.limit)))
+        return self._size
 
     @property
     def headroom(self) -> int:
         """Extra requests the highest band may send beyond :attr:`size`."""
-        cfg = self.config
-        return max(cfg.top_band_headroom, int(cfg.top_band_headroom_fraction * self.size))
+        return self._headroom
 
     def has_room(
         self, in_flight: int, in_flight_tokens: int, cost: int, headroom: int = 0, slots: int = 1
@@ -169,6 +178,12 @@ class WorkerWindow:
         return cap is None or in_flight == 0 or in_flight_tokens + cost <= cap
 
     def on_report(self, report: LoadReport, in_flight: int, engine_ttft_s: float | None) -> float:
+        """Adapt to a load report (:meth:`_adapt`) and derive the window from the new limit."""
+        limit = self._adapt(report, in_flight, engine_ttft_s)
+        self._derive()
+        return limit
+
+    def _adapt(self, report: LoadReport, in_flight: int, engine_ttft_s: float | None) -> float:
         """Adapt to a load report; returns the new limit (requests, fractional).
 
         Args:
@@ -180,9 +195,11 @@ class WorkerWindow:
         if report.max_running is not None and report.max_running > 0:
             first = self.engine_max is None
             self.engine_max = report.max_running
+            self._derive()
             if first and cfg.mode == "engine" and self.in_slow_start:
                 # the engine says what it runs at once: start there (slow start is for unknown engines)
                 self.limit = float(self.ceiling)
+                self._derive()
         if cfg.mode == "fixed":
             return self.limit
         if cfg.mode == "aimd":
