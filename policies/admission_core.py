@@ -403,6 +403,7 @@ class AdmissionCore:
         if e.item is not None and e.worker is not None and e.worker.bands.remove(e.item):
             self._depth[e.req.band] -= 1
             self._queued -= 1
+        e.item = None  # entry and queue item refer to each other: no cycle left for the collector
 
     def _pump(self, w: WorkerQueue, now: float) -> list[Decision]:
         """Dispatch ``w``'s queue head while its window has room."""
@@ -421,6 +422,7 @@ class AdmissionCore:
             if not w.band_fits(e.req, e.cls, self._top) or self._guarded(w, e, now):
                 break
             bands.pop()
+            e.item = None  # see _unqueue
             self._depth[e.req.band] -= 1
             self._queued -= 1
             if e.deadline < now or w.late_at_dispatch(e, now, self.config):

@@ -401,6 +401,15 @@ class Settings(BaseSettings):
         "replica with its own scheduler, all sharing Redis; /metrics sums them (prometheus_client "
         "multiprocess mode, only when more than 1). More than 1 needs engine.launch false.",
     )
+    gc_young_threshold: int = Field(
+        5000,
+        ge=100,
+        le=100_000,
+        description="Net new container objects before Python's cyclic garbage collector scans its "
+        "youngest generation (the first value of gc.set_threshold; CPython's default is 700). The objects "
+        "of the requests in flight are scanned at each collection: at 700 the collector took ~22 us of "
+        "CPU per request at 64 concurrent requests, at 5000 ~6 us, pauses no longer (bench c64).",
+    )
     admin_token: SecretStr = Field(
         SecretStr(""), description="Bearer token for /admin routes (16+ chars); admin API off while empty."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 
@@ -646,3 +647,31 @@ def test_before_the_long_prefill_cost_is_known_one_long_lower_prefill_at_a_time_
     c.arrive(req("i2", "interactive", at=3.2, tokens=5), 3.2)
     out = c.arrive(req("long4", at=3.3, prompt="q4", tokens=1500), 3.3)  # within its own 2 s goal
     assert [(d.rid, d.reason) for d in out if isinstance(d, Shed)] == [("long4", "costly_miss")]
+
+
+def test_requests_leave_no_cyclic_garbage_whichever_way_they_end() -> None:
+    """An entry and its queue item refer to each other; the link is cut when the entry leaves its queue, so
+    whatever ends a request (served, cancelled while queued, evicted, expired, moved off a lost worker) its
+    objects are freed at once by reference counting: with 64 requests in flight, Python's collector
+    otherwise ran ~430 times a second and took ~22 us of CPU per request (bench c64)."""
+    c = core(window=1, max_queue_total=3)
+    gc.collect()
+    gc.disable()
+    try:
+        assert ids(c.arrive(req("a"), 0.0), Dispatch) == ["a"]
+        for rid, band in (("served", "standard"), ("cancelled", "standard"), ("evicted", "batch")):
+            assert c.arrive(req(rid, band), 0.0) == []
+        assert ids(c.arrive(req("evicts", "interactive"), 0.0), Shed) == ["evicted"]  # the queue is full
+        assert c.cancel("cancelled", 0.1) == []
+        assert ids(c.finish("a", 0.2), Dispatch) == ["evicts"]
+        assert ids(c.finish("evicts", 0.3), Dispatch) == ["served"]
+        assert c.arrive(req("expires", "interactive", at=0.3), 0.3) == []
+        assert ids(c.tick(0.8), Expire) == ["expires"]
+        assert c.arrive(req("moved", at=0.8), 0.8) == []
+        c.add_worker(W2)
+        assert ids(c.remove_worker(W1, 0.9), Dispatch) == ["moved"]
+        assert c.finish("served", 1.0) == [] and c.finish("moved", 1.0) == []
+        assert not c._entries and len(c) == 0
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
