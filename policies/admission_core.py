@@ -366,9 +366,12 @@ class AdmissionCore:
         predicted = prediction.ttft_s
         # a request whose own prefill, on an idle engine, already misses its goal is not refused for it
         # while its worker has no queue: no retry would ever meet the goal, and serving it costs no one
-        # (behind a queue it is shed: past capacity its late answer would displace work that is on time)
+        # (behind a queue it is shed: past capacity its late answer would displace work that is on time).
+        # Judged with the dispatch margin, as dispatch judges it: an own prefill within the goal but not
+        # within the margin was admitted, then expired at dispatch 0 ms later on every retry, so an idle
+        # worker never served again and its estimate (on the busy clock) never moved
         own = choice.est.engine_ttft(uncached, now, unbiased_base=req.band == self._top)
-        beyond_goal = own > budget and len(choice.bands) == 0
+        beyond_goal = own * (1.0 + cfg.dispatch_margin) > budget and len(choice.bands) == 0
         if cfg.slo_admission and not cls.serve_late and not beyond_goal:
             if predicted > budget:
                 retry = max(_RETRY_MIN_S, predicted - budget)
