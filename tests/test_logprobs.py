@@ -81,6 +81,15 @@ def test_streamed_pieces_release_tokens_only_once_their_text_arrived_and_drop_a_
     assert [t.token for t in rest] == ["llo"]
 
 
+def test_a_stop_sequence_matched_inside_a_token_keeps_the_token_s_shown_part() -> None:
+    # stop "w" matched inside the token " w": the answer keeps its " " (a real worker: stop "the" inside
+    # " the" left "... where " as content and "... where" as the joined tokens)
+    track = LogprobTrack(ByteTokens(PIECES), 1)
+    got = track.push(entries([1, 2, 3, 4, 5, 6]), len("héllo "), final=True)
+    assert "".join(t.token for t in got) == "héllo "
+    assert got[-1].token == " " and got[-1].bytes == b" w"  # bytes: the token's own, as always
+
+
 def test_impossible_tokens_get_openais_floor() -> None:
     track = LogprobTrack(ByteTokens(PIECES), 1)
     (token,) = track.push([(-math.inf, 1, ((-math.inf, 1),))], 1, final=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from service.workers.client import WorkerLogprob
@@ -142,6 +142,11 @@ class LogprobTrack:
             self._chars += len(token.token)
             released.append(token)
         if final:
+            if self._held and self._chars < text_chars:
+                # a stop sequence matched inside this token: the answer shows the part before it
+                token = self._held[0]
+                released.append(replace(token, token=token.token[: text_chars - self._chars]))
+                self._chars = text_chars
             self._held.clear()
         return released
 
