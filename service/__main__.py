@@ -86,7 +86,9 @@ def serve() -> None:
         "log_level": "warning",
         "access_log": False,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": "service.http_protocol:CoalescingHttpToolsProtocol"
+        if settings.http_write_coalescing
+        else "httptools",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)
         "proxy_headers": False,
     }

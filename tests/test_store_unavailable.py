@@ -214,8 +214,11 @@ def test_stopped_redis_gives_503_then_service_resumes(
         with gateway_client(settings_for(url, stub_model_dir, fake[1], "stop:")) as http:
             tenant_id, key = new_tenant(http, quotas=HUGE)  # every request reserves in Redis
             assert ask(http, key).status_code == 200
+            # the answer's settle runs after it (reading usage waits for it): saved before the stop,
+            # not raced by the SAVE below (it was, when the machine was busy: usage 1 instead of 2)
+            assert http.get(f"/admin/tenants/{tenant_id}/usage", headers=ADMIN).json()["requests"] == 1
             with redis.Redis.from_url(url) as r:
-                r.save()  # keep the tenant across the restart
+                r.save()  # keep the tenant and its usage across the restart
             stack.close()  # Redis stopped
             for _ in range(3):
                 assert_unavailable(ask(http, key), "store_unavailable")

@@ -70,13 +70,22 @@ def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-class ThreadedServer:
-    """Runs an ASGI app under uvicorn in a daemon thread (real HTTP on 127.0.0.1)."""
+#: the HTTP protocol ``python -m service serve`` runs by default (service/http_protocol.py)
+SERVE_PROTOCOL = "service.http_protocol:CoalescingHttpToolsProtocol"
 
-    def __init__(self, app: Any, port: int | None = None, startup_timeout_s: float = 120.0) -> None:
+
+class ThreadedServer:
+    """Runs an ASGI app under uvicorn in a daemon thread (real HTTP on 127.0.0.1), with the HTTP protocol the
+    gateway serves with (``http``: another uvicorn protocol, e.g. ``"httptools"``)."""
+
+    def __init__(
+        self, app: Any, port: int | None = None, startup_timeout_s: float = 120.0, http: str = SERVE_PROTOCOL
+    ) -> None:
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", http=http
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
