@@ -93,6 +93,7 @@ class LeasedQuota:
         self._leases: dict[str, tuple[QuotaLease, Quotas]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._returns: set[asyncio.Task[None]] = set()
+        self._asking: set[str] = set()  # tenants with a lease-taking call in flight
         self.local = 0
         self.remote = 0
 
@@ -133,6 +134,10 @@ class LeasedQuota:
             # a token lease smaller than this request would likely admit nothing: lease neither bucket
             # (a request lease alone would only hold units back from the other replicas)
             extra_requests = extra_tokens = 0
+        if tenant_id in self._asking:
+            # one lease at a time per tenant: a burst of first requests, all sent before any lease came
+            # back, each took one and drained the shared bucket into this replica (429s far below quota)
+            extra_requests = extra_tokens = 0
         credit = (0.0, 0.0)
         if held is not None:
             del self._leases[tenant_id]
@@ -150,7 +155,14 @@ class LeasedQuota:
         # when the call fails (StoreUnavailable, cancelled) its outcome is unknown: the leftover may have
         # gone back already, so it is not kept (that could count its units twice); at most one lease is
         # lost, refilled with time
-        decision = await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, lease=asks)
+        asking = bool(extra_requests or extra_tokens)
+        if asking:
+            self._asking.add(tenant_id)
+        try:
+            decision = await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, lease=asks)
+        finally:
+            if asking:
+                self._asking.discard(tenant_id)
         if decision.never and held is not None and credit != (0.0, 0.0):  # refused before the credit
             self._install(tenant_id, held[0], held[1])
         if decision.allowed and decision.granted:
