@@ -262,10 +262,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         # a young generation smaller than what the requests in flight hold made the collector run ~430
         # times a second at 64 concurrent requests, each time scanning and promoting their live objects
         # (~22 us of CPU per request; ~1 us at 5000: see Settings.gc_young_threshold)
-        gc.set_threshold(settings.gc_young_threshold, *gc.get_threshold()[1:])
+        threshold = gc.get_threshold()
+        gc.set_threshold(settings.gc_young_threshold, *threshold[1:])
         try:
             yield
         finally:
+            # what was frozen is the gateway's own: once it stops, the collector may free it again (a
+            # process that runs it more than once kept every stopped gateway otherwise)
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
             try:
                 await scheduler.stop()
                 await pool.stop()
