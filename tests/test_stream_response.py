@@ -75,3 +75,32 @@ async def test_a_client_that_disconnects_ends_the_body_and_the_response() -> Non
     await asyncio.wait_for(response(SCOPE, receive, send), 5.0)  # returns, no error
     assert body_closed.is_set()
     assert [m.get("body") for m in sent if m["type"] == "http.response.body"] == [b"data: first\n\n"]
+
+
+async def test_a_client_that_leaves_while_a_stalled_stream_closes_does_not_cut_its_close_short() -> None:
+    # nu21: a stalled stream (no write taken for send_timeout_s) closed its body while the disconnect
+    # watcher still ran; a client that left then (its socket closed as the gateway gave up on it) cancelled
+    # that close part-way, and the body's own ending (abort at the worker, settle: awaited, shielded only
+    # from anyio's scopes) never ran: tokens stayed reserved, nothing was charged, the worker kept going
+    closing, closed = asyncio.Event(), asyncio.Event()
+
+    async def body() -> AsyncGenerator[bytes, None]:
+        try:
+            yield b"data: first\n\n"
+            yield b"data: second\n\n"
+        finally:
+            closing.set()
+            await asyncio.sleep(0.2)  # the abort at the worker and the settle
+            closed.set()
+
+    async def receive() -> Message:
+        await closing.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message.get("body"):
+            await asyncio.sleep(3600)  # a client that stopped reading
+
+    response = SendBoundedStreamingResponse(body(), 0.1, "rid", media_type="text/event-stream")
+    await asyncio.wait_for(response(SCOPE, receive, send), 5.0)
+    assert closed.is_set()

@@ -7,7 +7,6 @@ channel, so a client that goes away cancels the upstream call and the pipeline u
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
@@ -100,8 +99,15 @@ class SendBoundedStreamingResponse(StreamingResponse):
         the worker, charge what was generated, 499). One watcher task (:func:`race_disconnect`) instead of
         Starlette's anyio task group, which left ~10 objects of cyclic garbage per stream (cells, tasks,
         contexts) for Python's collector to find."""
-        with contextlib.suppress(ClientDisconnected):
+        try:
             await race_disconnect(receive, self.stream_response(send))
+        except ClientDisconnected:
+            pass
+        except _Stalled:
+            # closed once the disconnect watcher has stopped: a client that left meanwhile would cancel
+            # the close part-way (the body's abort at the worker and settle)
+            log.warning("stream_stalled", request_id=self._request_id, send_timeout_s=self._send_timeout_s)
+            await self._content.aclose()
 
     async def stream_response(self, send: Send) -> None:
         """Stream the body; cancel it when one write waits longer than ``send_timeout_s``."""
@@ -122,10 +128,13 @@ class SendBoundedStreamingResponse(StreamingResponse):
             if not watchdog.stalled:
                 raise
             task.uncancel()
-            log.warning("stream_stalled", request_id=self._request_id, send_timeout_s=self._send_timeout_s)
-            await self._content.aclose()
+            raise _Stalled from None
         finally:
             watchdog.stop()
+
+
+class _Stalled(Exception):
+    """A write waited longer than the send timeout (the stream is closed by the caller)."""
 
 
 class _WriteWatchdog:
