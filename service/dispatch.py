@@ -401,9 +401,14 @@ class Dispatcher:
             else:
                 self._settler.start(prepared.tenant.id, self._settle(prepared, reservation, outcome))
             return
-        with anyio.CancelScope(shield=True):
-            await self._abort(prepared, run.choices)
-            await self._settle(prepared, reservation, outcome)
+        # in a task of the settler's: a cancel of this one (a client that leaves as its stream's error event
+        # goes out) cuts neither short (anyio's shield does not stop a task's own cancel)
+        ending = self._settler.start(prepared.tenant.id, self._abort_and_settle(prepared, reservation, run))
+        await asyncio.shield(ending)
+
+    async def _abort_and_settle(self, prepared: PreparedRequest, reservation: Reservation, run: _Run) -> None:
+        await self._abort(prepared, run.choices)
+        await self._settle(prepared, reservation, run.outcome)
 
     async def _abort(self, prepared: PreparedRequest, choices: Sequence[Outcome]) -> None:
         """Ask the workers to drop the choices that did not finish."""

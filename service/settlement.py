@@ -140,9 +140,10 @@ class Settler:
             return "lost"
         return "settled"
 
-    def start(self, tenant_id: str, settle: Coroutine[Any, Any, object]) -> None:
+    def start(self, tenant_id: str, settle: Coroutine[Any, Any, object]) -> asyncio.Future[object]:
         """Run ``settle`` (of ``tenant_id``'s served answer) in a task of its own, off the answer's
-        latency path; until it is done :meth:`settled` waits for it, and :meth:`drain` at shutdown."""
+        latency path; until it is done :meth:`settled` waits for it, and :meth:`drain` at shutdown.
+        Returns the task."""
         task = asyncio.ensure_future(settle)
         running = self._running.setdefault(tenant_id, set())
         running.add(task)
@@ -153,6 +154,7 @@ class Settler:
                 del self._running[tenant_id]
 
         task.add_done_callback(done)
+        return task
 
     def submit(self, item: Settlement) -> None:
         """Settle ``item`` with the other settles of its tenant submitted within ``settle_linger_s``: one

@@ -271,3 +271,26 @@ async def test_a_request_already_being_cancelled_is_left_to_finish_its_clean_up(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cleaned.is_set()
+
+
+def test_a_client_that_leaves_on_the_error_event_of_a_revoked_stream_is_still_charged(
+    http: httpx.Client, worker: FakeWorker
+) -> None:
+    # nu21: a stream ended by a revocation aborts its worker request and settles while its body ends, with
+    # the disconnect watcher still running; a client that closed the connection on the error event
+    # cancelled that part-way (anyio's shield does not stop a task's cancel): nothing was charged, no
+    # request line was logged and the reservation stayed held (seen on the CPU worker: usage +0)
+    tenant, key = new_tenant(http)
+    body = chat(stream=True, max_tokens=8)
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(key)) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        (listed,) = http.get(f"/admin/tenants/{tenant}/keys", headers=ADMIN).json()["data"]
+        revoked = http.delete(f"/admin/tenants/{tenant}/keys/{listed['key_id']}", headers=ADMIN)
+        assert revoked.status_code == 200
+        assert "invalid_api_key" in next(line for line in lines if "error" in line)
+        resp.close()  # leaves at once
+    deadline = time.monotonic() + 3
+    while (usage := usage_of(http, tenant))["requests"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert usage["requests"] == 1 and 0 < usage["completion_tokens"] < 8
