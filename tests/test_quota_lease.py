@@ -188,6 +188,8 @@ async def test_concurrent_first_requests_take_one_lease_not_one_each(redis_clien
     decisions = await asyncio.gather(*(quota.reserve("t", SCARCE, 0) for _ in range(20)))
     assert all(d.allowed for d in decisions)
     assert await level(redis_client, key) >= 400 - 20 - 40 - 0.01  # at most one lease held back
+    # and the others waited for that lease and were admitted from it, not sent to Redis one by one
+    assert (quota.remote, quota.local) == (1, 19)
     await quota.close()
     assert await level(redis_client, key) == pytest.approx(400 - 20, abs=0.01)
 
