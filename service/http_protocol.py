@@ -4,11 +4,11 @@ uvicorn writes a response's status line and headers (``http.response.start``) an
 (``http.response.body``) to the socket in two ``transport.write`` calls, each a ``send`` system call on
 uvloop (it writes at once when its buffer is empty), and every streamed event in another. Here the
 protocol gets a :class:`CoalescingTransport`: what is written during one step of the event loop is kept,
-and written once, joined, by a callback scheduled with ``call_soon`` (it runs in the same loop iteration,
-after the step). A non-streamed answer then costs one ``send`` instead of two (bench c64 with
-``--baseline-env RADIXGATE_HTTP_WRITE_COALESCING=false``: about 5% less CPU per request; per stream
-about 10%). The same idea as TCP_CORK or Nagle's algorithm (RFC 896), bounded by a loop step instead of a
-timer, so nothing waits for more data.
+and written once, joined, by a callback scheduled with ``call_soon`` (the loop runs it right after the
+callbacks already ready, without waiting for I/O in between). A non-streamed answer then costs one
+``send`` instead of two (bench c64 with ``--baseline-env RADIXGATE_HTTP_WRITE_COALESCING=false``: about
+5% less CPU per request; per stream about 10%). The same idea as TCP_CORK or Nagle's algorithm
+(RFC 896), bounded by a loop step instead of a timer, so nothing waits for more data.
 
 Setting: ``RADIXGATE_HTTP_WRITE_COALESCING`` (on by default; off serves with uvicorn's own protocol).
 """
@@ -25,7 +25,7 @@ class CoalescingTransport:
     """Wraps an ``asyncio.Transport``: writes made during one event-loop step go out as one write.
 
     Everything but writing and closing is the wrapped transport's own (flow control still reaches the
-    protocol from it: bytes held here wait at most until the end of the loop iteration). :meth:`close`
+    protocol from it: bytes held here wait only for the callbacks already ready to run). :meth:`close`
     writes what is held first; :meth:`abort` drops it; nothing is written once the transport closes.
 
     Args:
@@ -41,7 +41,7 @@ class CoalescingTransport:
         self._held: list[bytes] = []
 
     def write(self, data: bytes) -> None:
-        """Hold ``data`` until the end of this loop step (the first write of a step schedules the flush)."""
+        """Hold ``data`` until the flush (the first write after one schedules the next)."""
         if not data:
             return
         if not self._held:
