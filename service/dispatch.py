@@ -28,7 +28,6 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any, TypeVar
 
-import anyio
 import structlog
 
 from service.api.errors import http_status
@@ -53,6 +52,7 @@ from service.request_record import record_request, settlement_of
 from service.revocation import Revocable, RevocationRegistry
 from service.scheduler import Scheduler
 from service.settlement import Settler
+from service.task_stop import finish_despite_cancel
 from service.upstream import Outcome, UpstreamCaller
 from service.workers.client import SGLangClient, UpstreamChunk
 from service.workers.pool import WorkerPool
@@ -178,15 +178,10 @@ class Dispatcher:
         """
         try:
             async with self._offload_slots.hold(tenant.id):
-                work = asyncio.ensure_future(
+                # cancelled, it keeps its slot until the thread is done (threads stay bounded)
+                return await finish_despite_cancel(
                     asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
                 )
-                try:
-                    return await asyncio.shield(work)
-                except asyncio.CancelledError:
-                    with anyio.CancelScope(shield=True):
-                        await asyncio.wait([work])
-                    raise
         except TooManyWaiting:
             raise RateLimited(
                 f"Tenant '{tenant.id}' has too many long prompts waiting to be prepared; retry shortly.",
@@ -292,8 +287,7 @@ class Dispatcher:
                     while (piece := await run.until_revoked(anext(pieces, None))) is not None:
                         run.states[piece[0]].step(piece[1])
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        await pieces.aclose()
+                    await finish_despite_cancel(pieces.aclose())
             run.outcome.ttft_s = time.perf_counter() - prepared.arrival
             return (shaper or self.shaper(prepared)).response(run.states, run.usage())
         except GatewayError as err:
@@ -369,8 +363,10 @@ class Dispatcher:
             outcome.status = 499
             raise
         finally:
-            with anyio.CancelScope(shield=True):
+            if outcome.status == 200:  # read to its end: closing it awaits nothing
                 await pieces.aclose()
+            else:  # it may be waiting on its worker: closing it ends that call and frees its connection
+                await finish_despite_cancel(pieces.aclose())
             await self._finish(prepared, reservation, run)
 
     def _track(self, prepared: PreparedRequest, key_id: str) -> Revocable:

@@ -1,4 +1,4 @@
-"""Stopping background tasks whose code may swallow a cancellation.
+"""Stopping background tasks whose code may swallow a cancellation; finishing work whatever cancels.
 
 ``task.cancel()`` only asks: code the task runs may catch the ``CancelledError`` and go on. redis-py's
 asyncio client does so in some states (seen at shutdown: a registry poll's ``HGETALL`` returned normally
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
+from typing import TypeVar
+
+T = TypeVar("T")
 
 RECANCEL_S = 0.5
 """Time a cancelled task gets to end before it is cancelled again, s."""
@@ -31,4 +34,33 @@ async def stop_tasks(tasks: Collection[asyncio.Task[None]], recancel_s: float = 
             await task
 
 
-__all__ = ["RECANCEL_S", "stop_tasks"]
+async def finish_despite_cancel(work: Awaitable[T]) -> T:
+    """Await ``work`` to its end in a task of its own, however often the calling task is cancelled
+    meanwhile (a client that leaves, then a revocation or a shutdown); the caller's cancellation is raised
+    once ``work`` has ended. For clean-up that must not be cut short (an abort at the worker, a settle,
+    closing an upstream stream): anyio's ``CancelScope(shield=True)`` does not stop a plain
+    ``task.cancel()``, which still reaches the awaits inside it.
+
+    Returns:
+        ``work``'s result when the caller was not cancelled.
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled (after ``work`` ended; its own error, if any, is
+            then dropped).
+        Exception: ``work``'s own error, when the caller was not cancelled.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])  # a cancelled wait leaves ``task`` running
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.cancelled():
+            task.exception()  # retrieved: no "exception was never retrieved" warning
+        raise asyncio.CancelledError
+    return task.result()
+
+
+__all__ = ["RECANCEL_S", "finish_despite_cancel", "stop_tasks"]

@@ -26,8 +26,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from service.config import Settings
 from service.errors import GatewayError, NoWorkerAvailable, UpstreamFailed
 from service.metrics import GatewayMetrics
@@ -35,6 +33,7 @@ from service.preparation import PreparedRequest
 from service.prompting import PromptRenderer
 from service.rejection import tenant_rejection
 from service.scheduler import Scheduler, SchedulingRequest, Slot
+from service.task_stop import finish_despite_cancel
 from service.workers.client import SGLangClient, UpstreamChunk, UpstreamError
 from service.workers.pool import WorkerPool
 
@@ -201,8 +200,7 @@ class UpstreamCaller:
             try:
                 chunk = await asyncio.shield(call)  # the client leaving does not cut the worker call
             except asyncio.CancelledError:
-                with anyio.CancelScope(shield=True):
-                    await self._abandon(worker, prepared, outcome, call)
+                await finish_despite_cancel(self._abandon(worker, prepared, outcome, call))
                 raise
             except UpstreamError as exc:
                 outcome.dispatched = False

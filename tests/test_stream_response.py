@@ -7,9 +7,11 @@ import asyncio
 import gc
 from collections.abc import AsyncGenerator
 
+import pytest
 from starlette.types import Message
 
 from service.api.cancellation import SendBoundedStreamingResponse
+from service.task_stop import finish_despite_cancel
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "POST", "path": "/"}
 
@@ -104,3 +106,37 @@ async def test_a_client_that_leaves_while_a_stalled_stream_closes_does_not_cut_i
     response = SendBoundedStreamingResponse(body(), 0.1, "rid", media_type="text/event-stream")
     await asyncio.wait_for(response(SCOPE, receive, send), 5.0)
     assert closed.is_set()
+
+
+async def test_finish_despite_cancel_runs_the_work_to_its_end_through_repeated_cancels() -> None:
+    """A clean-up (abort at the worker, settle, closing an upstream stream) is not cut short by a second
+    cancel (a client that leaves, then a revocation): anyio's shield let a plain task.cancel() through."""
+    steps: list[str] = []
+
+    async def cleanup() -> str:
+        for i in range(3):
+            await asyncio.sleep(0.01)
+            steps.append(f"step {i}")
+        return "done"
+
+    async def caller() -> str:
+        return await finish_despite_cancel(cleanup())
+
+    task = asyncio.create_task(caller())
+    await asyncio.sleep(0.005)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    task.cancel()  # again, while the clean-up still runs
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["step 0", "step 1", "step 2"]  # every step ran before the cancellation came out
+    assert await finish_despite_cancel(cleanup()) == "done"  # not cancelled: its result
+
+
+async def test_finish_despite_cancel_raises_the_work_s_own_error() -> None:
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await finish_despite_cancel(failing())
