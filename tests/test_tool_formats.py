@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.openai.tool_formats import FORMATS, CallParser, ParseStep, json_value_end
+from service.openai.tool_formats import FORMATS, CallParser, ParsedCall, ParseStep, json_value_end
 
 
 @dataclass(frozen=True)
@@ -159,13 +159,19 @@ CASES = [
 ]
 
 
-def read(case: Recorded, pieces: list[str]) -> tuple[str, list[tuple[str, dict[str, object]]]]:
+def parts_of(case: Recorded, pieces: list[str]) -> list[str | ParsedCall]:
+    """The answer read piece by piece, as text runs and calls in the order written."""
     parser = CallParser(FORMATS[case.fmt], frozenset(case.names), case.parallel)
     total = ParseStep()
     for step in [*(parser.feed(p) for p in pieces), parser.finish()]:
-        total.text += step.text
-        total.calls += step.calls
-    return total.text, [(c.name, json.loads(c.arguments)) for c in total.calls]
+        total.extend(step)
+    return total.parts
+
+
+def read(case: Recorded, pieces: list[str]) -> tuple[str, list[tuple[str, dict[str, object]]]]:
+    parts = parts_of(case, pieces)
+    text = "".join(p for p in parts if isinstance(p, str))
+    return text, [(c.name, json.loads(c.arguments)) for c in parts if isinstance(c, ParsedCall)]
 
 
 def cuts(text: str, seed: int) -> list[str]:
@@ -181,10 +187,12 @@ def test_recorded_outputs_read_as_content_and_calls(case: Recorded) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.model for c in CASES])
 def test_any_cut_into_stream_pieces_reads_the_same(case: Recorded) -> None:
-    whole = read(case, [case.output])
-    assert read(case, list(case.output)) == whole
+    whole = parts_of(case, [case.output])
+    assert parts_of(case, list(case.output)) == whole
+    for at in range(1, len(case.output)):  # every two-piece cut: a marker and the text after it in one piece
+        assert parts_of(case, [case.output[:at], case.output[at:]]) == whole, at
     for seed in range(20):
-        assert read(case, cuts(case.output, seed)) == whole, seed
+        assert parts_of(case, cuts(case.output, seed)) == whole, seed
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))

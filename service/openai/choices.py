@@ -1,7 +1,8 @@
 """One answer (choice) of a request, read piece by piece from a worker: content, tool calls, logprobs.
 
 A non-streamed answer is read as one piece and a streamed one chunk by chunk, by the same code
-(:class:`ChoiceState`), so both give the same content, calls and logprobs.
+(:class:`ChoiceState`), so both give the same content, calls and logprobs, and the content and calls in
+the same order (:meth:`ChoiceState.parts`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.openai.logprobs import LogprobTrack, TokenLogprob, Tokens
-from service.openai.tool_formats import ParseStep
 from service.openai.tools import ToolPlan
 from service.workers.client import UpstreamChunk
 
@@ -62,8 +62,10 @@ class ChoiceStep:
 
     Attributes:
         index: the choice's index.
-        text: new content.
+        text: new content (all of this piece's text runs, joined).
         calls: tool calls completed in this piece.
+        parts: the same text runs and calls in the order the model wrote them (text written after a call
+            in the same piece comes after it: the Responses API's output items follow this order).
         logprobs: new token logprobs (None when not asked for).
         text_offset: characters of the answer before this piece's tokens (completions' ``text_offset``).
         finish_reason: set on the last piece.
@@ -72,6 +74,7 @@ class ChoiceStep:
     index: int
     text: str = ""
     calls: list[ToolCall] = field(default_factory=list)
+    parts: list[str | ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     text_offset: int = 0
     finish_reason: str | None = None
@@ -103,30 +106,59 @@ class ChoiceState:
         )
         self.content = ""
         self.calls: list[ToolCall] = []
+        self._parts: list[str | ToolCall] = []  # content pieces and calls, in the order written
         self.logprobs: list[TokenLogprob] | None = [] if self._track is not None else None
         self.finish_reason: str | None = None
         self.started = False  # a piece arrived (streams announce the role once)
         self._raw_chars = 0  # characters of the worker's text so far
         self._logprob_chars = 0
 
+    def parts(self) -> list[str | ToolCall]:
+        """The answer so far as text runs and tool calls in the order the model wrote them (adjacent
+        pieces of text joined into one run): what the Responses API's output items follow."""
+        out: list[str | ToolCall] = []
+        run: list[str] = []
+        for part in self._parts:
+            if isinstance(part, str):
+                run.append(part)
+                continue
+            if run:
+                out.append("".join(run))
+                run = []
+            out.append(part)
+        if run:
+            out.append("".join(run))
+        return out
+
+    def _add_text(self, step: ChoiceStep, text: str) -> None:
+        step.text += text
+        step.parts.append(text)
+        self.content += text
+        self._parts.append(text)
+
     def step(self, chunk: UpstreamChunk) -> ChoiceStep:
         """Read the next piece (the whole answer when not streamed)."""
         self.started = True
         final = chunk.finish_reason is not None
-        parsed = self._parser.feed(chunk.text) if self._parser is not None else ParseStep(chunk.text)
-        if final and self._parser is not None:
-            rest = self._parser.finish(cut=chunk.finish_reason == "length")
-            parsed.text += rest.text
-            parsed.calls += rest.calls
         self._raw_chars += len(chunk.text)
-        step = ChoiceStep(self.index, text=parsed.text, text_offset=self._logprob_chars)
-        for call in parsed.calls:
-            made = ToolCall(
-                len(self.calls), call_id(self._rid, self.index, len(self.calls)), call.name, call.arguments
-            )
-            self.calls.append(made)
-            step.calls.append(made)
-        self.content += parsed.text
+        step = ChoiceStep(self.index, text_offset=self._logprob_chars)
+        if self._parser is None:
+            if chunk.text:
+                self._add_text(step, chunk.text)
+        else:
+            parsed = self._parser.feed(chunk.text)
+            if final:
+                parsed.extend(self._parser.finish(cut=chunk.finish_reason == "length"))
+            for part in parsed.parts:
+                if isinstance(part, str):
+                    self._add_text(step, part)
+                    continue
+                n = len(self.calls)
+                made = ToolCall(n, call_id(self._rid, self.index, n), part.name, part.arguments)
+                self.calls.append(made)
+                self._parts.append(made)
+                step.calls.append(made)
+                step.parts.append(made)
         if self._track is not None and self.logprobs is not None:
             step.logprobs = self._track.push(chunk.logprobs or (), self._raw_chars, final)
             self.logprobs += step.logprobs

@@ -1,7 +1,10 @@
 """The Responses API's objects and stream events (``openai.types.responses``), built from one choice.
 
-A ``response`` object holds ``output`` items: a ``message`` with one ``output_text`` part when the answer
-has text, then one ``function_call`` item per tool call (``call_id`` is the chat completion's call id).
+A ``response`` object holds ``output`` items in the order the model wrote them (as OpenAI's Responses API
+does): a ``message`` with one ``output_text`` part for each run of text, and a ``function_call`` item per
+tool call (``call_id`` is the chat completion's call id); text written after a call is a new message after
+the call's item. A stream announces the same items in the same order, so its ``response.completed`` holds
+what the non-streamed answer holds.
 ``status`` is ``completed``, or ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` when
 the answer was cut by the token limit. ``usage`` uses the Responses names (``input_tokens``,
 ``output_tokens``, ``input_tokens_details.cached_tokens``).
@@ -101,14 +104,18 @@ class ResponsesShaper:
         }
 
     def response(self, states: Sequence[ChoiceState], usage: UsageInfo) -> dict[str, Any]:
-        """The whole ``response`` object of a non-streamed request (its one choice)."""
+        """The whole ``response`` object of a non-streamed request (its one choice): its items in the order
+        the model wrote them, as a stream of the same answer announces them (:meth:`events`)."""
         (state,) = states
-        item_status = "incomplete" if state.finish_reason == "length" else "completed"
-        output = []
-        if state.content:
-            output.append(self._message_item(0, state.content, item_status))
-        for call in state.calls:
-            output.append(self._call_item(call, len(output)))
+        parts = state.parts()
+        output: list[dict[str, Any]] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, ToolCall):
+                output.append(self._call_item(part, len(output)))
+                continue
+            # cut by the token limit: the last message; one a call closed is whole
+            cut = i == len(parts) - 1 and state.finish_reason == "length"
+            output.append(self._message_item(len(output), part, "incomplete" if cut else "completed"))
         return self._object("completed", output, usage, state.finish_reason)
 
     # -- stream ----------------------------------------------------------------------------------------
@@ -133,6 +140,44 @@ class ResponsesShaper:
             self._event("response.output_item.done", output_index=index, item=item),
         ]
 
+    def _text_events(self, text: str) -> list[bytes]:
+        """Text the model wrote: added to the message being streamed, or to a new one."""
+        out = []
+        index = len(self._items)
+        if self._open is None:
+            self._open = self._message_item(index, "", "in_progress")
+            added = {**self._open, "content": []}
+            where = {"item_id": self._open["id"], "output_index": index, "content_index": 0}
+            out += [
+                self._event("response.output_item.added", output_index=index, item=added),
+                self._event("response.content_part.added", **where, part=_text_part("")),
+            ]
+        self._open["content"][0]["text"] += text
+        where = {"item_id": self._open["id"], "output_index": index, "content_index": 0}
+        out.append(self._event("response.output_text.delta", **where, delta=text, logprobs=[]))
+        return out
+
+    def _call_events(self, call: ToolCall) -> list[bytes]:
+        """A call the model wrote: the message before it is done, and the call is an item of its own."""
+        out = self._close_message()
+        index = len(self._items)
+        item = self._call_item(call, index)
+        where = {"item_id": item["id"], "output_index": index}
+        out += [
+            self._event(
+                "response.output_item.added",
+                output_index=index,
+                item=self._call_item(call, index, "in_progress"),
+            ),
+            self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
+            self._event(
+                "response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+        self._items.append(item)
+        return out
+
     def events(self, state: ChoiceState, step: ChoiceStep, first: bool) -> list[bytes]:
         """Events for what one piece added (``first``: announce the response)."""
         out = []
@@ -142,37 +187,8 @@ class ResponsesShaper:
                 self._event("response.created", response=start),
                 self._event("response.in_progress", response=start),
             ]
-        if step.text:
-            index = len(self._items)
-            if self._open is None:
-                self._open = self._message_item(index, "", "in_progress")
-                added = {**self._open, "content": []}
-                where = {"item_id": self._open["id"], "output_index": index, "content_index": 0}
-                out += [
-                    self._event("response.output_item.added", output_index=index, item=added),
-                    self._event("response.content_part.added", **where, part=_text_part("")),
-                ]
-            self._open["content"][0]["text"] += step.text
-            where = {"item_id": self._open["id"], "output_index": index, "content_index": 0}
-            out.append(self._event("response.output_text.delta", **where, delta=step.text, logprobs=[]))
-        for call in step.calls:
-            out += self._close_message()
-            index = len(self._items)
-            item = self._call_item(call, index)
-            where = {"item_id": item["id"], "output_index": index}
-            out += [
-                self._event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item=self._call_item(call, index, "in_progress"),
-                ),
-                self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
-                self._event(
-                    "response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments
-                ),
-                self._event("response.output_item.done", output_index=index, item=item),
-            ]
-            self._items.append(item)
+        for part in step.parts:
+            out += self._text_events(part) if isinstance(part, str) else self._call_events(part)
         if step.finish_reason is not None:
             self._finish = step.finish_reason
             out += self._close_message("incomplete" if step.finish_reason == "length" else "completed")

@@ -68,10 +68,47 @@ class ParsedCall:
 
 @dataclass(slots=True)
 class ParseStep:
-    """What one piece of model output turned into: content text and complete calls, in order."""
+    """What one piece of model output turned into: content text and complete calls, in the order the
+    model wrote them (``parts``: a text run, a call, the text after it...; adjacent text is one run).
 
-    text: str = ""
-    calls: list[ParsedCall] = field(default_factory=list)
+    ``text`` (all the text) and ``calls`` (all the calls) are views of ``parts``.
+    """
+
+    parts: list[str | ParsedCall] = field(default_factory=list)
+
+    @classmethod
+    def of_text(cls, text: str) -> ParseStep:
+        """A step of text only (an answer not parsed for calls)."""
+        step = cls()
+        step.add_text(text)
+        return step
+
+    @property
+    def text(self) -> str:
+        """The step's content text (its text runs joined)."""
+        return "".join(p for p in self.parts if isinstance(p, str))
+
+    @property
+    def calls(self) -> list[ParsedCall]:
+        """The step's complete calls, in order."""
+        return [p for p in self.parts if isinstance(p, ParsedCall)]
+
+    def add_text(self, text: str) -> None:
+        """Append content text (joined to a text run that ends the step)."""
+        if not text:
+            return
+        if self.parts and isinstance(self.parts[-1], str):
+            self.parts[-1] += text
+        else:
+            self.parts.append(text)
+
+    def extend(self, later: ParseStep) -> None:
+        """Append what a later step holds, in order."""
+        for part in later.parts:
+            if isinstance(part, str):
+                self.add_text(part)
+            else:
+                self.parts.append(part)
 
 
 def load_json(text: str) -> Any:
@@ -445,8 +482,10 @@ FORMATS: dict[str, ToolCallFormat] = {
 
 
 class CallParser:
-    """Splits one answer into content and tool calls, piece by piece; the result does not depend on how
-    the answer was cut into pieces, so a streamed answer gives what the whole one gives.
+    """Splits one answer into content and tool calls, piece by piece, in the order written
+    (:attr:`ParseStep.parts`); the result does not depend on how the answer was cut into pieces, so a
+    streamed answer gives what the whole one gives (``tests/test_stream_folds.py`` cuts it at every
+    boundary).
 
     Rules: text before a call block is content, except the whitespace right before the block; whitespace
     after a call is dropped; a block that is not a valid call of a declared function stays content,
@@ -488,7 +527,7 @@ class CallParser:
             self._skip_space = False
         if text.strip():
             self._seen_text = True
-        step.text += text
+        step.add_text(text)
 
     def _block_start(self) -> int:
         """Index of the next block start in the pending text, or -1."""
@@ -548,7 +587,7 @@ class CallParser:
                 continue
             for call in found.calls:
                 if self._parallel or self.calls == 0:
-                    step.calls.append(call)
+                    step.parts.append(call)
                     self.calls += 1
             self._skip_space = True
         return step
