@@ -268,14 +268,21 @@ def message_cases(kind: str) -> list[tuple[str, Any]]:
 
 
 def conversation(name: str, value: Any) -> list[dict[str, Any]]:
-    """A three-message chat whose middle message carries ``name``: ``value``."""
+    """A chat whose second message carries ``name``: ``value`` (third for a tool result: the call it answers
+    comes before it; calls have their results after them: issue 25, references are checked)."""
     middle: dict[str, Any] = {"role": "assistant", "content": "ok"}
     if name == "tool_call_id":
         middle = {"role": "tool", "content": "42"}
     elif name == "role" and value == "function":
         middle = {"role": "function", "name": "f", "content": "42"}
     middle[name] = value
-    return [{"role": "user", "content": "hi"}, middle, {"role": "user", "content": "more"}]
+    before: list[dict[str, Any]] = []
+    if name == "tool_call_id" and isinstance(value, str):
+        before = [{"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": value}]}]
+    after: list[dict[str, Any]] = []
+    if name == "tool_calls" and isinstance(value, list):
+        after = [{"role": "tool", "content": "42", "tool_call_id": c["id"]} for c in value]
+    return [{"role": "user", "content": "hi"}, *before, middle, *after, {"role": "user", "content": "more"}]
 
 
 MESSAGE_ANSWERED = message_cases("served") + message_cases("accepted") + message_cases("off")

@@ -275,7 +275,10 @@ MESSAGE_FIELDS: dict[str, FieldRule] = {
     ),
     "content": _served("text, or text parts"),
     "name": _accepted(_short_text(limits.MAX_NAME_CHARS), "not rendered"),
-    "tool_call_id": _served("tool messages are rendered through the chat template"),
+    "tool_call_id": _served(
+        "tool messages are rendered through the chat template; each answers a call of the assistant "
+        "message before it (OpenAI's rules, service.api.conversation)"
+    ),
     "tool_calls": _served("assistant calls, rendered through the chat template"),
     "function_call": _off_only(valid=_typed(dict)),
     "audio": _off_only(valid=_typed(dict)),

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from service.api.cancellation import ClientDisconnected, SendBoundedStreamingResponse, until_disconnect
+from service.api.conversation import check_chat_references, check_responses_references
 from service.api.deps import (
     StateDep,
     TenantDep,
@@ -111,6 +112,7 @@ async def chat_completions(request: Request) -> Response:
     tenant = await authenticate(request, state)
     raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     req = parse(ChatCompletionRequest, screen_chat(json_object(raw)))
+    check_chat_references(req.messages)
     return await _serve(request, state, tenant, req, len(raw))
 
 
@@ -132,6 +134,7 @@ async def responses(request: Request) -> Response:
     tenant = await authenticate(request, state)
     raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     req = parse_responses(json_object(raw))
+    check_responses_references(req)
     echo = req.echo()
 
     def shaper(prepared: PreparedRequest) -> Shaper:
