@@ -1,6 +1,7 @@
 -- Store a new API key record for a tenant that exists, atomically (see tenancy/layout.py).
--- KEYS[1] tenant record, KEYS[2] key record, KEYS[3] the tenant's key-id set
--- ARGV[1] key record JSON, ARGV[2] key id
+-- KEYS[1] tenant record, KEYS[2] key record, KEYS[3] the tenant's key-id set, KEYS[4] its key ids by
+-- creation time (sorted set)
+-- ARGV[1] key record JSON, ARGV[2] key id, ARGV[3] the record's created_at (unix s)
 -- Returns -1 if the tenant does not exist, 0 if the key id is taken, 1 when stored.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return -1
@@ -9,4 +10,5 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX') then
   return 0
 end
 redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
 return 1

@@ -6,6 +6,9 @@ key                                holds
 ``P tenants``                      set of tenant ids
 ``P tenant:<id>``                  JSON :class:`~tenancy.models.Tenant` (with its ``epoch``)
 ``P tenant:<id>:keys``             set of the tenant's API key ids
+``P tenant:<id>:keys_by_time``     the same ids in a sorted set scored by creation time (unix s), for
+                                   paging (``key_page.lua``; filled from the records once for keys
+                                   issued before it existed)
 ``P key:<key_id>``                 JSON :class:`~tenancy.models.ApiKeyRecord` (names its tenant)
 ``P bucket:<id>:requests|tokens``  token-bucket hashes (``level``, ``ts``), expire when full
 ``P usage:<id>``                   usage counters hash
@@ -46,6 +49,10 @@ class KeyLayout:
     def tenant_keys(self, tenant_id: str) -> str:
         """Set of a tenant's API key ids."""
         return f"{self.prefix}tenant:{tenant_id}:keys"
+
+    def tenant_keys_by_time(self, tenant_id: str) -> str:
+        """Sorted set of a tenant's API key ids, scored by creation time (unix s)."""
+        return f"{self.prefix}tenant:{tenant_id}:keys_by_time"
 
     def api_key(self, key_id: str) -> str:
         """One API key's JSON record."""

@@ -78,6 +78,7 @@ class TenantStore:
         self._channel = invalidation_channel(prefix)
         self._delete_script = redis.register_script(lua("tenant_delete.lua"))
         self._issue_script = redis.register_script(lua("key_issue.lua"))
+        self._key_page_script = redis.register_script(lua("key_page.lua"))
 
     def _tenant_key(self, tenant_id: str) -> str:
         return self._layout.tenant(tenant_id)
@@ -124,7 +125,9 @@ class TenantStore:
         self, after: str | None = None, limit: int | None = None
     ) -> tuple[list[Tenant], bool]:
         """Tenants sorted by id: those after id ``after`` (None: from the first), at most ``limit`` (None:
-        all); and whether more follow. Only the page's records are read."""
+        all); and whether more follow. Only the page's records are read (the index's ids all are: a SET,
+        sorted here). Ids are unique and the page starts at the first id above ``after``, so a tenant that
+        exists from the first page to the last is on exactly one page."""
         ids = sorted(str(i) for i in await self._redis.smembers(self._index))
         if after is not None:
             ids = ids[bisect.bisect_right(ids, after) :]
@@ -200,6 +203,7 @@ class TenantStore:
             layout.tenant_keys(tenant_id),
             layout.index,
             layout.usage(tenant_id),
+            layout.tenant_keys_by_time(tenant_id),
             *(layout.bucket(tenant_id, b) for b in BUCKETS),
         ]
         if not await self._delete_script(keys=keys, args=[layout.api_key_prefix, tenant_id]):
@@ -226,8 +230,10 @@ class TenantStore:
                 self._tenant_key(tenant_id),
                 self._key_key(parsed.key_id),
                 self._tenant_keys_key(tenant_id),
+                self._layout.tenant_keys_by_time(tenant_id),
             ]
-            stored = int(await self._issue_script(keys=keys, args=[record.model_dump_json(), parsed.key_id]))
+            args = [record.model_dump_json(), parsed.key_id, repr(record.created_at)]
+            stored = int(await self._issue_script(keys=keys, args=args))
             if stored == -1:
                 raise TenantNotFoundError(tenant_id)
             if stored == 1:
@@ -236,14 +242,49 @@ class TenantStore:
 
     @store_operation
     async def list_keys(self, tenant_id: str) -> list[ApiKeyInfo]:
-        """Keys of a tenant (no digests), oldest first."""
-        await self.get(tenant_id)
-        ids = sorted(str(i) for i in await self._redis.smembers(self._tenant_keys_key(tenant_id)))
-        if not ids:
-            return []
-        raws = await self._redis.mget([self._key_key(i) for i in ids])
-        records = [ApiKeyRecord.model_validate_json(r) for r in raws if r is not None]
-        return [_info(r) for r in sorted(records, key=lambda r: r.created_at)]
+        """Every key of a tenant (no digests), oldest first, read page by page (:meth:`list_keys_page`).
+
+        Raises:
+            TenantNotFoundError: no such tenant.
+        """
+        keys: list[ApiKeyInfo] = []
+        after, more = None, True
+        while more:
+            page, more = await self.list_keys_page(tenant_id, after, 1000)
+            keys += page
+            after = page[-1].key_id if page else None
+            more = more and after is not None
+        return keys
+
+    @store_operation
+    async def list_keys_page(
+        self, tenant_id: str, after: str | None = None, limit: int = 100
+    ) -> tuple[list[ApiKeyInfo], bool]:
+        """A page of a tenant's keys (no digests), oldest first (creation time, then key id): at most
+        ``limit`` after key ``after`` (None: from the oldest), and whether more follow; one atomic Lua call
+        (``key_page.lua``) that reads only the page's records.
+
+        Every key that exists from the first page to the last is listed exactly once: the order is total,
+        and a page starts after its cursor's position (``ZRANK`` then ``ZRANGE`` in one script); a key
+        issued meanwhile is on a later page (or, when a replica's clock is behind, not listed).
+
+        Raises:
+            TenantNotFoundError: no such tenant.
+            KeyNotFoundError: ``after`` is not one of this tenant's keys.
+        """
+        layout = self._layout
+        keys = [
+            layout.tenant(tenant_id),
+            layout.tenant_keys(tenant_id),
+            layout.tenant_keys_by_time(tenant_id),
+        ]
+        reply = await self._key_page_script(keys=keys, args=[layout.api_key_prefix, after or "", limit])
+        if reply == -1:
+            raise TenantNotFoundError(tenant_id)
+        if reply == -2:
+            raise KeyNotFoundError(str(after))
+        more, *raws = reply
+        return [_info(ApiKeyRecord.model_validate_json(raw)) for raw in raws], bool(more)
 
     @store_operation
     async def revoke_key(self, tenant_id: str, key_id: str) -> ApiKeyInfo:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Response
 
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
 from service.api.openai_routes import parse
+from service.api.paging import DEFAULT_PAGE, After, Limit, list_object
 from service.config import Settings
 from tenancy.models import (
     MIN_REQUEST_BURST,
@@ -113,26 +114,14 @@ async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
         raise APIError(409, f"Tenant '{spec.id}' already exists.", code="tenant_exists") from exc
 
 
-MAX_PAGE = 1000
-"""Largest ``limit`` of one page of tenants."""
-
-
 @router.get("/tenants")
-async def list_tenants(
-    state: StateDep,
-    limit: Annotated[int | None, Query(ge=1, le=MAX_PAGE)] = None,
-    after: Annotated[str | None, Query(max_length=256)] = None,
-) -> dict[str, Any]:
-    """Tenants in id order, OpenAI's list shape: the ``limit`` (1-1000; none: all) after id ``after``,
-    with ``first_id``, ``last_id`` and ``has_more`` (pass ``last_id`` as ``after`` for the next page)."""
-    tenants, more = await state.tenants.list_page(after, limit)
-    return {
-        "object": "list",
-        "data": [t.model_dump() for t in tenants],
-        "first_id": tenants[0].id if tenants else None,
-        "last_id": tenants[-1].id if tenants else None,
-        "has_more": more,
-    }
+async def list_tenants(state: StateDep, limit: Limit = DEFAULT_PAGE, after: After = None) -> dict[str, Any]:
+    """Tenants in id order, a page at a time (:mod:`service.api.paging`): at most ``limit`` (1-1000,
+    default 100) after id ``after`` (any string: the page starts at the first id above it), with
+    ``first_id``, ``last_id`` and ``has_more`` (pass ``last_id`` as ``after`` for the next page). Ids are
+    unique and ordered, so a tenant that exists throughout a listing is on exactly one page."""
+    tenants, more = await state.tenants.list_page(after or None, limit)
+    return list_object([t.model_dump() for t in tenants], "id", more)
 
 
 @router.get("/tenants/{tenant_id}")
@@ -230,13 +219,26 @@ async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKe
 
 
 @router.get("/tenants/{tenant_id}/keys")
-async def list_keys(tenant_id: str, state: StateDep) -> dict[str, Any]:
-    """A tenant's keys (ids and prefixes only)."""
+async def list_keys(
+    tenant_id: str, state: StateDep, limit: Limit = DEFAULT_PAGE, after: After = None
+) -> dict[str, Any]:
+    """A tenant's keys (ids and prefixes only), oldest first, a page at a time: at most ``limit`` (1-1000,
+    default 100) after key ``after`` (a ``key_id`` of this tenant's: 400 otherwise), in OpenAI's list
+    shape with ``key_id`` as the id (:meth:`tenancy.store.TenantStore.list_keys_page`: a key that exists
+    throughout a listing is on exactly one page)."""
     try:
-        keys: list[ApiKeyInfo] = await state.tenants.list_keys(tenant_id)
+        keys, more = await state.tenants.list_keys_page(tenant_id, after or None, limit)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
-    return {"object": "list", "data": [k.model_dump() for k in keys]}
+    except KeyNotFoundError as exc:
+        raise APIError(
+            400,
+            f"Invalid value for 'after': '{_shown(after or '')}' is not a key of tenant "
+            f"'{_shown(tenant_id)}'.",
+            code="invalid_value",
+            param="after",
+        ) from exc
+    return list_object([k.model_dump() for k in keys], "key_id", more)
 
 
 @router.delete("/tenants/{tenant_id}/keys/{key_id}")

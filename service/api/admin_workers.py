@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
 from service.api.openai_routes import parse
+from service.api.paging import DEFAULT_PAGE, After, Limit, list_object, page_after
 from service.config_checks import worker_url
 from service.state import GatewayState
 from service.workers.registry import WorkerMode, worker_id
@@ -58,15 +59,19 @@ def _managed_in_settings(url: str) -> APIError:
 
 
 @router.get("")
-async def list_workers(state: StateDep) -> dict[str, Any]:
-    """Every worker this replica knows, with its source, mode, breaker, in-flight and window, and what
-    admission measured of it: capacity (req/s), engine TTFT of short prefills (ms) and, per class, the
-    calibration scale of its TTFT predictions (``scheduler.prediction_calibration_target``)."""
+async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: After = None) -> dict[str, Any]:
+    """The workers this replica knows, in id order, a page at a time (:mod:`service.api.paging`: at most
+    ``limit``, 1-1000, default 100, after id ``after``), each with its source, mode, breaker, in-flight
+    and window, and what admission measured of it: capacity (req/s), engine TTFT of short prefills (ms)
+    and, per class, the calibration scale of its TTFT predictions
+    (``scheduler.prediction_calibration_target``)."""
     entries = await state.registry.entries()
-    urls = list(dict.fromkeys([w.url for w in state.pool.workers] + list(entries)))
+    known = dict.fromkeys([w.url for w in state.pool.workers] + list(entries))
+    ordered = sorted((worker_id(url), url) for url in known)
+    page, more = page_after(ordered, lambda entry: entry[0], after or None, limit)
     snaps = {snap.url: snap for snap in state.scheduler.snapshot()}
     data = []
-    for url in urls:
+    for _, url in page:
         worker = state.pool.get(url)
         data.append(
             {
@@ -88,7 +93,7 @@ async def list_workers(state: StateDep) -> dict[str, Any]:
                 "prediction_scale": dict(snap.prediction_scales) if snap else {},
             }
         )
-    return {"object": "list", "data": data}
+    return list_object(data, "id", more)
 
 
 @router.post("", status_code=201)

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import Depends, Request
 
+from service.api.body_encoding import body_decoder
 from service.api.errors import APIError
 from service.state import GatewayState
 from tenancy.keys import parse_key, tokens_equal
@@ -141,11 +142,16 @@ async def read_json(request: Request, limit: int, timeout_s: float = 10.0) -> di
 
 
 async def read_body(request: Request, limit: int, timeout_s: float = 10.0) -> bytes:
-    """The request body, at most ``limit`` bytes within ``timeout_s`` seconds.
+    """The request body, decoded by its ``Content-Encoding`` (:mod:`service.api.body_encoding`: gzip,
+    deflate, identity), at most ``limit`` bytes as sent and once decoded, within ``timeout_s`` seconds.
 
     Raises:
-        APIError: 413 body too large; 408 the body did not arrive in time.
+        APIError: 415 an unsupported ``Content-Encoding`` (before any of the body is read); 413 body too
+            large, as sent or decoded (decoding stops at ``limit + 1`` bytes); 400 a body that is not
+            valid data of its coding; 408 the body did not arrive in time.
     """
+    encodings = request.headers.getlist("content-encoding")
+    decoder = body_decoder(encodings, limit) if encodings else None
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"Request body is larger than {limit} bytes.", code="request_too_large")
@@ -159,7 +165,9 @@ async def read_body(request: Request, limit: int, timeout_s: float = 10.0) -> by
                     raise APIError(
                         413, f"Request body is larger than {limit} bytes.", code="request_too_large"
                     )
-                chunks.append(chunk)
+                chunks.append(chunk if decoder is None else decoder.feed(chunk))
+            if decoder is not None:
+                chunks.append(decoder.finish())
     except TimeoutError:
         raise APIError(
             408,
