@@ -1,6 +1,7 @@
 """Where served requests' time to first token went, from the gateway's own request log.
 
-Each request the gateway served logs one JSON ``request`` line (:meth:`service.dispatch.Dispatcher._settle`)
+Each request the gateway served logs one JSON ``request`` line
+(:meth:`service.pipeline.dispatch.Dispatcher._settle`)
 with ``ttft_ms`` (arrival at the gateway to first token), ``queued_ms`` (the wait in the gateway's queue)
 and ``predicted_ttft_ms`` (what admission control predicted). The rest of the TTFT, ``ttft_ms - queued_ms``,
 is the worker's: its own queue, the prefill, and any wait behind other prefills or preemptions. Splitting

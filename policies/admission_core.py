@@ -1,6 +1,6 @@
 """The admission core: one pure object that queues, routes, sheds, expires and dispatches requests.
 
-The gateway's asyncio scheduler (``service/scheduler.py``) and the virtual-time fleet simulation
+The gateway's asyncio scheduler (``service/pipeline/scheduler.py``) and the virtual-time fleet simulation
 (``loadgen/fleet/sim.py``) drive this same object; it never reads a clock, starts a task or does I/O.
 Events come in with a time value and return decisions (:mod:`policies.admission_types`):
 

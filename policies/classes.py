@@ -1,6 +1,6 @@
 """Priority classes (bands): rank, SGLang priority, TTFT goal, and whether a late answer is still useful.
 
-This module is the one home of the class defaults. ``service.config`` translates its settings into
+This module is the one home of the class defaults. ``service.config.settings`` translates its settings into
 :class:`ClassPolicy` and the fleet simulation uses the same objects, so neither redeclares them.
 
 A class's TTFT goal is enforced by the admission core (:mod:`policies.admission_core`): a request whose

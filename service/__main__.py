@@ -14,13 +14,13 @@ import uvicorn
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
-from service.api.openai_fields import parameters_table
-from service.api.responses_protocol import responses_table
 from service.app import create_app
-from service.config import Settings
-from service.config_doc import settings_table
-from service.host_serve import MULTIPROC_ENV, serve_processes
-from service.logs import configure_logging
+from service.config.doc import settings_table
+from service.config.settings import Settings
+from service.observability.logs import configure_logging
+from service.protocol.fields import parameters_table
+from service.protocol.responses import responses_table
+from service.runtime.host_serve import MULTIPROC_ENV, serve_processes
 from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
@@ -86,7 +86,7 @@ def serve() -> None:
         "log_level": "warning",
         "access_log": False,
         "loop": "uvloop",
-        "http": "service.http_protocol:CoalescingHttpToolsProtocol"
+        "http": "service.runtime.http_protocol:CoalescingHttpToolsProtocol"
         if settings.http_write_coalescing
         else "httptools",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)

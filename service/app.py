@@ -20,20 +20,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from policies.circuit_breaker import BreakerConfig
 from service.api import admin_routes, admin_workers, health_routes, openai_routes
 from service.api.deps import new_request_id
-from service.api.errors import install_error_handlers, response_for
+from service.api.errors import http_status, install_error_handlers, response_for
 from service.api.openai_routes import COMPLETION_ROUTES
 from service.api.openapi_bodies import install_body_schemas
-from service.config import RedisSettings, Settings
-from service.dispatch import Dispatcher
-from service.logs import configure_logging
-from service.metrics import GatewayMetrics, refresh_pool_gauges
-from service.prompting import PromptRenderer
-from service.revocation import RevocationRegistry, store_checks
-from service.scheduler import Scheduler
-from service.settlement import Settler
-from service.startup_signals import StartupInterrupted, interruptible_startup
+from service.config.settings import RedisSettings, Settings
+from service.observability.logs import configure_logging
+from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
+from service.pipeline.dispatch import Dispatcher
+from service.pipeline.prompting import PromptRenderer
+from service.pipeline.revocation import RevocationRegistry, store_checks
+from service.pipeline.scheduler import Scheduler
+from service.pipeline.settlement import Settler
+from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
+from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
-from service.task_stop import stop_tasks
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
@@ -235,7 +235,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
         await scheduler.start()
         dispatcher = Dispatcher(
-            settings, renderer, leased, usage, pool, client, metrics, scheduler, settler, revocations
+            settings,
+            renderer,
+            leased,
+            usage,
+            pool,
+            client,
+            metrics,
+            scheduler,
+            settler,
+            revocations,
+            status_of=http_status,
         )
         registry = WorkerRegistry(redis, prefix)
         if metrics.multiprocess:

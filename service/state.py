@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from service.config import Settings
-from service.dispatch import Dispatcher
-from service.metrics import GatewayMetrics
-from service.scheduler import Scheduler
+from service.config.settings import Settings
+from service.observability.metrics import GatewayMetrics
+from service.pipeline.dispatch import Dispatcher
+from service.pipeline.scheduler import Scheduler
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter

@@ -140,7 +140,8 @@ async def follow_invalidations(
     also: Callable[[str], None] | None = None,
 ) -> None:
     """Apply the invalidations published on ``channel`` to ``cache`` until cancelled, and hand each
-    message to ``also`` (e.g. :meth:`service.revocation.RevocationRegistry.on_invalidation`), if given.
+    message to ``also`` (e.g. :meth:`service.pipeline.revocation.RevocationRegistry.on_invalidation`), if
+    given.
 
     ``redis`` must be a client without a read timeout (the subscription waits for messages
     indefinitely); it holds one connection. Every (re)subscription clears the cache (messages may have

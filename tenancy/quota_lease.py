@@ -68,7 +68,7 @@ class LeasedQuota:
             decided by Redis (metrics).
         before_remote: awaited with the tenant id before a reservation the lease cannot cover goes to
             Redis (the settler sends that tenant's settles still collecting ahead of it, in the same
-            write: :meth:`service.settlement.Settler.ahead_of_reservation`).
+            write: :meth:`service.pipeline.settlement.Settler.ahead_of_reservation`).
 
     Counters ``local`` and ``remote`` count the same.
     """

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from service.app import create_app
-from service.config import Settings
+from service.config.settings import Settings
 from service.workers.launcher import WorkerProcess
 from tests.support.engine import running_worker
 from tests.support.fake_worker import FakeWorker

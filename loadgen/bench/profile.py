@@ -44,9 +44,12 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("auth: key + tenant lookup (tenancy/store.py)", ("tenancy/store.py", "tenancy/keys.py")),
     ("quota scripts (tenancy/quota.py)", ("tenancy/quota.py",)),
     ("usage counters (tenancy/usage.py)", ("tenancy/usage.py",)),
-    ("settle (Dispatcher._settle)", ("service/dispatch.py::Dispatcher._settle",)),
-    ("prompt render + token count (service/prompting.py)", ("service/prompting.py",)),
-    ("scheduler + routing (service/scheduler.py, policies/)", ("service/scheduler.py", "policies/")),
+    ("settle (Dispatcher._settle)", ("service/pipeline/dispatch.py::Dispatcher._settle",)),
+    ("prompt render + token count (service/pipeline/prompting.py)", ("service/pipeline/prompting.py",)),
+    (
+        "scheduler + routing (service/pipeline/scheduler.py, policies/)",
+        ("service/pipeline/scheduler.py", "policies/"),
+    ),
     ("FastAPI dependency solving (fastapi/dependencies/)", ("fastapi/dependencies/",)),
     ("thread-pool hops (anyio to_thread, threading)", ("anyio/to_thread.py", "threading.py")),
     ("metrics (prometheus_client)", ("prometheus_client/",)),
@@ -61,8 +64,8 @@ ENTRY_FRAMES = ("<module>", "serve", "main", "run")
 
 
 def parse_frame(frame: str) -> tuple[str, str]:
-    """Split a py-spy frame: ``"Dispatcher.complete (service/dispatch.py:120)"`` →
-    ``("Dispatcher.complete", "service/dispatch.py")``."""
+    """Split a py-spy frame: ``"Dispatcher.complete (service/pipeline/dispatch.py:120)"`` →
+    ``("Dispatcher.complete", "service/pipeline/dispatch.py")``."""
     name, _, where = frame.rpartition(" (")
     if not name:
         return frame, ""

@@ -59,7 +59,7 @@ from loadgen.bench.targets import (
 )
 from loadgen.bench.wrk import WrkResult, WrkRun, lua_script, run_wrk
 from loadgen.stack import terminate_as_exit
-from service.config import EngineSettings
+from service.config.settings import EngineSettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from service.config import default_home
+from service.config.settings import default_home
 
 TARGETS = ("radixgate", "router", "litellm", "direct")
 BASELINE = "radixgate-base"

@@ -143,7 +143,7 @@ class FleetConfig:
     def class_of(self, req: FleetRequest) -> str:
         """The class a request runs in: the one it asks for when not above its tenant's, else the tenant's.
 
-        Mirrors ``service.preparation`` loosely: a request may ask for a lower class, never a higher one.
+        Mirrors ``service.pipeline.prepare`` loosely: a request may ask for a lower class, never a higher one.
         """
         classes = self.core.classes
         own = self.tenant(req.tenant).priority_class

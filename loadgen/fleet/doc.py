@@ -24,7 +24,8 @@ HEADER = """# Fleet experiments (virtual time)
 
 Produced by `python -m loadgen.fleet.experiments NAME [--json]` (`loadgen/fleet/`): a discrete-event
 simulation whose every scheduling decision (routing, queueing, shedding, expiry, windows) is made by the
-gateway's own admission core (`policies/admission_core.py`, the object `service/scheduler.py` drives),
+gateway's own admission core (`policies/admission_core.py`, the object `service/pipeline/scheduler.py`
+drives),
 configured with the gateway's defaults, over simulated SGLang workers (`loadgen.sim.engine`, calibrated
 profiles in `loadgen/sim/profiles.py`), fed by the same scenario planner as the HTTP load generator
 (`loadgen.scenario.generate_requests`) and reported by the same code (`loadgen.report`). Each section below

@@ -11,7 +11,7 @@ from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
 from service.api.openai_routes import parse
 from service.api.paging import DEFAULT_PAGE, After, Limit, list_object
-from service.config import Settings
+from service.config.settings import Settings
 from tenancy.models import (
     MIN_REQUEST_BURST,
     ApiKeyInfo,
@@ -258,7 +258,7 @@ async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo
 async def tenant_usage(tenant_id: str, state: StateDep) -> dict[str, Any]:
     """Usage counters of any tenant, with ``total_tokens`` and its quotas: the shape of the tenant's own
     ``GET /v1/usage`` (nu13: this one lacked both). The answers this replica has sent it are counted (their
-    settles are awaited, :meth:`service.settlement.Settler.settled`)."""
+    settles are awaited, :meth:`service.pipeline.settlement.Settler.settled`)."""
     try:
         tenant = await state.tenants.get(tenant_id)
     except TenantNotFoundError as exc:

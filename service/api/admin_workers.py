@@ -11,7 +11,7 @@ from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
 from service.api.openai_routes import parse
 from service.api.paging import DEFAULT_PAGE, After, Limit, list_object, page_after
-from service.config_checks import worker_url
+from service.config.checks import worker_url
 from service.state import GatewayState
 from service.workers.registry import WorkerMode, worker_id
 

@@ -68,7 +68,7 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
     scope_state = request.scope.setdefault("state", {})
     scope_state["tenant_id"] = tenant.id  # for the log of a refusal
     parsed = parse_key(token)
-    scope_state["key_id"] = parsed.key_id if parsed is not None else ""  # service.revocation
+    scope_state["key_id"] = parsed.key_id if parsed is not None else ""  # service.pipeline.revocation
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant

@@ -1,10 +1,10 @@
-"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with the right status."""
+"""Errors as HTTP answers: each domain error's status (the one place that decides it), ``Retry-After``, and
+OpenAI's error shape (:mod:`service.protocol.errors`); the app's exception handlers."""
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -14,8 +14,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from service.api.protocol import MESSAGE_FIELD_INVALID, MESSAGE_FIELD_MISSING
-from service.compact_json import compact_json
 from service.errors import (
     FirstTokenTimeout,
     GatewayError,
@@ -32,6 +30,8 @@ from service.errors import (
     UpstreamFailed,
     UpstreamRejected,
 )
+from service.protocol.compact_json import compact_json
+from service.protocol.errors import error_object, error_type, invalid_params, sse_error_frame
 from tenancy.errors import StoreUnavailable
 
 log = structlog.get_logger("radixgate.errors")
@@ -70,6 +70,7 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -77,33 +78,22 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
-
-    @property
-    def error_type(self) -> str:
-        """OpenAI error ``type`` for this status."""
-        return _TYPE_BY_STATUS.get(
-            self.status, "server_error" if self.status >= 500 else "invalid_request_error"
+        self.error_type = error_type or _TYPE_BY_STATUS.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
         )
 
     def body(self) -> dict[str, Any]:
         """The JSON body ``{"error": {...}}``."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return error_object(self.message, self.error_type, self.param, self.code)
 
     def sse_event(self) -> bytes:
         """The error as one server-sent event (used once a stream has started)."""
-        return f"data: {json.dumps(self.body())}\n\n".encode()
+        return sse_error_frame(self.body())
 
 
 class FastJSONResponse(JSONResponse):
     """A JSON response rendered with orjson (compact, UTF-8; what the hot routes answer), Python's json for
-    what orjson refuses (:func:`service.compact_json.compact_json`)."""
+    what orjson refuses (:func:`service.protocol.compact_json.compact_json`)."""
 
     def render(self, content: Any) -> bytes:
         return compact_json(content)
@@ -114,75 +104,10 @@ def error_response(err: APIError) -> JSONResponse:
     return FastJSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def _param_path(loc: Sequence[Any], body: Any, missing: bool) -> tuple[list[str], int]:
-    """The request parameter an error's ``loc`` names, as path parts, and how many of them the body has.
-
-    pydantic puts the member of a union that failed into ``loc`` (``str``, ``list[TextPart]``, a tag):
-    those parts are not in the request, so they are left out, walking ``body`` along the path. Without a
-    body (None) every part is kept but the ones that look like type names. A missing field's last part is
-    kept (it is missing from the body by definition)."""
-    parts = [p for p in loc if p != "body"]
-    out: list[str] = []
-    node, found = body, 0
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(part, int):
-            if isinstance(node, list) and 0 <= part < len(node):
-                node, found = node[part], found + 1
-            else:
-                node = None
-            out.append(str(part))
-        elif isinstance(node, dict) and part in node:
-            node, found = node[part], found + 1
-            out.append(part)
-        elif (missing and last) or (body is None and not _looks_like_a_type(part)):
-            out.append(str(part))
-            node = None
-    return out, found
-
-
-def _looks_like_a_type(part: str) -> bool:
-    return part in {"str", "int", "float", "bool", "none"} or any(c in part for c in "[-'")
-
-
 def validation_error(exc: RequestValidationError | Exception, body: Any = None) -> APIError:
-    """Turn a pydantic/FastAPI validation failure into OpenAI's 400 ``invalid_request_error``.
-
-    ``body``: the JSON the request sent, when known; it names the parameter precisely (``param``): of a
-    union's several errors the one that goes deepest into what was sent is reported, and pydantic's union
-    members (``str``, ``list[...]``) are left out of the path."""
-    errors = exc.errors() if hasattr(exc, "errors") else []
-    if not errors:
-        return APIError(400, str(exc), code="invalid_request")
-    if body is None and isinstance(exc, RequestValidationError):
-        body = exc.body
-    ranked = [
-        (_param_path(e.get("loc", ()), body, e.get("type") == "missing"), n, e) for n, e in enumerate(errors)
-    ]
-    (loc, _), _, first = max(ranked, key=lambda r: (r[0][1], -r[1]))
-    kind = first.get("type")
-    if kind in (MESSAGE_FIELD_MISSING, MESSAGE_FIELD_INVALID):  # a message shape rule: name the field
-        loc.append(str((first.get("ctx") or {}).get("field")))
-    param = ".".join(loc) or None
-    if kind == MESSAGE_FIELD_MISSING:
-        msg = str(first.get("msg", ""))
-        return APIError(
-            400,
-            f"Missing required parameter: '{param}'; {msg}.",
-            code="missing_required_parameter",
-            param=param,
-        )
-    if kind == "extra_forbidden":
-        return APIError(
-            400, f"Unrecognized request argument supplied: {param}", code="unknown_parameter", param=param
-        )
-    if kind == "missing":
-        return APIError(
-            400, f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param
-        )
-    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    text = f"Invalid value for '{param}': {msg}" if param else f"Invalid request: {msg}"
-    return APIError(400, text, code="invalid_value", param=param)
+    """A pydantic/FastAPI validation failure as OpenAI's 400 ``invalid_request_error`` naming the parameter
+    (:func:`service.protocol.errors.invalid_params`)."""
+    return to_api_error(invalid_params(exc, body))
 
 
 def store_unavailable(retry_after_s: int) -> APIError:
@@ -226,13 +151,14 @@ def to_api_error(exc: GatewayError) -> APIError:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-    return APIError(http_status(exc), exc.message, code=exc.code, param=exc.param, headers=headers)
-
-
-def sse_error_event(exc: GatewayError | APIError) -> bytes:
-    """An error as one server-sent event, for a stream that has already started."""
-    err = exc if isinstance(exc, APIError) else to_api_error(exc)
-    return err.sse_event()
+    return APIError(
+        http_status(exc),
+        exc.message,
+        code=exc.code,
+        param=exc.param,
+        headers=headers,
+        error_type=error_type(exc),
+    )
 
 
 def refused(request: Request, err: APIError) -> Response:

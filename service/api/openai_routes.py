@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes (thin: parse, then hand to :class:`service.dispatch.Dispatcher`).
+"""OpenAI-compatible routes (thin: parse, then hand to :class:`service.pipeline.dispatch.Dispatcher`).
 
 The two completion routes take only the request (no dependency solving): :class:`service.app.GatewayApp`
 calls them straight from its ASGI entry (:data:`COMPLETION_ROUTES`); FastAPI keeps them for its schema.
@@ -15,7 +15,6 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from service.api.cancellation import ClientDisconnected, SendBoundedStreamingResponse, until_disconnect
-from service.api.conversation import check_chat_references, check_responses_references
 from service.api.deps import (
     StateDep,
     TenantDep,
@@ -26,14 +25,15 @@ from service.api.deps import (
     request_id,
 )
 from service.api.errors import FastJSONResponse, validation_error
-from service.api.openai_fields import screen_chat, screen_completion
 from service.api.openapi_bodies import json_body
-from service.api.protocol import ChatCompletionRequest, CompletionRequest, now_s
-from service.api.responses_protocol import ResponsesRequest, parse_responses, responses_param, to_chat
 from service.errors import GatewayError, NotFound
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
-from service.preparation import PreparedRequest
+from service.pipeline.prepare import PreparedRequest
+from service.protocol.completions import ChatCompletionRequest, CompletionRequest, now_s
+from service.protocol.conversation import check_chat_references, check_responses_references
+from service.protocol.fields import screen_chat, screen_completion
+from service.protocol.responses import ResponsesRequest, parse_responses, responses_param, to_chat
 from service.state import GatewayState
 from tenancy.models import Tenant
 
@@ -129,7 +129,7 @@ async def completions(request: Request) -> Response:
 @router.post("/responses", openapi_extra=json_body(ResponsesRequest))
 async def responses(request: Request) -> Response:
     """``POST /v1/responses`` (stateless Responses API, stream and non-stream; see
-    :mod:`service.api.responses_protocol`)."""
+    :mod:`service.protocol.responses`)."""
     state = gateway_state(request)
     tenant = await authenticate(request, state)
     raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
@@ -189,6 +189,6 @@ async def retrieve_model(model_id: str, tenant: TenantDep, state: StateDep) -> d
 @router.get("/usage")
 async def own_usage(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
     """``GET /v1/usage``: the caller's own tenant's usage counters and quotas (its answers this replica
-    has sent counted: their settles are awaited, :meth:`service.settlement.Settler.settled`)."""
+    has sent counted: their settles are awaited, :meth:`service.pipeline.settlement.Settler.settled`)."""
     await state.dispatcher.settled(tenant.id)
     return (await state.usage.get(tenant.id)).report(tenant.quotas)

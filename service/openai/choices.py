@@ -13,7 +13,7 @@ from typing import Any
 
 from service.openai.logprobs import LogprobTrack, TokenLogprob, Tokens
 from service.openai.tools import ToolPlan
-from service.workers.client import UpstreamChunk
+from service.workers.chunks import UpstreamChunk
 
 
 @dataclass(frozen=True, slots=True)

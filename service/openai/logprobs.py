@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from service.workers.client import WorkerLogprob
+from service.workers.chunks import WorkerLogprob
 
 LOGPROB_FLOOR = -9999.0
 """What ``-inf`` (a token the sampler could not pick) is reported as: OpenAI's own floor."""
@@ -30,7 +30,7 @@ CONTEXT_TOKENS = 5
 
 
 class Tokens(Protocol):
-    """What the logprobs need of a tokenizer (:class:`service.prompting.PromptRenderer` has it)."""
+    """What the logprobs need of a tokenizer (:class:`service.pipeline.prompting.PromptRenderer` has it)."""
 
     def decode(self, ids: Sequence[int]) -> str: ...
 

@@ -24,11 +24,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from service.api.errors import to_api_error
-from service.api.protocol import UsageInfo
 from service.errors import GatewayError
 from service.openai.choices import ChoiceState, ChoiceStep, ToolCall
 from service.openai.shapes import named_sse
+from service.protocol.completions import UsageInfo
 
 
 def responses_usage(usage: UsageInfo) -> dict[str, Any]:
@@ -204,16 +203,15 @@ class ResponsesShaper:
     def error(self, err: GatewayError) -> list[bytes]:
         """``error``, then ``response.failed`` with the error and the output delivered so far (a message cut
         mid-way as ``incomplete``)."""
-        api = to_api_error(err)
         output = list(self._items)
         if self._open is not None:
             output.append({**self._open, "status": "incomplete"})
         failed = {
             **self._object("failed", output, None),
-            "error": {"code": api.code, "message": api.message},
+            "error": {"code": err.code, "message": err.message},
         }
         return [
-            self._event("error", code=api.code, message=api.message, param=api.param),
+            self._event("error", code=err.code, message=err.message, param=err.param),
             self._event("response.failed", response=failed),
         ]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from service.api.errors import sse_error_event
-from service.api.protocol import UsageInfo
-from service.compact_json import compact_json
 from service.errors import GatewayError
 from service.openai.choices import ChoiceState, ChoiceStep
 from service.openai.logprobs import chat_logprobs, legacy_logprobs
+from service.protocol.compact_json import compact_json
+from service.protocol.completions import UsageInfo
+from service.protocol.errors import sse_error_event
 
 DONE = b"data: [DONE]\n\n"
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from service.api.protocol_features import ResponseFormat, check_schema
 from service.errors import InvalidRequest
+from service.protocol.features import ResponseFormat, check_schema
 
 ANY_OBJECT = '{"type": "object"}'
 """The grammar of ``json_object``: any JSON object."""

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.protocol import ChatCompletionRequest, ChatMessage
-from service.api.protocol_features import NamedToolChoice, check_schema
 from service.errors import InvalidRequest
 from service.openai.tool_formats import CallParser, FunctionSpec, ParsedCall, ToolCallFormat, load_json
+from service.protocol.completions import ChatCompletionRequest, ChatMessage
+from service.protocol.features import NamedToolChoice, check_schema
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 """Parameters of a function declared without any (OpenAI: a function that takes no arguments)."""

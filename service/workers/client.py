@@ -19,8 +19,9 @@ import orjson
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.compact_json import compact_json
-from service.config import UpstreamSettings
+from service.config.settings import UpstreamSettings
+from service.protocol.compact_json import compact_json
+from service.workers.chunks import UpstreamChunk, WorkerLogprob
 from service.workers.native_transport import NativeWorkerHTTP
 from service.workers.stall_watch import StallWatch, StreamStalled
 from service.workers.transport import TransportFailure, WorkerHTTP
@@ -38,36 +39,6 @@ log = structlog.get_logger("radixgate.client")
 
 ProbeResult = Literal["ok", "failed", "refused", "unknown"]
 """Outcome of one health probe ("unknown": the gateway's own connection pool was full; no evidence)."""
-
-
-WorkerLogprob = tuple[float, int, tuple[tuple[float, int], ...]]
-"""One generated token's log probability as a worker reports it: (logprob, token id, the top alternatives
-as (logprob, token id), most likely first)."""
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamChunk:
-    """One step of a worker's answer (or the whole answer, when not streamed).
-
-    Attributes:
-        text: new text since the previous chunk (the full text for a non-streamed answer).
-        prompt_tokens, completion_tokens, cached_tokens: the worker's counts so far (tokens).
-        finish_reason: ``"stop"``, ``"length"``, or None while generating.
-        output_ids: the token ids new in this chunk (all of them for a non-streamed answer), if sent.
-        logprobs: the log probabilities of the tokens new in this chunk, when asked for
-            (``return_logprob``); None otherwise.
-        more_ready: another chunk of this stream came in the same read and follows at once (no wait),
-            so its events may go to the client in one write with this one's.
-    """
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    finish_reason: str | None
-    output_ids: tuple[int, ...] | None = None
-    logprobs: tuple[WorkerLogprob, ...] | None = None
-    more_ready: bool = False
 
 
 def worker_logprobs(meta: dict[str, Any]) -> tuple[WorkerLogprob, ...] | None:

@@ -1,6 +1,6 @@
 """Launching and stopping SGLang workers as child processes.
 
-The command is built from :class:`service.config.EngineSettings`:
+The command is built from :class:`service.config.settings.EngineSettings`:
 ``<engine python> -m sglang.launch_server --model-path ... --tp N --dp N --device cpu|cuda
 --enable-priority-scheduling --enable-metrics --enable-cache-report --schedule-policy P --port ...``
 plus ``--incremental-streaming-output`` (``engine.incremental_streaming``, on by default)
@@ -29,7 +29,7 @@ from typing import BinaryIO
 import httpx
 import structlog
 
-from service.config import EngineSettings
+from service.config.settings import EngineSettings
 
 log = structlog.get_logger("radixgate.launcher")
 

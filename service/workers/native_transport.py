@@ -35,7 +35,7 @@ from typing import cast
 import httptools
 from yarl import URL
 
-from service.config import UpstreamSettings
+from service.config.settings import UpstreamSettings
 from service.workers.transport import TransportFailure, WorkerHTTP, split_read
 
 _PAUSE_BYTES = 1 << 20

@@ -3,7 +3,8 @@
 Once a stream's first token has come, the gap between two reads of it is a decode step or a few (tens of
 milliseconds on a GPU, under a second on a CPU worker), or a preempted request's wait to be scheduled
 again. A stream silent for ``idle_s`` is taken to be stuck: the read is cancelled and the stream fails
-like a broken one, so it resumes on another worker (:class:`service.upstream.UpstreamCaller`) instead of
+like a broken one, so it resumes on another worker (:class:`service.pipeline.upstream.UpstreamCaller`)
+instead of
 holding its tenant until ``upstream.read_timeout_s`` (the bound before the first token, which a long
 prefill may need). Same rule as nginx's ``proxy_read_timeout`` (time between two successive reads), with
 one timer per stream rather than a timeout around each read (a timeout per read cost about 9 µs per

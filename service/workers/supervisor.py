@@ -30,7 +30,7 @@ from typing import Literal
 import structlog
 
 from policies.restart_backoff import RestartBackoff, RestartBackoffConfig
-from service.config import EngineSettings
+from service.config.settings import EngineSettings
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess, WorkerStartError
 from service.workers.pool import WorkerPool

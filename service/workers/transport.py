@@ -4,7 +4,7 @@
 Why aiohttp: on the benchmark's instant upstream one ``POST /generate`` costs about 0.12 CPU ms through
 aiohttp against 1.7 ms through httpx/httpcore (issue 10), and a 32-chunk stream 0.27 ms against 1.8 ms.
 
-The pool follows the upstream settings (:class:`service.config.UpstreamSettings`):
+The pool follows the upstream settings (:class:`service.config.settings.UpstreamSettings`):
 
 - ``max_connections``: calls in flight at once (all workers together; each holds one connection). A call
   waits at most ``pool_timeout_s`` for a free one (health calls: their own timeout), then fails with
@@ -30,7 +30,7 @@ from types import TracebackType
 import aiohttp
 from yarl import URL
 
-from service.config import UpstreamSettings
+from service.config.settings import UpstreamSettings
 
 _JSON = "application/json"
 _KEEP = {"Content-Type": _JSON, "Accept-Encoding": "identity"}

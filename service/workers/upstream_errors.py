@@ -10,18 +10,16 @@ Where SGLang 0.5.23 puts its errors (``entrypoints/http_server.py``, ``managers/
   "status_code"}`` (400 for a grammar it cannot compile: "Failed to compile json grammar: ...").
 
 The worker's text is kept whole in the error (for the gateway's log); what a tenant may see of it is
-decided by :mod:`service.rejection`.
+decided by :mod:`service.pipeline.rejection`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-if TYPE_CHECKING:
-    from service.workers.client import UpstreamChunk
-
+from service.workers.chunks import UpstreamChunk
 
 WORKER_FAULT_4XX = frozenset({401, 403, 404, 405, 407})
 """4xx answers to ``/generate`` that are the worker's (or its URL's) fault whatever the input: SGLang's

@@ -8,11 +8,12 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from service.config import EngineSettings
+from service.config.settings import EngineSettings
 from service.workers.launcher import WorkerProcess
+from tests.support.paths import REPO
 from tests.support.servers import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 SHIM = ROOT / "scripts" / "engine" / "shim"
 
 

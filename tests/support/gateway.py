@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from service.config import Settings
+from service.config.settings import Settings
 from tests.conftest import ADMIN_TOKEN
-from tests.test_api import MODEL
+from tests.service.api.test_api import MODEL
 
 
 def fake_worker_settings(

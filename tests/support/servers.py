@@ -70,8 +70,8 @@ def redis_server(workdir: Path, port: int | None = None) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-#: the HTTP protocol ``python -m service serve`` runs by default (service/http_protocol.py)
-SERVE_PROTOCOL = "service.http_protocol:CoalescingHttpToolsProtocol"
+#: the HTTP protocol ``python -m service serve`` runs by default (service/runtime/http_protocol.py)
+SERVE_PROTOCOL = "service.runtime.http_protocol:CoalescingHttpToolsProtocol"
 
 
 class ThreadedServer:

@@ -1,0 +1,490 @@
+"""The one Settings tree of radixgate (pydantic-settings).
+
+Every tunable lives here; nothing else reads ``os.environ``. Environment variables use the prefix
+``RADIXGATE_`` and ``__`` between nesting levels, e.g. ``RADIXGATE_REDIS__URL`` or
+``RADIXGATE_ENGINE__TP``. The settings object is built once by :func:`service.app.create_app` (or by the
+command line) and passed down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from policies.admission_types import CoreConfig
+from policies.classes import PREEMPTION_THRESHOLD
+from service.config.checks import CpuCores, HttpUrls, LogLevel, RedisUrl
+from service.config.policies import (
+    FINITE,
+    PriorityClassSettings,
+    RoutingSettings,
+    SchedulerSettings,
+    default_priority_classes,
+)
+
+
+def default_home() -> Path:
+    """Return the cache folder for the engine virtualenv and converted models (``~/.cache/radixgate``)."""
+    return Path.home() / ".cache" / "radixgate"
+
+
+def default_cpu_shim() -> Path | None:
+    """The repository's CPU-only ``sgl_kernel`` stand-in folder, if this is a source checkout."""
+    shim = Path(__file__).resolve().parents[2] / "scripts" / "engine" / "shim"
+    return shim if shim.is_dir() else None
+
+
+class RedisSettings(BaseModel):
+    """Connection to the shared Redis that holds tenants, keys, token buckets and usage."""
+
+    model_config = FINITE
+
+    url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
+    key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
+    socket_timeout_s: float = Field(
+        2.0, gt=0, description="Longest wait for one Redis reply, s; then 503 (Redis slow or paused)."
+    )
+    connect_timeout_s: float = Field(1.0, gt=0, description="TCP connect timeout to Redis, s.")
+    max_connections: int = Field(
+        64, ge=1, description="Redis connections per gateway replica (a blocking pool: callers wait)."
+    )
+    pool_timeout_s: float = Field(
+        1.0, gt=0, description="Longest wait for a free Redis connection, s; then 503 with Retry-After."
+    )
+    retry_after_s: int = Field(
+        1, ge=1, description="Retry-After sent with a 503 when Redis is unavailable, s."
+    )
+    auth_cache_ttl_s: float = Field(
+        1.0,
+        ge=0,
+        description="Longest a replica answers an authenticated API key from memory, s: revocation and "
+        "tenant changes reach every replica at once through Redis pub/sub, and within this bound when a "
+        "message is lost; the requests that find a key's entry expired share one Redis read (0 = every "
+        "request asks Redis itself).",
+    )
+    auth_cache_entries: int = Field(
+        10_000, ge=1, description="API keys a replica remembers at most (oldest dropped first)."
+    )
+    quota_lease_s: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="Local quota leases: a replica may take up to this many seconds of a tenant's RPM and "
+        "TPM from Redis ahead of its requests and admit them from memory, with no Redis round trip; "
+        "leased units were debited, so no replica over-admits, and what is unused goes back after twice "
+        "this time. Small quotas lease nothing (below one whole unit). 0 = one Redis call per request, s.",
+    )
+    quota_lease_max_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Largest share of a bucket's burst one replica's lease holds (it bounds what a lease "
+        "holds back from the other replicas).",
+    )
+    settle_linger_s: float = Field(
+        0.002,
+        ge=0,
+        le=1,
+        description="The settles of a tenant's requests admitted under a quota lease (off the answer's path) "
+        "are summed for this long and settled as one Redis call, s (0 = those of one event-loop round); "
+        "small quotas, which lease nothing, settle at once.",
+    )
+    settle_retries: int = Field(
+        8,
+        ge=0,
+        description="Background retries of a served request's settle (charge and usage) that failed on the "
+        "response path because Redis was exhausted or slow; after the last it is counted lost.",
+    )
+    settle_backoff_s: float = Field(
+        0.1, gt=0, description="Base of the jittered exponential backoff between settle retries, s."
+    )
+    settle_backoff_max_s: float = Field(
+        5.0, gt=0, description="Longest backoff between two settle retries, s."
+    )
+    settle_queue_max: int = Field(
+        10_000,
+        ge=1,
+        description="Settles a replica retries at once at most; one more is counted lost at once.",
+    )
+    settle_drain_s: float = Field(
+        10.0,
+        ge=0,
+        description="At shutdown, longest wait for the settles still being retried, s (then counted lost).",
+    )
+
+    @property
+    def settle_window_s(self) -> float:
+        """Longest time from a request's first settle try to its last retry, s: every backoff at its cap
+        and every try waiting out the pool and the socket timeouts."""
+        backoffs = sum(
+            min(self.settle_backoff_max_s, self.settle_backoff_s * (1 << min(k, 30)))
+            for k in range(self.settle_retries)
+        )
+        return backoffs + (self.settle_retries + 1) * (self.pool_timeout_s + self.socket_timeout_s)
+
+    @property
+    def settle_marker_ttl_s(self) -> int:
+        """Lifetime of a request's "settled" marker, whole s: twice the retry window and the shutdown
+        drain, plus a minute, so a retry never outlives the marker that makes it a no-op."""
+        return int(2 * (self.settle_window_s + self.settle_drain_s)) + 60
+
+
+class EngineSettings(BaseModel):
+    """How the gateway launches SGLang workers itself (``launch: true``).
+
+    The command is ``python -m sglang.launch_server`` from ``python`` (the engine's own virtualenv).
+    """
+
+    model_config = FINITE
+
+    launch: bool = Field(False, description="Start SGLang workers as child processes at startup.")
+    python: Path = Field(
+        default_home() / "engine-venv" / "bin" / "python", description="Python of the engine virtualenv."
+    )
+    model_path: Path = Field(
+        default_home() / "models" / "SmolLM2-135M-Instruct", description="Hugging Face model folder."
+    )
+    served_model_name: str = Field("SmolLM2-135M-Instruct", description="Model id served on /v1/models.")
+    num_workers: int = Field(1, ge=1, description="How many worker processes to launch.")
+    base_port: int = Field(30000, ge=1, le=65535, description="Port of the first launched worker.")
+    host: str = Field("127.0.0.1", description="Interface launched workers listen on.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (--tp) of each worker.")
+    dp: int = Field(1, ge=1, description="Data-parallel size (--dp) of each worker.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="--device of each worker.")
+    dtype: str = Field("auto", description="--dtype; float32 is used on CPU when 'auto'.")
+    schedule_policy: str = Field(
+        "fcfs", description="--schedule-policy; SGLang allows only fcfs or lof with priority scheduling."
+    )
+    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
+    max_running_requests: int | None = Field(
+        None,
+        ge=1,
+        description="--max-running-requests; unset: SGLang's own (from the KV pool) on GPUs, "
+        "cpu_max_running_requests on CPU.",
+    )
+    cpu_max_running_requests: int = Field(
+        8,
+        ge=1,
+        description="--max-running-requests of CPU workers when max_running_requests is unset: SGLang "
+        "derives 2048 from the KV pool, but a CPU's decode throughput stops growing at a small batch, and a "
+        "larger one only lengthens every step (TTFT and ITL): measured on 2 cores, 16-token answers, 3.3 "
+        "req/s at 8 running, 3.4 at 16, 3.6 at 32 (2.2 at 4).",
+    )
+    cpu_affinity: CpuCores = Field(
+        None,
+        description="CPU core ids a launched CPU worker's processes run on (sched_setaffinity before exec, "
+        "OMP_NUM_THREADS to match), e.g. [1] keeps the engine off the gateway's core 0; unset: every core.",
+    )
+    priority_preemption_threshold: int = Field(
+        PREEMPTION_THRESHOLD,
+        ge=0,
+        description="--priority-scheduling-preemption-threshold: a waiting request preempts running ones "
+        "whose SGLang priority is lower by more than this (SGLang's default 10 never lets the default "
+        "classes' gaps of 5 and 10 preempt).",
+    )
+    context_length: int | None = Field(None, ge=1, description="--context-length override.")
+    incremental_streaming: bool = Field(
+        True,
+        description="--incremental-streaming-output: each streamed chunk carries only its new text and "
+        "ids (cumulative chunks repeat the answer so far: O(n^2) over a stream, engine and gateway).",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Further launch_server arguments.")
+    cpu_shim_path: Path | None = Field(
+        default_factory=default_cpu_shim,
+        description="Folder with the CPU-only sgl_kernel stand-in, put on PYTHONPATH on CPU only.",
+    )
+    startup_timeout_s: float = Field(300.0, gt=0, description="How long to wait for /health, seconds.")
+    log_dir: Path | None = Field(
+        None, description="Folder for launched workers' output (worker-<port>.log); None: the gateway's."
+    )
+    supervise: bool = Field(
+        True, description="Restart launched workers whose process group dies or that stay unhealthy."
+    )
+    supervise_interval_s: float = Field(1.0, gt=0, description="Period of the supervisor's checks, s.")
+    unhealthy_restart_s: float = Field(
+        60.0, gt=0, description="A live worker whose /health fails this long is restarted, s."
+    )
+    restart_backoff_base_s: float = Field(
+        1.0, gt=0, description="Wait before the first restart in a row, s (doubles, jittered)."
+    )
+    restart_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between restarts, s.")
+    restart_stable_s: float = Field(
+        300.0, gt=0, description="A worker up this long resets the restart backoff, s."
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> EngineSettings:
+        if self.restart_backoff_max_s < self.restart_backoff_base_s:
+            raise ValueError("restart_backoff_max_s must be >= restart_backoff_base_s")
+        return self
+
+
+class UpstreamSettings(BaseModel):
+    """Workers the gateway sends requests to, and how it talks to them."""
+
+    model_config = FINITE
+
+    workers: HttpUrls = Field(default_factory=list, description="Base URLs of running SGLang workers.")
+    connect_timeout_s: float = Field(3.0, gt=0, description="TCP connect timeout to a worker, seconds.")
+    max_connections: int = Field(
+        1024, ge=1, description="HTTP connections to workers per replica (all workers together)."
+    )
+    max_keepalive_connections: int = Field(
+        256, ge=0, description="Idle HTTP connections to workers kept open per replica."
+    )
+    pool_timeout_s: float = Field(
+        5.0, gt=0, description="Longest wait for a free worker connection, s; then 503 with Retry-After."
+    )
+    keepalive_s: float = Field(
+        4.0,
+        gt=0,
+        description="Idle worker connections are closed after this long, s (below SGLang's own 5 s).",
+    )
+    read_timeout_s: float = Field(
+        300.0, gt=0, description="Longest silence on a worker call before its answer or first token, s."
+    )
+    http_client: Literal["httptools", "aiohttp"] = Field(
+        "httptools",
+        description="HTTP/1.1 client of the worker pool: asyncio protocols with httptools' parser "
+        "(service/workers/native_transport.py: about 1/5 of aiohttp's client CPU per call), or aiohttp's "
+        "ClientSession.",
+    )
+    stream_idle_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest silence on a worker stream after its first token, s; then it resumes on "
+        "another worker (a hung engine).",
+    )
+    health_interval_s: float = Field(5.0, gt=0, description="Period of /health probes, seconds.")
+    health_timeout_s: float = Field(5.0, gt=0, description="Timeout of one /health probe, seconds.")
+    deep_probe_every: int = Field(
+        6, ge=0, description="Every n-th probe round calls /health_generate instead (0 = never)."
+    )
+    breaker_failures: int = Field(
+        5,
+        ge=1,
+        description="Failures (requests, deep or plain probes) with no success between that open a "
+        "worker's breaker; a refused connection opens it at once.",
+    )
+    breaker_successes: int = Field(2, ge=1, description="Consecutive half-open successes that close it.")
+    breaker_cooldown_s: float = Field(30.0, gt=0, description="Time an open breaker blocks a worker, s.")
+    probe_trust_window_s: float = Field(
+        30.0,
+        ge=0,
+        description="Failed probes count for nothing while a request to the worker succeeded this "
+        "recently, s (real traffic outranks health signals).",
+    )
+    retry_backoff_s: float = Field(
+        0.05, ge=0, description="Base of the jittered exponential backoff between attempts, s."
+    )
+    max_attempts: int = Field(2, ge=1, description="Attempts before the first token (other workers).")
+    abort_grace_s: float = Field(
+        1.0,
+        ge=0,
+        description="After a non-streamed request's client left, longest wait for the worker's answer to "
+        "the abort (the tokens it computed, which are charged), s.",
+    )
+    send_priority: bool = Field(
+        True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."
+    )
+
+
+class ApiSettings(BaseModel):
+    """Limits and defaults of the OpenAI-compatible API."""
+
+    model_config = FINITE
+
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body accepted, bytes.")
+    body_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Longest time to receive a whole request body (slow senders: 408), s."
+    )
+    offload_body_bytes: int = Field(
+        32_768,
+        ge=0,
+        description="Completion bodies larger than this are validated, rendered and token-counted in a "
+        "worker thread (the tokenizer releases Python's lock there), so one tenant's long prompt does not "
+        "stall the event loop every other request runs on (a 1 MB prompt counts for ~0.8 s); 0: always.",
+    )
+    max_offloaded_prepares: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Most such preparations running at once per gateway process; later ones wait their turn, "
+        "round robin across tenants.",
+    )
+    max_offload_waiting_per_tenant: int = Field(
+        16,
+        ge=0,
+        le=10_000,
+        description="Most long-prompt requests one tenant may have waiting for those preparations (each "
+        "holds its body in memory); one more is answered 429 with Retry-After.",
+    )
+    stream_send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest a stream waits for its client to take one chunk, s; then the gateway closes "
+        "the connection, aborts the worker's request and charges what was generated (499): a client that "
+        "stops reading would hold a worker slot for as long as it keeps the socket open (nginx's "
+        "send_timeout, 60 s, bounds the time between two writes the same way).",
+    )
+    end_revoked_requests: bool = Field(
+        True,
+        description="End a tenant's in-flight requests on every replica when the tenant is disabled or "
+        "deleted or their API key is revoked (401/403, or an error event in a stream under way; the "
+        "tokens generated so far are charged); false: they run to their end.",
+    )
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none, tokens.")
+    context_length: int = Field(8192, ge=16, description="Prompt + completion limit of the model, tokens.")
+    tokenizer_path: Path | None = Field(
+        None, description="Folder with tokenizer.json and the chat template (defaults to engine.model_path)."
+    )
+    prompt_cache_chars: int = Field(
+        4_000_000,
+        ge=0,
+        description="Characters of rendered chats, and of prompt pieces with their token counts, each "
+        "replica remembers at most (0 = none).",
+    )
+    max_n: int = Field(8, ge=1, le=128, description="Most choices (n) one request may ask for.")
+    tool_call_format: Literal["hermes", "llama3_json", "mistral"] = Field(
+        "hermes",
+        description="How the served model family writes tool calls: hermes (Hermes, Qwen, SmolLM2 "
+        "<tool_call>), llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS]).",
+    )
+
+
+class ObservabilitySettings(BaseModel):
+    """Logs and metrics."""
+
+    model_config = FINITE
+
+    log_level: LogLevel = Field("INFO", description="Log level of the JSON logs.")
+    max_tenant_labels: int = Field(
+        100, ge=1, description="Distinct tenant label values in metrics; the rest report as 'other'."
+    )
+    metrics_multiproc_dir: Path | None = Field(
+        None,
+        description="prometheus_client multiprocess directory: /metrics then sums every gateway process "
+        "of the host. `serve` sets it (with PROMETHEUS_MULTIPROC_DIR) to a fresh private temp dir when "
+        "WORKERS > 1 and removes it at exit; set it by hand only under your own process manager (the same, "
+        "empty dir in PROMETHEUS_MULTIPROC_DIR). Unset: this process's in-memory metrics.",
+    )
+    metrics_refresh_s: float = Field(
+        1.0,
+        gt=0,
+        description="With metrics_multiproc_dir: how often each process writes the gauges it otherwise "
+        "sets at scrape time (worker_in_flight_requests, worker_healthy), s.",
+    )
+
+
+class Settings(BaseSettings):
+    """Root of radixgate's configuration. Env prefix ``RADIXGATE_``, nested delimiter ``__``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RADIXGATE_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        env_file=None,
+        allow_inf_nan=False,
+    )
+
+    host: str = Field("127.0.0.1", description="Interface the gateway listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port the gateway listens on.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Gateway processes on this host sharing the port (uvicorn workers); each is one "
+        "replica with its own scheduler, all sharing Redis; /metrics sums them (prometheus_client "
+        "multiprocess mode, only when more than 1). More than 1 needs engine.launch false.",
+    )
+    http_write_coalescing: bool = Field(
+        True,
+        description="Join what one event-loop step writes to a client connection into one socket write "
+        "(a non-streamed answer's headers and body: one send instead of two; "
+        "service/runtime/http_protocol.py); false: uvicorn's own httptools protocol.",
+    )
+    gc_young_threshold: int = Field(
+        5000,
+        ge=100,
+        le=100_000,
+        description="Net new container objects before Python's cyclic garbage collector scans its "
+        "youngest generation (the first value of gc.set_threshold; CPython's default is 700). The objects "
+        "of the requests in flight are scanned at each collection: at 700 the collector took ~22 us of "
+        "CPU per request at 64 concurrent requests, at 5000 ~1 us, its longest pauses unchanged (2-5 ms; "
+        "bench c64).",
+    )
+    admin_token: SecretStr = Field(
+        SecretStr(""), description="Bearer token for /admin routes (16+ chars); admin API off while empty."
+    )
+    key_pepper: SecretStr = Field(
+        SecretStr("radixgate-default-pepper"),
+        description="HMAC key mixed into stored API-key digests; set your own in production "
+        "(changing it invalidates every issued key).",
+    )
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    priority_classes: dict[str, PriorityClassSettings] = Field(
+        default_factory=default_priority_classes,
+        description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "
+        "serve_late, queue_wait_budget_ms, max_queue_len, min_share, window_share}; higher rank first.",
+    )
+    extra_models: list[str] = Field(
+        default_factory=list, description="Further model ids served by the same workers (aliases)."
+    )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_length(cls, value: SecretStr) -> SecretStr:
+        secret = value.get_secret_value()
+        if secret and len(secret) < 16:
+            raise ValueError("admin_token must be at least 16 characters")
+        return value
+
+    @field_validator("priority_classes")
+    @classmethod
+    def _some_class(cls, value: dict[str, PriorityClassSettings]) -> dict[str, PriorityClassSettings]:
+        if not value:
+            raise ValueError("at least one priority class is needed")
+        return value
+
+    @model_validator(mode="after")
+    def _one_process_launches_engines(self) -> Settings:
+        if self.workers > 1 and self.engine.launch:
+            raise ValueError(
+                "workers > 1 needs engine.launch false: every gateway process would launch its own "
+                "engines; run them with `python -m service worker` and list them in upstream.workers"
+            )
+        return self
+
+    def core_config(self) -> CoreConfig:
+        """The admission core's configuration (classes, windows, routing) from these settings."""
+        return replace(
+            CoreConfig(),
+            classes={name: c.policy() for name, c in self.priority_classes.items()},
+            window=self.scheduler.window_config(),
+            routing=self.routing.policy,
+            cache_aware=self.routing.cache_aware_config(),
+            max_queue_total=self.scheduler.max_queue_total,
+            load_report_interval_s=self.scheduler.load_poll_interval_s,
+            estimates=self.scheduler.estimate_config(),
+            first_token_deadline_factor=self.scheduler.first_token_deadline_factor,
+        )
+
+    @property
+    def served_models(self) -> list[str]:
+        """Model ids the gateway answers for (``/v1/models``), each once, the served name first."""
+        return list(dict.fromkeys([self.engine.served_model_name, *self.extra_models]))
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """Folder holding the tokenizer and chat template used to count prompt tokens."""
+        return self.api.tokenizer_path or self.engine.model_path

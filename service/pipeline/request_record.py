@@ -1,0 +1,91 @@
+"""What a finished request is charged (:func:`settlement_of`), and its metrics and ``request`` log line
+(:func:`record_request`): the bookkeeping :class:`service.pipeline.dispatch.Dispatcher` does as each request
+ends."""
+
+from __future__ import annotations
+
+import structlog
+
+from service.observability.metrics import GatewayMetrics
+from service.pipeline.prepare import PreparedRequest
+from service.pipeline.settlement import Settlement
+from service.pipeline.upstream import Outcome
+from tenancy.quota import Reservation
+
+log = structlog.get_logger("radixgate.request")
+
+
+def settlement_of(
+    prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
+) -> tuple[Settlement, bool]:
+    """What settles a finished request, and whether it is charged.
+
+    Charged: a served answer (finished, or streamed in part), and one whose client left (499) or whose key
+    or tenant was revoked while a worker had it: the worker's counts, or the reservation's prompt part when
+    it gave none. Refunded in full: everything else (only its error is counted).
+    """
+    abandoned = (outcome.status == 499 or outcome.revoked) and outcome.dispatched
+    charged = outcome.finished or outcome.streamed_any or abandoned
+    errors = int(outcome.status not in (200, 499))
+    if not charged:
+        return Settlement(prepared.rid, reservation, None, {"errors": errors}), False  # refund it all
+    if not outcome.prompt_tokens:  # the worker's count is unknown: the reservation's prompt part
+        outcome.prompt_tokens = prepared.prompt.num_tokens
+    usage = {
+        "requests": 1,
+        "errors": errors,
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "cached_tokens": outcome.cached_tokens,
+    }
+    used = outcome.prompt_tokens + outcome.completion_tokens
+    return Settlement(prepared.rid, reservation, used, usage), True
+
+
+def record_request(
+    metrics: GatewayMetrics,
+    prepared: PreparedRequest,
+    reservation: Reservation,
+    outcome: Outcome,
+    charged: bool,
+    latency: float,
+) -> None:
+    """Count a finished request in ``metrics`` and log its ``request`` line (``latency`` in s)."""
+    slot = outcome.slot
+    m = metrics.request_series(metrics.tenant(prepared.tenant.id), prepared.model, outcome.status)
+    m.requests.inc()
+    m.e2e.observe(latency)
+    if outcome.ttft_s is not None:
+        m.ttft.observe(outcome.ttft_s)
+    if charged:
+        m.prompt_tokens.inc(outcome.prompt_tokens)
+        m.completion_tokens.inc(outcome.completion_tokens)
+        m.cached_tokens.inc(outcome.cached_tokens)
+    log.info(
+        "request",
+        request_id=prepared.rid,
+        tenant=prepared.tenant.id,
+        model=prepared.model,
+        priority_class=prepared.priority_class,
+        stream=prepared.stream,
+        worker=outcome.worker,
+        attempts=outcome.attempts,
+        resumes=outcome.resumes,
+        resume_mode=outcome.resume_mode,
+        status=outcome.status,
+        error=outcome.error_code,
+        charged=charged,
+        prompt_tokens=outcome.prompt_tokens or prepared.prompt.num_tokens,  # the size, charged or not
+        completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens,
+        reserved_tokens=reservation.tokens,
+        ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
+        latency_ms=round(latency * 1000, 1),
+        queued_ms=_ms(outcome.expired_after_s if slot is None else slot.queued_s),
+        predicted_ttft_ms=_ms(outcome.shed_predicted_ttft_s if slot is None else slot.predicted_ttft_s),
+        shed_reason=outcome.shed_reason,
+    )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)

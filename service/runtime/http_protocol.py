@@ -1,0 +1,98 @@
+"""uvicorn's httptools HTTP/1.1 protocol with the writes of one event-loop step joined into one.
+
+uvicorn writes a response's status line and headers (``http.response.start``) and its body
+(``http.response.body``) to the socket in two ``transport.write`` calls, each a ``send`` system call on
+uvloop (it writes at once when its buffer is empty), and every streamed event in another. Here the
+protocol gets a :class:`CoalescingTransport`: what is written during one step of the event loop is kept,
+and written once, joined, by a callback scheduled with ``call_soon`` (the loop runs it right after the
+callbacks already ready, without waiting for I/O in between). A non-streamed answer then costs one
+``send`` instead of two (bench c64 with ``--baseline-env RADIXGATE_HTTP_WRITE_COALESCING=false``: about
+5% less CPU per request; per stream about 10%). The same idea as TCP_CORK or Nagle's algorithm
+(RFC 896), bounded by a loop step instead of a timer, so nothing waits for more data.
+
+Setting: ``RADIXGATE_HTTP_WRITE_COALESCING`` (on by default; off serves with uvicorn's own protocol).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class CoalescingTransport:
+    """Wraps an ``asyncio.Transport``: writes made during one event-loop step go out as one write.
+
+    Everything but writing and closing is the wrapped transport's own (flow control still reaches the
+    protocol from it: bytes held here wait only for the callbacks already ready to run). :meth:`close`
+    writes what is held first; :meth:`abort` drops it; nothing is written once the transport closes.
+
+    Args:
+        transport: the connection's transport.
+        loop: the loop it runs on.
+    """
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Hold ``data`` until the flush (the first write after one schedules the next)."""
+        if not data:
+            return
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(data)
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        """:meth:`write` of each chunk."""
+        for chunk in chunks:
+            self.write(chunk)
+
+    def flush(self) -> None:
+        """Write what is held, joined (a no-op when nothing is, or once the transport is closing)."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        if not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        """Write what is held, then close (the wrapped transport writes out its buffer before closing)."""
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        """Drop what is held and abort the connection."""
+        self._held = []
+        self._transport.abort()
+
+    def write_eof(self) -> None:
+        """Write what is held, then half-close."""
+        self.flush()
+        self._transport.write_eof()
+
+    def is_closing(self) -> bool:
+        """Whether the wrapped transport is closing or closed."""
+        return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes held here plus the wrapped transport's buffer."""
+        return sum(map(len, self._held)) + self._transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol on a :class:`CoalescingTransport` (uvicorn's ``http`` option takes it as
+    ``service.runtime.http_protocol:CoalescingHttpToolsProtocol``)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Wrap the connection's transport, then set up the connection as uvicorn does."""
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]

@@ -1,0 +1,87 @@
+"""Domain errors (service/errors.py) map to status, Retry-After and OpenAI's shape in one place."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.api.errors import http_status, to_api_error, validation_error
+from service.errors import (
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    NoWorkerAvailable,
+    Overloaded,
+    PermissionDenied,
+    QueueTimeout,
+    RateLimited,
+    RequestTooLarge,
+    ShuttingDown,
+    Unauthenticated,
+    UpstreamFailed,
+    UpstreamRejected,
+)
+from service.protocol.completions import ChatCompletionRequest
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code", "retry_after"),
+    [
+        (InvalidRequest("bad", param="top_k"), 400, "invalid_request", None),
+        (UpstreamRejected("worker said no"), 400, "upstream_rejected", None),
+        (Unauthenticated("who"), 401, "invalid_api_key", None),
+        (PermissionDenied("no", code="model_not_allowed"), 403, "model_not_allowed", None),
+        (NotFound("gone", code="model_not_found"), 404, "model_not_found", None),
+        (RequestTooLarge("big"), 413, "request_too_large", None),
+        (RateLimited("slow down", retry_after_s=2.2), 429, "rate_limit_exceeded", "3"),
+        (Overloaded("busy", "predicted_ttft", 0.2), 503, "overloaded", "1"),
+        (QueueTimeout("late", retry_after_s=1.0), 503, "queue_timeout", "1"),
+        (NoWorkerAvailable("none", retry_after_s=1.0), 503, "no_worker_available", "1"),
+        (ShuttingDown("bye", retry_after_s=1.0), 503, "shutting_down", "1"),
+        (UpstreamFailed("reset", transport=True), 503, "upstream_error", "1"),
+        (UpstreamFailed("5xx", transport=False), 502, "upstream_error", "1"),
+    ],
+)
+def test_each_domain_error_has_one_status_and_shape(
+    error: GatewayError, status: int, code: str, retry_after: str | None
+) -> None:
+    assert http_status(error) == status
+    api = to_api_error(error)
+    body = api.body()["error"]
+    assert (api.status, body["code"], body["message"]) == (status, code, error.message)
+    assert body["param"] == error.param
+    assert api.headers.get("Retry-After") == retry_after
+
+
+_MSG = {"role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "param", "code"),
+    [
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "invalid_value"),
+        (  # of the union's errors, the one that goes deepest into what was sent
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0.text",
+            "invalid_value",
+        ),
+        ({"stop": [1]}, "stop.0", "invalid_value"),
+        (
+            {"tool_choice": {"type": "function", "function": {}}},
+            "tool_choice.function.name",
+            "missing_required_parameter",
+        ),
+        ({"temperature": "hot"}, "temperature", "invalid_value"),
+        ({"bogus": 1}, "bogus", "unknown_parameter"),
+    ],
+)
+def test_validation_errors_name_the_parameter_sent_not_pydantic_s_union_member(
+    changes: dict[str, object], param: str, code: str
+) -> None:
+    body = {"model": "m", "messages": [_MSG], **changes}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    err = validation_error(info.value, body).body()["error"]
+    assert (err["param"], err["code"]) == (param, code)
+    assert "str" not in err["param"].split(".") and "[" not in err["param"]
+    assert param in err["message"]

@@ -1,0 +1,198 @@
+"""Deleting a tenant removes every key it owns, even with requests racing the delete (issue 8, item 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from service.app import create_app
+from tenancy.errors import TenantExistsError, TenantNotFoundError
+from tenancy.models import Quotas, TenantCreate
+from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.store import TenantStore
+from tenancy.usage import UsageRecorder
+from tests.service.api.test_api import ADMIN, auth, chat, gateway_settings, usage_of
+from tests.support.fake_worker import FakeWorker
+from tests.support.servers import ThreadedServer
+
+PEPPER = b"pepper"
+
+
+def keys_of(client: redis.Redis, tenant_id: str, key_ids: list[str]) -> list[str]:
+    """Every key whose name holds the tenant id or one of its API key ids (SCAN over the whole db)."""
+    found = [str(k) for k in client.scan_iter(match=f"*{tenant_id}*", count=1000)]
+    for key_id in key_ids:
+        found += [str(k) for k in client.scan_iter(match=f"*{key_id}*", count=1000)]
+    return found
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[str, str]]:
+    worker = FakeWorker()
+    with ThreadedServer(worker.app) as w:
+        settings = gateway_settings(redis_url, stub_model_dir, [w.url])
+        with ThreadedServer(create_app(settings)) as server:
+            yield server.url, settings.redis.key_prefix
+
+
+def test_deleted_and_recreated_tenant_starts_clean(gateway: tuple[str, str], redis_url: str) -> None:
+    url, prefix = gateway
+    tenant_id = "del-recreate-t1"
+    body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 2}}
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    with httpx.Client(base_url=url, timeout=30) as http, r:
+        assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
+        key = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()
+        headers = auth(key["api_key"])
+        statuses = [
+            http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers).status_code
+            for _ in range(3)
+        ]
+        assert statuses == [200, 200, 429]
+        owned = keys_of(r, tenant_id, [key["key_id"]])
+        assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
+        assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+        assert keys_of(r, tenant_id, [key["key_id"]]) == []
+        assert not r.sismember(f"{prefix}tenants", tenant_id)
+        # the old key is dead, the re-created tenant starts with full buckets and zero usage
+        gone = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key["api_key"]))
+        assert gone.status_code == 401
+        assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
+        new_key = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()["api_key"]
+        assert usage_of(http, tenant_id)["requests"] == 0
+        first = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(new_key))
+        assert first.status_code == 200, first.text
+        assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+        assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 404
+
+
+QUOTAS = Quotas(requests_per_min=60, tokens_per_min=6000)
+
+
+async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: aioredis.Redis) -> None:
+    store = TenantStore(redis_client, "race:", PEPPER)
+    quota, usage = QuotaLimiter(redis_client, "race:"), UsageRecorder(redis_client, "race:")
+    tenant = await store.create(TenantCreate(id="racer", name="r", quotas=QUOTAS))
+    issued = await store.issue_key("racer")
+    seen = await store.authenticate(issued.api_key)  # a request passed authentication...
+    assert seen is not None and seen.epoch == tenant.epoch != ""
+    assert (await quota.reserve("racer", QUOTAS, 10, epoch=seen.epoch)).allowed
+    held = Reservation("racer", QUOTAS, 1, 10, seen.epoch)
+    await store.delete("racer")  # ...and the tenant is deleted before it reserves or settles
+    with pytest.raises(TenantNotFoundError):
+        await quota.reserve("racer", QUOTAS, 10, epoch=seen.epoch)
+    await quota.reconcile(held, used_tokens=3)
+    await quota.refund(held)
+    assert not await usage.record("racer", seen.epoch, requests=1, prompt_tokens=3)
+    assert not await quota.settle(held, 3, {"requests": 1, "prompt_tokens": 3})  # the one-call settle
+    assert not await quota.settle(held, None, {"errors": 1})
+    with pytest.raises(TenantNotFoundError):
+        await store.issue_key("racer")
+    assert [k async for k in redis_client.scan_iter(match="*racer*")] == []
+    assert [k async for k in redis_client.scan_iter(match=f"*{issued.key_id}*")] == []
+
+    # re-created under the same id: the old request's settle must not touch the new tenant
+    fresh = await store.create(TenantCreate(id="racer", name="r", quotas=QUOTAS))
+    assert fresh.epoch != seen.epoch
+    seconds, micros = await redis_client.time()
+    frozen_ms = seconds * 1000 + micros / 1000  # the new bucket's clock, held still: no refill to blur it
+    assert (await quota.reserve("racer", QUOTAS, 100, now_ms=frozen_ms, epoch=fresh.epoch)).allowed
+    await quota.refund(held)  # stale epoch: a no-op
+    assert not await usage.record("racer", seen.epoch, requests=1)
+    assert not await quota.settle(held, 1, {"requests": 1, "completion_tokens": 1})
+    levels = await quota.adjust("racer", QUOTAS, tokens=0.001, now_ms=frozen_ms, epoch=fresh.epoch)
+    assert levels["tokens"] == pytest.approx(5900, abs=0.01)  # only the new reservation is taken
+    assert (await usage.get("racer")).requests == 0
+
+
+async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> None:
+    """Many requests reserve, settle and record usage while the tenant is deleted: nothing is left."""
+    store = TenantStore(redis_client, "race2:", PEPPER)
+    quota, usage = QuotaLimiter(redis_client, "race2:"), UsageRecorder(redis_client, "race2:")
+    warm = await store.create(TenantCreate(id="warm", name="w", quotas=QUOTAS))  # load the scripts
+    await asyncio.gather(*(quota.reserve("warm", QUOTAS, 1, epoch=warm.epoch) for _ in range(20)))
+    await usage.record("warm", warm.epoch, requests=1)
+    await store.delete("warm")
+    tenant = await store.create(TenantCreate(id="busy", name="b", quotas=QUOTAS))
+    outcomes: list[str] = []
+
+    async def request(i: int) -> None:
+        await asyncio.sleep(0.002 * i)
+        try:
+            decision = await quota.reserve("busy", QUOTAS, 5, epoch=tenant.epoch)
+        except TenantNotFoundError:
+            outcomes.append("gone")
+            return
+        outcomes.append("reserved")
+        await asyncio.sleep(0.001 * (i % 5))
+        if decision.allowed and i % 2:
+            await quota.reconcile(Reservation("busy", QUOTAS, 1, 5, tenant.epoch), used_tokens=2)
+            await usage.record("busy", tenant.epoch, requests=1, prompt_tokens=2)
+        elif decision.allowed:  # the one-call settle the gateway uses
+            held = Reservation("busy", QUOTAS, 1, 5, tenant.epoch)
+            await quota.settle(held, 2, {"requests": 1, "prompt_tokens": 2})
+        else:
+            await usage.record("busy", tenant.epoch, quota_rejections=1)
+
+    async def delete() -> None:
+        await asyncio.sleep(0.06)
+        await store.delete("busy")
+
+    await asyncio.gather(delete(), *(request(i) for i in range(80)))
+    assert "gone" in outcomes and "reserved" in outcomes  # the delete really raced the requests
+    assert [k async for k in redis_client.scan_iter(match="*busy*")] == []
+
+
+async def test_creates_racing_deletes_leave_no_id_in_the_index_without_its_record(
+    redis_client: aioredis.Redis,
+) -> None:
+    """nu19: a delete landing between a create's record write and its index write left the id in the index
+    with no record: a listing page of it was empty with ``has_more`` and no ``last_id`` (a client paging
+    with ``after=last_id`` started over, forever), and DELETE answered 404 without removing it."""
+    store = TenantStore(redis_client, "ghost:", PEPPER)
+
+    async def create(tenant_id: str) -> None:
+        for _ in range(150):
+            with contextlib.suppress(TenantExistsError):
+                await store.create(TenantCreate(id=tenant_id, name="g"))
+
+    async def delete(tenant_id: str) -> None:
+        for _ in range(150):
+            with contextlib.suppress(TenantNotFoundError):
+                await store.delete(tenant_id)
+
+    ids = [f"ghost{i}" for i in range(6)]
+    await asyncio.gather(*(f(i) for i in ids for f in (create, delete)))
+    indexed = sorted(str(i) for i in await redis_client.smembers("ghost:tenants"))
+    stored = [i for i in ids if await redis_client.exists(f"ghost:tenant:{i}")]
+    assert indexed == stored
+
+
+async def test_an_id_in_the_index_without_its_record_is_skipped_and_deletable(
+    redis_client: aioredis.Redis,
+) -> None:
+    """An index entry without a record (left by the race above before it was fixed) neither ends a page
+    early nor stays for good: a page holds ``limit`` tenants, and DELETE of that id removes the entry."""
+    store = TenantStore(redis_client, "stale:", PEPPER)
+    for tenant_id in ("a1", "a3"):
+        await store.create(TenantCreate(id=tenant_id, name="s"))
+    await redis_client.sadd("stale:tenants", "a2")
+    seen, after = [], None
+    for _ in range(5):
+        page, more = await store.list_page(after, 1)
+        assert len(page) == 1
+        seen.append(page[0].id)
+        if not more:
+            break
+        after = page[0].id
+    assert seen == ["a1", "a3"]
+    with pytest.raises(TenantNotFoundError):
+        await store.delete("a2")
+    assert sorted(str(i) for i in await redis_client.smembers("stale:tenants")) == ["a1", "a3"]
