@@ -22,6 +22,7 @@ from service.errors import (
     UpstreamRejected,
 )
 from service.protocol.completions import ChatCompletionRequest
+from service.protocol.errors import error_type, sse_error_event
 
 
 @pytest.mark.parametrize(
@@ -51,6 +52,32 @@ def test_each_domain_error_has_one_status_and_shape(
     assert (api.status, body["code"], body["message"]) == (status, code, error.message)
     assert body["param"] == error.param
     assert api.headers.get("Retry-After") == retry_after
+
+
+def _every_error_class(kind: type[GatewayError] = GatewayError) -> set[type[GatewayError]]:
+    return {kind}.union(*(_every_error_class(sub) for sub in kind.__subclasses__()))
+
+
+STATUS_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+STATUS_TYPE |= {404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+STATUS_TYPE |= {500: "server_error", 502: "upstream_error", 503: "service_unavailable"}
+
+
+@pytest.mark.parametrize("transport", [True, False])
+def test_a_domain_error_s_type_without_http_matches_its_status(transport: bool) -> None:
+    """The error type a started stream sends (service/protocol/errors.py, no status) is the type its status
+    gives when refused before the stream (service/api/errors.py), for every domain error there is."""
+    for kind in _every_error_class():
+        if kind is UpstreamFailed:
+            error: GatewayError = UpstreamFailed("x", transport=transport)
+        elif kind is Overloaded:
+            error = Overloaded("x", "queue_full", 1.0)
+        else:
+            error = kind("x")
+        status = http_status(error)
+        assert error_type(error) == STATUS_TYPE[status], kind
+        assert to_api_error(error).body()["error"]["type"] == error_type(error)
+        assert sse_error_event(error) == to_api_error(error).sse_event()
 
 
 _MSG = {"role": "user", "content": "x"}
