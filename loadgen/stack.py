@@ -63,11 +63,15 @@ def terminate_as_exit() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def wait_until_stopped() -> None:
-    """Sleep until Ctrl-C, SIGTERM or SIGHUP (the last two inside :func:`terminate_as_exit`), then return:
-    for a stack kept running (``make up``) they are the way to stop it, so the caller stops the stack and
-    exits 0 (SIGTERM made ``make up`` fail with 143 after a clean stop)."""
+def wait_until_stopped(announce: str = "") -> None:
+    """Print ``announce`` (if any), then sleep until Ctrl-C, SIGTERM or SIGHUP (the last two inside
+    :func:`terminate_as_exit`), then return: for a stack kept running (``make up``) they are the way to stop
+    it, so the caller stops the stack and exits 0 (SIGTERM made ``make up`` fail with 143 after a clean
+    stop). The announcement is printed inside the wait, so a signal sent as soon as it is read is caught
+    here (printed before the call, a signal in between left with 143)."""
     try:
+        if announce:
+            print(announce, flush=True)
         while True:
             time.sleep(1)
     except KeyboardInterrupt:

@@ -132,11 +132,10 @@ def serve(stack: LocalStack, keep: bool, t0: float) -> None:
         print(f"gateway ready after {time.monotonic() - t0:.0f} s")
         run_requests(stack)
         if keep:
-            print(
+            wait_until_stopped(
                 f"\nThe stack keeps running: gateway {stack.url}, admin token {stack.admin_token}\n"
                 "Ctrl-C stops it."
             )
-            wait_until_stopped()
         else:
             print("\nstopping (use `make up` to keep the stack running)")
     finally:

@@ -84,8 +84,7 @@ def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: 
 KEPT = """
 from loadgen.stack import terminate_as_exit, wait_until_stopped
 with terminate_as_exit():
-    print("waiting", flush=True)
-    wait_until_stopped()
+    wait_until_stopped("waiting")
 print("stopped", flush=True)
 """
 
