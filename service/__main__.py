@@ -134,42 +134,47 @@ def worker(
         proc.stop()
 
 
-def _print_or_write(tables: dict[str, str], readme: Path | None) -> None:
-    """Print ``tables`` (marker -> markdown), or write each between its markers in ``readme``; a file that
+def _print_or_write(tables: dict[str, str], doc: Path | None) -> None:
+    """Print ``tables`` (marker -> markdown), or write each between its markers in ``doc``; a file that
     cannot be read or written, or lacks a marker, exits 2 with one line and is left as it was."""
-    if readme is None:
+    if doc is None:
         print("\n\n".join(tables.values()))
         return
     try:
-        text = readme.read_text()
+        text = doc.read_text()
         for marker, table in tables.items():
             start, end = f"<!-- {marker}:start -->\n", f"\n<!-- {marker}:end -->"
             if start not in text or end not in text:
                 raise ValueError(f"no {start.strip()} ... {end.strip()} markers")
             text = text[: text.index(start) + len(start)] + table + text[text.index(end) :]
-        readme.write_text(text)
+        doc.write_text(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        typer.echo(f"cannot write the table into {readme}: {reason}", err=True)
+        typer.echo(f"cannot write the table into {doc}: {reason}", err=True)
         raise typer.Exit(2) from None
+
+
+_DOC_HELP = "Rewrite the table between the markers of this file (--readme: the old name of this option)."
 
 
 @cli.command("config-table")
 def config_table(
-    readme: Path | None = typer.Option(None, help="Rewrite the table between the markers of this file."),
+    doc: Path | None = typer.Option(None, "--doc", "--readme", help=_DOC_HELP),
 ) -> None:
-    """Print every setting as a markdown table, or write it into the README's configuration section."""
-    _print_or_write({"config-table": settings_table()}, readme)
+    """Print every setting as a markdown table, or write it into a page between its config-table markers
+    (docs/configuration.md: ``python -m service config-table --doc docs/configuration.md``)."""
+    _print_or_write({"config-table": settings_table()}, doc)
 
 
 @cli.command("params-table")
 def params_table(
-    readme: Path | None = typer.Option(None, help="Rewrite the table between the markers of this file."),
+    doc: Path | None = typer.Option(None, "--doc", "--readme", help=_DOC_HELP),
 ) -> None:
     """Print the OpenAI request parameters (served / accepted / off only / refused) as a markdown table,
-    or write it into the README."""
+    or write it and the ``/v1/responses`` table into a page between their params-table and responses-table
+    markers (docs/api.md: ``python -m service params-table --doc docs/api.md``)."""
     tables = {"params-table": parameters_table()}
-    _print_or_write(tables | {"responses-table": responses_table()} if readme else tables, readme)
+    _print_or_write(tables | {"responses-table": responses_table()} if doc else tables, doc)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Markdown table of every setting (env var, default, description), for the README."""
+"""Markdown table of every setting (env var, default, description), for docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def settings_rows(
 
 
 def settings_table() -> str:
-    """The README's configuration table (markdown)."""
+    """docs/configuration.md's configuration table (markdown)."""
     lines = ["| env var | default | meaning (units) |", "|---|---|---|"]
     lines += [f"| `{env}` | {default} | {desc} |" for env, default, desc in settings_rows()]
     return "\n".join(lines)

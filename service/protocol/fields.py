@@ -18,7 +18,7 @@ the
 model parses it; fields in no table are left for the model, which refuses them (400 ``Unrecognized
 request argument``). Serving a feature later (issue 11: tools, ``response_format``, logprobs, ``n`` > 1)
 means turning its rule into ``SERVED`` here and giving the request model the field; nothing else in the
-parsing changes. The README's parameter table is generated from these tables (:func:`parameters_table`).
+parsing changes. docs/api.md's parameter table is generated from these tables (:func:`parameters_table`).
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ class FieldRule:
             checked by the request model instead).
         served: for SERVED fields, the values actually served; other valid values get 400
             ``unsupported_value``.
-        note: what a reader of the README needs to know.
-        off_text: the off values in words (README).
+        note: what a reader of docs/api.md's table needs to know.
+        off_text: the off values in words (docs/api.md's table).
         expect: the valid values in words, for the 400 ``invalid_value`` message ("" : none given).
     """
 
@@ -124,7 +124,8 @@ class FieldRule:
     expect: str = ""
 
     def describe(self) -> str:
-        """The README cell: ``served``, ``accepted, no effect``, ``off only (null, false)``, ``refused``."""
+        """The cell of docs/api.md's table: ``served``, ``accepted, no effect``, ``off only (null, false)``,
+        ``refused``."""
         if self.support is Support.OFF_ONLY:
             return f"off only ({self.off_text})"
         return str(self.support)
@@ -434,7 +435,7 @@ def screen_completion(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parameters_table() -> str:
-    """The README's table of request parameters (markdown), from the tables above."""
+    """docs/api.md's table of request parameters (markdown), from the tables above."""
     names = sorted(set(CHAT_FIELDS) | set(COMPLETION_FIELDS))
     lines = [
         "| parameter | /v1/chat/completions | /v1/completions | notes |",

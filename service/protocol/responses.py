@@ -447,7 +447,7 @@ def responses_param(param: str | None) -> str | None:
 
 
 def responses_table() -> str:
-    """The README's table of ``/v1/responses`` parameters (markdown), from :data:`RESPONSES_FIELDS`."""
+    """docs/api.md's table of ``/v1/responses`` parameters (markdown), from :data:`RESPONSES_FIELDS`."""
     lines = ["| parameter | /v1/responses | notes |", "|---|---|---|"]
     for name, rule in RESPONSES_FIELDS.items():
         lines.append(f"| `{name}` | {rule.describe()} | {rule.note} |")

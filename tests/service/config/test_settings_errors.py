@@ -89,17 +89,19 @@ def test_a_worker_port_out_of_range_is_one_clear_line(monkeypatch: pytest.Monkey
     assert "Traceback" not in result.output and "--port" in result.output, result.output
 
 
+@pytest.mark.parametrize("flag", ["--doc", "--readme"])
 @pytest.mark.parametrize("command", ["config-table", "params-table"])
 @pytest.mark.parametrize("what", ["missing", "folder", "no markers"])
 def test_a_readme_that_cannot_take_the_table_is_one_clear_line(
-    tmp_path: Path, command: str, what: str
+    tmp_path: Path, command: str, what: str, flag: str
 ) -> None:
     """``config-table --readme`` with a missing file, a folder or a file without the markers ended in a
-    traceback (FileNotFoundError, IsADirectoryError, ValueError: substring not found)."""
+    traceback (FileNotFoundError, IsADirectoryError, ValueError: substring not found); ``--doc`` is the
+    option's name now that the tables live in docs/, ``--readme`` its old one."""
     readme = {"missing": tmp_path / "nope.md", "folder": tmp_path, "no markers": tmp_path / "r.md"}[what]
     if what == "no markers":
         readme.write_text("# a readme without table markers\n")
-    result = CliRunner().invoke(cli, [command, "--readme", str(readme)])
+    result = CliRunner().invoke(cli, [command, flag, str(readme)])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and len(result.output.splitlines()) <= 2, result.output
     assert str(readme) in result.output, result.output

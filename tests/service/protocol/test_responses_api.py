@@ -252,14 +252,14 @@ def test_unserved_and_stateful_fields_get_400_naming_them_and_cost_nothing(
         assert json.dumps(extra[param], separators=(", ", ": "))[:64] in err["message"], err
 
 
-def test_every_field_of_openais_responses_schema_is_classified_and_the_readme_table_is_generated() -> None:
+def test_every_field_of_openais_responses_schema_is_classified_and_the_api_page_table_is_generated() -> None:
     params = response_create_params.ResponseCreateParamsBase
     schema = set(params.__required_keys__ | params.__optional_keys__) | {"stream"}
     assert schema - set(RESPONSES_FIELDS) == set()
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "api.md").read_text()
     start, end = "<!-- responses-table:start -->\n", "\n<!-- responses-table:end -->"
     assert text[text.index(start) + len(start) : text.index(end)] == responses_table(), (
-        "regenerate with: python -m service params-table --readme README.md"
+        "regenerate with: python -m service params-table --doc docs/api.md"
     )
 
 
