@@ -1,9 +1,10 @@
 """The one Settings tree of radixgate (pydantic-settings).
 
-Every tunable lives here; nothing else reads ``os.environ``. Environment variables use the prefix
-``RADIXGATE_`` and ``__`` between nesting levels, e.g. ``RADIXGATE_REDIS__URL`` or
-``RADIXGATE_ENGINE__TP``. The settings object is built once by :func:`service.app.create_app` (or by the
-command line) and passed down.
+Every tunable lives here (its engine and scheduling sections in :mod:`service.config_engine` and
+:mod:`service.config_policies`); nothing else reads ``os.environ``. Environment variables use the prefix
+``RADIXGATE_`` and ``__`` between nesting levels, e.g. ``RADIXGATE_REDIS__URL`` or ``RADIXGATE_ENGINE__TP``;
+below them, a TOML or YAML file (``config_file``, :mod:`service.config_sources`). The settings object is built
+once by :func:`service.app.create_app` (or by the command line) and passed down.
 """
 
 from __future__ import annotations
