@@ -7,7 +7,7 @@ PY := .venv/bin/python
 setup:            ## gateway virtualenv (.venv) + Debian redis-server
 	bash scripts/setup_gateway.sh
 
-engine:           ## SGLang CPU engine virtualenv + converted SmolLM2-135M-Instruct (cached in ~/.cache/radixgate)
+engine:           ## SGLang CPU engine virtualenv + converted SmolLM2-135M-Instruct (in $RADIXGATE_HOME, default ~/.cache/radixgate)
 	bash scripts/engine/setup.sh
 
 demo: setup engine  ## Redis + a CPU SGLang worker + the gateway; real requests; stops everything at the end

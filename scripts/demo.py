@@ -27,6 +27,7 @@ from loadgen.stack import (
     terminate_as_exit,
     wait_until_stopped,
 )
+from service.config.settings import configured_home
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / ".run"
@@ -155,6 +156,8 @@ def main() -> None:
     stack = LocalStack(RUN, port=args.port, env=env)
     print(f"starting redis-server, one SGLang CPU worker and the gateway on {stack.url}")
     print(f"(logs in {RUN}; the worker needs 20-60 s to load the model)")
+    # the gateway finds the engine and the model where `make engine` put them: the home setting
+    print(f"(engine and model under {configured_home()}: RADIXGATE_HOME, default ~/.cache/radixgate)")
     if not classes:
         print("classes sized for the CPU worker: TTFT goals 1.5, 4 and 15 s (interactive, standard, batch)")
     t0 = time.monotonic()

@@ -17,6 +17,14 @@ from pydantic_settings import SettingsError
 from service.app import create_app
 from service.config.doc import settings_table
 from service.config.settings import Settings
+from service.config.sources import (
+    CONFIG_FILE_ENV,
+    ConfigFileError,
+    config_file_in,
+    effective_settings,
+    origin,
+    startup_warnings,
+)
 from service.observability.logs import configure_logging
 from service.protocol.fields import parameters_table
 from service.protocol.responses import responses_table
@@ -24,17 +32,29 @@ from service.runtime.host_serve import MULTIPROC_ENV, serve_processes
 from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
+config_cli = typer.Typer(add_completion=False, help="Check the settings.")
+cli.add_typer(config_cli, name="config")
+
+CONFIG_OPTION = typer.Option(
+    None, "--config", help="TOML or YAML settings file (RADIXGATE_* environment variables override it)."
+)
 
 
-def load_settings() -> Settings:
-    """Settings from the environment; exits with a short message (no traceback) when they are invalid."""
+def load_settings(config: Path | None = None) -> Settings:
+    """Settings from the environment over the file ``config`` (or RADIXGATE_CONFIG_FILE); exits with a short
+    message (no traceback) when they are invalid, and warns of each name that is no setting."""
+    file = config_file_in(os.environ, config)
     try:
-        return Settings()
+        settings = Settings(config_file=config) if config else Settings()
+    except ConfigFileError as exc:
+        typer.echo(f"invalid setting {CONFIG_FILE_ENV}: {exc}", err=True)
+        raise typer.Exit(2) from None
     except ValidationError as exc:
         for err in exc.errors():
             msg = str(err["msg"]).removeprefix("Value error, ")
             if err["loc"]:
                 where = "RADIXGATE_" + "__".join(str(p).upper() for p in err["loc"])
+                where += origin(Settings, err["loc"], os.environ, file)
                 typer.echo(f"invalid setting {where}: {msg}", err=True)
             else:  # a rule across settings (e.g. workers and engine.launch)
                 typer.echo(f"invalid settings: {msg}", err=True)
@@ -51,6 +71,9 @@ def load_settings() -> Settings:
             err=True,
         )
         raise typer.Exit(2) from None
+    for line in startup_warnings(Settings, os.environ, file):
+        typer.echo(line, err=True)
+    return settings
 
 
 def check_tokenizer(settings: Settings) -> None:
@@ -66,7 +89,7 @@ def check_tokenizer(settings: Settings) -> None:
 
 
 @cli.command()
-def serve() -> None:
+def serve(config: Path | None = CONFIG_OPTION) -> None:
     """Run the gateway (settings from RADIXGATE_* environment variables); RADIXGATE_WORKERS processes."""
     # serve owns prometheus_client's multiprocess mode: a fresh directory per run, only with several
     # processes; an inherited one could hold another run's files (summed in) or slow one process down
@@ -78,7 +101,7 @@ def serve() -> None:
             err=True,
         )
         raise typer.Exit(2)
-    settings = load_settings()
+    settings = load_settings(config)
     check_tokenizer(settings)
     options: dict[str, Any] = {
         "host": settings.host,
@@ -96,15 +119,18 @@ def serve() -> None:
         uvicorn.run(create_app(settings), **options)
     else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
         configure_logging(settings.observability.log_level)
+        if config is not None:  # each process reads its settings again, the file too
+            os.environ[CONFIG_FILE_ENV] = str(config.resolve())
         serve_processes(settings.workers, options, os.environ)
 
 
 @cli.command()
 def worker(
     port: int = typer.Option(None, min=1, max=65535, help="Port (default: engine.base_port)."),
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Run one SGLang worker in the foreground, built from RADIXGATE_ENGINE__* settings."""
-    settings = load_settings()
+    settings = load_settings(config)
     configure_logging(settings.observability.log_level)
     proc = WorkerProcess(settings.engine, port or settings.engine.base_port)
     proc.start()
@@ -155,6 +181,17 @@ def _print_or_write(tables: dict[str, str], doc: Path | None) -> None:
 
 
 _DOC_HELP = "Rewrite the table between the markers of this file (--readme: the old name of this option)."
+
+
+@config_cli.command("check")
+def config_check(config: Path | None = CONFIG_OPTION) -> None:
+    """Print every effective setting (secrets masked) and where it came from (env, the file, default);
+    exit 2 when one is invalid or the tokenizer folder is missing, as `serve` would."""
+    settings = load_settings(config)
+    check_tokenizer(settings)
+    file = config_file_in(os.environ, config)
+    for name, value, source in effective_settings(settings, os.environ, file):
+        typer.echo(f"{name}={value}" + ("" if source == "default" else f"  [{source}]"))
 
 
 @cli.command("config-table")

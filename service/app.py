@@ -31,6 +31,7 @@ from service.pipeline.prompting import PromptRenderer
 from service.pipeline.revocation import RevocationRegistry, store_checks
 from service.pipeline.scheduler import Scheduler
 from service.pipeline.settlement import Settler
+from service.pipeline.tenant_classes import report_at_startup
 from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
@@ -202,6 +203,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         prefix = settings.redis.key_prefix
         auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
+        # tenants stored with a class that is no longer configured: reported once, off the startup path
+        background.append(asyncio.create_task(report_at_startup(tenants, settings), name="tenant-classes"))
         revocations = RevocationRegistry(*store_checks(tenants), enabled=settings.api.end_revoked_requests)
         quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s)
         settler = Settler(quota, settings.redis, metrics)

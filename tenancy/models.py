@@ -97,7 +97,9 @@ class TenantSpec(BaseModel):
     model_config = _ADMIN_INPUT
 
     name: str = Field(..., min_length=1, max_length=200)
-    priority_class: str = Field("standard", min_length=1, max_length=64)
+    priority_class: str | None = Field(
+        None, min_length=1, max_length=64, description="None: the gateway's default_priority_class setting."
+    )
     max_priority_class: str | None = Field(None, max_length=64)
     weight: float = Field(
         1.0, ge=MIN_WEIGHT, le=1000, description="Fair-queuing weight inside a priority band."
@@ -108,6 +110,14 @@ class TenantSpec(BaseModel):
     )
     allowed_models: AllowedModels = Field(None, description="Model ids this tenant may use; None = all.")
     enabled: bool = True
+
+    @field_validator("priority_class", mode="before")
+    @classmethod
+    def _class_not_null(cls, value: Any) -> Any:
+        """Omitted means the default class; an explicit ``null`` is refused, naming the field."""
+        if value is None:
+            raise ValueError("priority_class cannot be null (omit it for the default class)")
+        return value
 
 
 class TenantPatch(BaseModel):
@@ -155,6 +165,7 @@ class Tenant(TenantCreate):
 
     model_config = ConfigDict(extra="ignore")
 
+    priority_class: str = Field(..., min_length=1, max_length=64, description="As stored (always set).")
     weight: float = Field(1.0, gt=0, le=1000, description="As set; records written before MIN_WEIGHT load.")
     allowed_models: list[str] | None = Field(
         None, description="As stored; records written before MAX_ALLOWED_MODELS load."

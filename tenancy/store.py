@@ -95,7 +95,14 @@ class TenantStore:
 
     @store_operation
     async def create(self, spec: TenantCreate) -> Tenant:
-        """Store a new tenant with a fresh epoch. Raises :class:`TenantExistsError` if the id is taken."""
+        """Store a new tenant with a fresh epoch.
+
+        Raises:
+            TenantExistsError: the id is taken.
+            ValueError: ``spec`` has no priority class (the caller fills in its default class).
+        """
+        if spec.priority_class is None:
+            raise ValueError("a stored tenant needs a priority class: give the default class")
         tenant = Tenant(**spec.model_dump(), epoch=secrets.token_hex(8))
         # record and index entry in one transaction: a delete landing between the two left the id in the
         # index without its record (nu19); when the id is taken, the SADD re-adds an id already there

@@ -70,9 +70,12 @@ def bench_gateway(
         ),
     ] = False,
     out: Annotated[Path | None, typer.Option(help="Output folder (default .run/bench/gateway-TIME).")] = None,
-    peers_dir: Annotated[Path, typer.Option(help="Virtualenvs of the peers (scripts/peers/setup.sh).")] = (
-        default_peers_dir()
-    ),
+    peers_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Virtualenvs of the peers (scripts/peers/setup.sh; default: $RADIXGATE_HOME/peers)"
+        ),
+    ] = None,
     tokenizer: Annotated[
         Path | None,
         typer.Option(help="Tokenizer folder for radixgate (default: the engine's model, else a stub)."),
@@ -128,6 +131,7 @@ def bench_gateway(
     if wrk_binary() is None:
         console.print("[red]wrk is not installed: run scripts/peers/setup.sh (or apt-get install wrk)[/]")
         raise typer.Exit(2)
+    peers_dir = peers_dir or default_peers_dir()  # read when it runs, not at import
     missing = check_targets(names or list(TARGETS), peers_dir)
     if names is None:
         names = [t for t in TARGETS if t not in missing]

@@ -47,6 +47,7 @@ from loadgen.bench.targets import (
     Processes,
     Target,
     chat_body,
+    default_peers_dir,
     installed,
     litellm_cli,
     plan_cores,
@@ -59,7 +60,7 @@ from loadgen.bench.targets import (
 )
 from loadgen.bench.wrk import WrkResult, WrkRun, lua_script, run_wrk
 from loadgen.stack import terminate_as_exit
-from service.config.settings import EngineSettings
+from service.config.engine import configured_home, home_engine_paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class BenchConfig:
     warmup_s: int = 1
     idle_s: float = 10.0
     chunks: int = 32
-    peers_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "radixgate" / "peers")
+    peers_dir: Path = field(default_factory=default_peers_dir)
     tokenizer: Path | None = None
     radixgate_env: dict[str, str] = field(default_factory=dict)
     baseline_env: dict[str, str] | None = None
@@ -129,7 +130,7 @@ def resolve_tokenizer(cfg: BenchConfig) -> Path:
     setting) when converted, else a word-level stub written into the run folder."""
     if cfg.tokenizer is not None:
         return cfg.tokenizer
-    model = EngineSettings().model_path
+    model = home_engine_paths(configured_home())["model_path"]  # what `make engine` converted
     if (model / "tokenizer.json").is_file():
         return model
     return write_stub_model(cfg.out / "stub-tokenizer")

@@ -4,7 +4,7 @@ with its whole process group.
 
 Targets talk OpenAI's ``POST /v1/chat/completions``; ``direct`` is the fake upstream's own route (the
 baseline latency is measured against). The peers run from their own virtualenvs under
-``~/.cache/radixgate/peers`` (``scripts/peers/setup.sh``).
+``$RADIXGATE_HOME/peers`` (``scripts/peers/setup.sh``; default ``~/.cache/radixgate/peers``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from service.config.settings import default_home
+from service.config.engine import configured_home, home_engine_paths
 
 TARGETS = ("radixgate", "router", "litellm", "direct")
 BASELINE = "radixgate-base"
@@ -42,8 +42,9 @@ class BenchSetupError(RuntimeError):
 
 
 def default_peers_dir() -> Path:
-    """Where ``scripts/peers/setup.sh`` installs the peers (``~/.cache/radixgate/peers``)."""
-    return default_home() / "peers"
+    """Where ``scripts/peers/setup.sh`` installs the peers: ``peers`` under the ``home`` setting
+    (``RADIXGATE_HOME``, default ``~/.cache/radixgate``)."""
+    return home_engine_paths(configured_home())["peers"]
 
 
 def free_port() -> int:

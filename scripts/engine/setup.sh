@@ -7,9 +7,10 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-RG_HOME=${RADIXGATE_HOME:-$HOME/.cache/radixgate}
-VENV=$RG_HOME/engine-venv
-MODEL_DIR=$RG_HOME/models/SmolLM2-135M-Instruct
+# shellcheck source=../home.sh
+. "$HERE/../home.sh"  # RG_HOME (RADIXGATE_HOME), RG_ENGINE_VENV, RG_MODEL_DIR
+VENV=$RG_ENGINE_VENV
+MODEL_DIR=$RG_MODEL_DIR
 PY=${PYTHON:-python3.11}
 
 # ---- pins (change any of these and the matching step reruns) ----

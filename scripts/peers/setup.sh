@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what `python -m loadgen bench-gateway` compares radixgate with, each in its own virtualenv under
-# ${RADIXGATE_PEERS_DIR:-~/.cache/radixgate/peers}, plus Debian's wrk (the load tool):
+# $RADIXGATE_HOME/peers (default ~/.cache/radixgate/peers, where the bench looks), plus Debian's wrk:
 #   router/   sglang-router 0.3.2 (Rust router of SGLang; `python -m sglang_router.launch_router`)
 #   litellm/  LiteLLM proxy 1.110.2 (`litellm --config ...`)
 # Idempotent: a second run only checks. `PEERS="router"` (or "litellm") installs one of them.
@@ -12,7 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PEERS_DIR=${RADIXGATE_PEERS_DIR:-$HOME/.cache/radixgate/peers}
+# shellcheck source=../home.sh
+. scripts/home.sh  # RG_PEERS_DIR: $RADIXGATE_HOME/peers
+PEERS_DIR=$RG_PEERS_DIR
 PEERS=${PEERS:-"router litellm"}
 ROUTER_VERSION=${ROUTER_VERSION:-0.3.2}
 LITELLM_VERSION=${LITELLM_VERSION:-1.110.2}

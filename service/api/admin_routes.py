@@ -36,20 +36,31 @@ def _not_found(tenant_id: str) -> APIError:
     return APIError(404, f"Tenant '{_shown(tenant_id)}' does not exist.", code="tenant_not_found")
 
 
+_CLASS_FIELDS = ("priority_class", "max_priority_class")
+
+
 def _check_tenant(
-    settings: Settings, default_class: str | None, max_class: str | None, allowed_models: list[str] | None
+    settings: Settings,
+    default_class: str | None,
+    max_class: str | None,
+    allowed_models: list[str] | None,
+    named: Collection[str] = _CLASS_FIELDS,
 ) -> None:
-    """Reject unknown classes or models, and a default class above the tenant's highest class."""
+    """Reject unknown classes the body ``named`` or models, and a default class above the tenant's highest
+    class. A stored class the body does not name may be one that is no longer configured: it is served at
+    the default class (:mod:`service.pipeline.tenant_classes`), and a PATCH of another field must not fail on
+    it."""
     classes = settings.priority_classes
     for param, name in (("priority_class", default_class), ("max_priority_class", max_class)):
-        if name is not None and name not in classes:
+        if name is not None and name not in classes and param in named:
             raise APIError(
                 400,
                 f"Unknown priority class '{name}'; known: {sorted(classes)}.",
                 code="invalid_priority",
                 param=param,
             )
-    if default_class and max_class and classes[default_class].rank > classes[max_class].rank:
+    known = default_class in classes and max_class in classes
+    if known and classes[str(default_class)].rank > classes[str(max_class)].rank:
         raise APIError(
             400,
             f"priority_class '{default_class}' is above max_priority_class '{max_class}'.",
@@ -106,6 +117,8 @@ def _check_quotas(quotas: Quotas | None, given: Collection[str] | None = None) -
 async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
     """Create a tenant (409 if the id exists)."""
     spec = parse(TenantCreate, body)
+    if spec.priority_class is None:  # the configured default, not a name fixed in the code
+        spec = spec.model_copy(update={"priority_class": state.settings.default_priority_class})
     _check_tenant(state.settings, spec.priority_class, spec.max_priority_class, spec.allowed_models)
     _check_quotas(spec.quotas)
     try:
@@ -151,11 +164,13 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
         given = {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}
         patch = patch.model_copy(update={"quotas": current.quotas.model_copy(update=given)})
     _check_quotas(patch.quotas, () if given is None else given.keys())
+    named = patch.model_fields_set & set(_CLASS_FIELDS)
     _check_tenant(
         state.settings,
         patch.priority_class or current.priority_class,
         patch.max_priority_class or current.max_priority_class,
         patch.allowed_models,
+        named,
     )
     try:
         return await state.tenants.update(
@@ -164,7 +179,7 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
             quota_fields=given,
             # again on the record the write merges with: a PATCH of the other class may land in between
             check=lambda merged: _check_tenant(
-                state.settings, merged.priority_class, merged.max_priority_class, None
+                state.settings, merged.priority_class, merged.max_priority_class, None, named
             ),
         )
     except TenantNotFoundError as exc:

@@ -7,11 +7,13 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from service.config.settings import Settings
+from service.config.settings import Settings, default_home
 
 
 def _default(field_default: object, factory: object) -> str:
     value = factory() if field_default is PydanticUndefined and callable(factory) else field_default
+    if isinstance(value, Path) and value != default_home() and value.is_relative_to(default_home()):
+        return f"`$RADIXGATE_HOME/{value.relative_to(default_home())}`"  # follows the home setting
     if isinstance(value, Path):
         repo = str(Path(__file__).resolve().parents[2])
         return f"`{str(value).replace(repo, '<repo>').replace(str(Path.home()), '~')}`"

@@ -81,6 +81,10 @@ class PriorityClassSettings(BaseModel):
         )
 
 
+DEFAULT_CLASS = "standard"
+"""The default of ``default_priority_class``: the middle band of :func:`default_priority_classes`."""
+
+
 def default_priority_classes() -> dict[str, PriorityClassSettings]:
     """``policies.classes.default_classes`` as settings: ``interactive`` > ``standard`` > ``batch``."""
     return {

@@ -1,9 +1,10 @@
 """The one Settings tree of radixgate (pydantic-settings).
 
-Every tunable lives here; nothing else reads ``os.environ``. Environment variables use the prefix
-``RADIXGATE_`` and ``__`` between nesting levels, e.g. ``RADIXGATE_REDIS__URL`` or
-``RADIXGATE_ENGINE__TP``. The settings object is built once by :func:`service.app.create_app` (or by the
-command line) and passed down.
+Every tunable lives here (its engine and scheduling sections in :mod:`service.config.engine` and
+:mod:`service.config.policies`); nothing else reads ``os.environ``. Environment variables use the prefix
+``RADIXGATE_`` and ``__`` between nesting levels, e.g. ``RADIXGATE_REDIS__URL`` or ``RADIXGATE_ENGINE__TP``;
+below them, a TOML or YAML file (``config_file``, :mod:`service.config.sources`). The settings object is built
+once by :func:`service.app.create_app` (or by the command line) and passed down.
 """
 
 from __future__ import annotations
@@ -12,30 +13,40 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from policies.admission_types import CoreConfig
-from policies.classes import PREEMPTION_THRESHOLD
-from service.config.checks import CpuCores, HttpUrls, LogLevel, RedisUrl
+from service.config.checks import HttpUrls, LogLevel, RedisUrl
+from service.config.engine import (
+    EngineSettings,
+    HomeSettings,
+    configured_home,
+    default_cpu_shim,
+    default_home,
+    home_engine_paths,
+)
 from service.config.policies import (
+    DEFAULT_CLASS,
     FINITE,
     PriorityClassSettings,
     RoutingSettings,
     SchedulerSettings,
     default_priority_classes,
 )
+from service.config.sources import ConfigFileSource
 
-
-def default_home() -> Path:
-    """Return the cache folder for the engine virtualenv and converted models (``~/.cache/radixgate``)."""
-    return Path.home() / ".cache" / "radixgate"
-
-
-def default_cpu_shim() -> Path | None:
-    """The repository's CPU-only ``sgl_kernel`` stand-in folder, if this is a source checkout."""
-    shim = Path(__file__).resolve().parents[2] / "scripts" / "engine" / "shim"
-    return shim if shim.is_dir() else None
+__all__ = [
+    "ApiSettings",
+    "EngineSettings",
+    "ObservabilitySettings",
+    "RedisSettings",
+    "Settings",
+    "UpstreamSettings",
+    "configured_home",
+    "default_cpu_shim",
+    "default_home",
+]
 
 
 class RedisSettings(BaseModel):
@@ -131,96 +142,6 @@ class RedisSettings(BaseModel):
         """Lifetime of a request's "settled" marker, whole s: twice the retry window and the shutdown
         drain, plus a minute, so a retry never outlives the marker that makes it a no-op."""
         return int(2 * (self.settle_window_s + self.settle_drain_s)) + 60
-
-
-class EngineSettings(BaseModel):
-    """How the gateway launches SGLang workers itself (``launch: true``).
-
-    The command is ``python -m sglang.launch_server`` from ``python`` (the engine's own virtualenv).
-    """
-
-    model_config = FINITE
-
-    launch: bool = Field(False, description="Start SGLang workers as child processes at startup.")
-    python: Path = Field(
-        default_home() / "engine-venv" / "bin" / "python", description="Python of the engine virtualenv."
-    )
-    model_path: Path = Field(
-        default_home() / "models" / "SmolLM2-135M-Instruct", description="Hugging Face model folder."
-    )
-    served_model_name: str = Field("SmolLM2-135M-Instruct", description="Model id served on /v1/models.")
-    num_workers: int = Field(1, ge=1, description="How many worker processes to launch.")
-    base_port: int = Field(30000, ge=1, le=65535, description="Port of the first launched worker.")
-    host: str = Field("127.0.0.1", description="Interface launched workers listen on.")
-    tp: int = Field(1, ge=1, description="Tensor-parallel size (--tp) of each worker.")
-    dp: int = Field(1, ge=1, description="Data-parallel size (--dp) of each worker.")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="--device of each worker.")
-    dtype: str = Field("auto", description="--dtype; float32 is used on CPU when 'auto'.")
-    schedule_policy: str = Field(
-        "fcfs", description="--schedule-policy; SGLang allows only fcfs or lof with priority scheduling."
-    )
-    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="--mem-fraction-static.")
-    max_running_requests: int | None = Field(
-        None,
-        ge=1,
-        description="--max-running-requests; unset: SGLang's own (from the KV pool) on GPUs, "
-        "cpu_max_running_requests on CPU.",
-    )
-    cpu_max_running_requests: int = Field(
-        8,
-        ge=1,
-        description="--max-running-requests of CPU workers when max_running_requests is unset: SGLang "
-        "derives 2048 from the KV pool, but a CPU's decode throughput stops growing at a small batch, and a "
-        "larger one only lengthens every step (TTFT and ITL): measured on 2 cores, 16-token answers, 3.3 "
-        "req/s at 8 running, 3.4 at 16, 3.6 at 32 (2.2 at 4).",
-    )
-    cpu_affinity: CpuCores = Field(
-        None,
-        description="CPU core ids a launched CPU worker's processes run on (sched_setaffinity before exec, "
-        "OMP_NUM_THREADS to match), e.g. [1] keeps the engine off the gateway's core 0; unset: every core.",
-    )
-    priority_preemption_threshold: int = Field(
-        PREEMPTION_THRESHOLD,
-        ge=0,
-        description="--priority-scheduling-preemption-threshold: a waiting request preempts running ones "
-        "whose SGLang priority is lower by more than this (SGLang's default 10 never lets the default "
-        "classes' gaps of 5 and 10 preempt).",
-    )
-    context_length: int | None = Field(None, ge=1, description="--context-length override.")
-    incremental_streaming: bool = Field(
-        True,
-        description="--incremental-streaming-output: each streamed chunk carries only its new text and "
-        "ids (cumulative chunks repeat the answer so far: O(n^2) over a stream, engine and gateway).",
-    )
-    extra_args: list[str] = Field(default_factory=list, description="Further launch_server arguments.")
-    cpu_shim_path: Path | None = Field(
-        default_factory=default_cpu_shim,
-        description="Folder with the CPU-only sgl_kernel stand-in, put on PYTHONPATH on CPU only.",
-    )
-    startup_timeout_s: float = Field(300.0, gt=0, description="How long to wait for /health, seconds.")
-    log_dir: Path | None = Field(
-        None, description="Folder for launched workers' output (worker-<port>.log); None: the gateway's."
-    )
-    supervise: bool = Field(
-        True, description="Restart launched workers whose process group dies or that stay unhealthy."
-    )
-    supervise_interval_s: float = Field(1.0, gt=0, description="Period of the supervisor's checks, s.")
-    unhealthy_restart_s: float = Field(
-        60.0, gt=0, description="A live worker whose /health fails this long is restarted, s."
-    )
-    restart_backoff_base_s: float = Field(
-        1.0, gt=0, description="Wait before the first restart in a row, s (doubles, jittered)."
-    )
-    restart_backoff_max_s: float = Field(60.0, gt=0, description="Longest wait between restarts, s.")
-    restart_stable_s: float = Field(
-        300.0, gt=0, description="A worker up this long resets the restart backoff, s."
-    )
-
-    @model_validator(mode="after")
-    def _backoff_order(self) -> EngineSettings:
-        if self.restart_backoff_max_s < self.restart_backoff_base_s:
-            raise ValueError("restart_backoff_max_s must be >= restart_backoff_base_s")
-        return self
 
 
 class UpstreamSettings(BaseModel):
@@ -381,8 +302,9 @@ class ObservabilitySettings(BaseModel):
     )
 
 
-class Settings(BaseSettings):
-    """Root of radixgate's configuration. Env prefix ``RADIXGATE_``, nested delimiter ``__``."""
+class Settings(HomeSettings):
+    """Root of radixgate's configuration. Env prefix ``RADIXGATE_``, nested delimiter ``__``; below the
+    environment, the TOML or YAML file ``config_file`` names (:mod:`service.config.sources`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="RADIXGATE_",
@@ -437,9 +359,31 @@ class Settings(BaseSettings):
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "
         "serve_late, queue_wait_budget_ms, max_queue_len, min_share, window_share}; higher rank first.",
     )
+    default_priority_class: str = Field(
+        DEFAULT_CLASS,
+        description="Class of a tenant created without one, and of a stored tenant whose class is no "
+        "longer among priority_classes (reported at startup, logged once per tenant).",
+    )
     extra_models: list[str] = Field(
         default_factory=list, description="Further model ids served by the same workers (aliases)."
     )
+    config_file: Path | None = Field(
+        None,
+        description="TOML or YAML file of settings (`--config`), nested as the tree is ([redis] url = ...); "
+        "environment variables override its values.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, then ``config_file`` (pydantic-settings' own file sources)."""
+        return init_settings, env_settings, ConfigFileSource(settings_cls)
 
     @field_validator("admin_token")
     @classmethod
@@ -455,6 +399,25 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("at least one priority class is needed")
         return value
+
+    @field_validator("default_priority_class")
+    @classmethod
+    def _default_class_is_configured(cls, value: str, info: ValidationInfo) -> str:
+        classes = info.data.get("priority_classes")  # absent when the classes themselves were invalid
+        if classes and value not in classes:
+            raise ValueError(
+                f"'{value}' is not a configured priority class ({', '.join(classes)}); name one of them "
+                "(tenants created without a class, and those whose class was removed, run in it)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _engine_paths_under_home(self) -> Settings:
+        unset = {"python", "model_path"} - self.engine.model_fields_set
+        if unset:
+            paths = home_engine_paths(self.home)
+            self.engine = self.engine.model_copy(update={name: paths[name] for name in unset})
+        return self
 
     @model_validator(mode="after")
     def _one_process_launches_engines(self) -> Settings:

@@ -20,6 +20,7 @@ from service.openai.structured import response_schema
 from service.openai.tool_formats import FORMATS
 from service.openai.tools import plan_tools, template_messages
 from service.pipeline.prompting import PromptError, PromptRenderer, RenderedPrompt
+from service.pipeline.tenant_classes import ClassResolver
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest
 from service.workers.client import TokenLimits
 from tenancy.models import Tenant
@@ -87,6 +88,7 @@ class RequestPreparer:
         self._served = frozenset(settings.served_models)
         self._renderer = renderer
         self._worker_limits = worker_limits
+        self._classes = ClassResolver(settings)
 
     def limits(self) -> TokenLimits:
         """Prompt and prompt + completion limits (tokens): ``api.context_length`` and what the workers
@@ -196,22 +198,27 @@ class RequestPreparer:
         return {}
 
     def _priority_class(self, tenant: Tenant, asked: str | None) -> str:
+        """The request's class: the tenant's own (a stored class that is no longer configured is replaced
+        by ``default_priority_class``: :mod:`service.pipeline.tenant_classes`), or the one it asks for, never
+        above
+        the tenant's highest. Only a class the request names is its error (``param: "priority"``)."""
         classes = self._settings.priority_classes
-        name = tenant.priority_class if asked is None else asked
-        if name not in classes:
+        tenant_classes = self._classes.classes_of(tenant)
+        if asked is None:
+            return tenant_classes.own
+        if asked not in classes:
             raise InvalidRequest(
-                f"Unknown priority class '{name}'; known: {sorted(classes)}.",
+                f"Unknown priority class '{asked}'; known: {sorted(classes)}.",
                 code="invalid_priority",
                 param="priority",
             )
-        ceiling = classes.get(tenant.max_priority_class or tenant.priority_class)
-        if ceiling is not None and classes[name].rank > ceiling.rank:
+        if classes[asked].rank > classes[tenant_classes.ceiling].rank:
             raise PermissionDenied(
-                f"This tenant may not use priority class '{name}'.",
+                f"This tenant may not use priority class '{asked}'.",
                 code="priority_not_allowed",
                 param="priority",
             )
-        return name
+        return asked
 
     def _max_tokens(
         self, tenant: Tenant, asked: int | None, prompt_tokens: int, prompt_param: str, n: int = 1

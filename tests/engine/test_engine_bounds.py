@@ -22,6 +22,7 @@ from service.app import create_app
 from service.config.settings import Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
+from tests.support.engine import engine_home
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -128,6 +129,7 @@ def request_bodies(wild_too: bool) -> st.SearchStrategy[tuple[str, dict[str, Any
 def gateway(redis_url: str, engine_worker: WorkerProcess) -> Iterator[str]:
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "bounds-e2e:"},
             "upstream": {"workers": [engine_worker.url]},

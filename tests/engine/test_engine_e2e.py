@@ -18,6 +18,7 @@ from service.app import create_app
 from service.config.settings import EngineSettings, Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
+from tests.support.engine import engine_home
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -40,6 +41,7 @@ def worker(engine_worker: WorkerProcess) -> WorkerProcess:
 def gateway(redis_url: str, worker: WorkerProcess) -> Iterator[str]:
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "e2e:"},
             "upstream": {"workers": [worker.url]},
@@ -188,6 +190,7 @@ def test_the_gateways_window_follows_what_the_real_engine_reports(
     assert engine_max == EngineSettings().cpu_max_running_requests > 2
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "e2e-window:"},
             "upstream": {"workers": [worker.url]},

@@ -27,6 +27,7 @@ from service.openai.tool_formats import FORMATS, CallParser, FunctionSpec
 from service.pipeline.prompting import PromptRenderer
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
+from tests.support.engine import engine_home
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -65,6 +66,7 @@ ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
 def gateway(redis_url: str, engine_worker: WorkerProcess) -> Iterator[str]:
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": PREFIX},
             "upstream": {"workers": [engine_worker.url]},

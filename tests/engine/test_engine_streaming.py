@@ -20,7 +20,7 @@ from service.app import create_app
 from service.config.settings import Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
-from tests.support.engine import running_worker
+from tests.support.engine import engine_home, running_worker
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -54,6 +54,7 @@ def api(request: pytest.FixtureRequest, redis_url: str) -> Iterator[tuple[str, h
     assert reported is (mode == "incremental")
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": f"stream-{mode}:"},
             "upstream": {"workers": [worker.url]},

@@ -23,6 +23,7 @@ from service.app import create_app
 from service.config.settings import Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
+from tests.support.engine import engine_home
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -46,6 +47,7 @@ def band(rank: int, prio: int, budget_ms: float, goal_ms: float, max_len: int) -
 def gateway(redis_url: str, engine_worker: WorkerProcess) -> Iterator[str]:
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "prio:"},
             "upstream": {"workers": [engine_worker.url]},

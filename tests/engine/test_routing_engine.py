@@ -27,7 +27,7 @@ from service.app import create_app
 from service.config.settings import Settings
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN
-from tests.support.engine import start_worker
+from tests.support.engine import engine_home, start_worker
 from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.engine
@@ -100,6 +100,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
 def gateway_settings(redis_url: str, urls: list[str], policy: str) -> Settings:
     return Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": f"re{next(_ids)}:"},
             "upstream": {

@@ -18,7 +18,7 @@ import pytest
 from service.app import create_app
 from service.config.settings import Settings
 from tests.conftest import ADMIN_TOKEN
-from tests.support.engine import descendants, engine_settings, processes
+from tests.support.engine import descendants, engine_home, engine_settings, processes
 from tests.support.servers import ThreadedServer, free_port
 
 pytestmark = pytest.mark.engine
@@ -40,6 +40,7 @@ def test_killed_scheduler_is_restarted_and_service_returns(redis_url: str, tmp_p
     )
     settings = Settings.model_validate(
         {
+            "home": engine_home(),  # RADIXGATE_HOME: the engine and model under it
             "admin_token": ADMIN_TOKEN,
             "redis": {"url": redis_url, "key_prefix": "sup:"},
             "engine": engine.model_dump(),

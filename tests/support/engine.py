@@ -1,4 +1,5 @@
-"""The real SGLang CPU worker for end-to-end tests (engine venv and model from scripts/engine/setup.sh)."""
+"""The real SGLang CPU worker for end-to-end tests (engine venv and model from scripts/engine/setup.sh, under
+the ``home`` setting: ``RADIXGATE_HOME``, default ``~/.cache/radixgate``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from service.config.settings import EngineSettings
+from service.config.settings import EngineSettings, Settings, configured_home
 from service.workers.launcher import WorkerProcess
 from tests.support.paths import REPO
 from tests.support.servers import free_port
@@ -17,13 +18,21 @@ ROOT = REPO
 SHIM = ROOT / "scripts" / "engine" / "shim"
 
 
+def engine_home() -> str:
+    """The ``home`` setting as the gateway reads it (``RADIXGATE_HOME``): what ``make engine`` built is
+    there; a test gateway's settings name it, so its tokenizer (engine.model_path) is found there too."""
+    return str(configured_home())
+
+
 def engine_settings(**overrides: object) -> EngineSettings:
-    """Engine settings of the CPU test worker; fails loudly if the engine is not installed."""
-    settings = EngineSettings.model_validate({"cpu_shim_path": str(SHIM), **overrides})
+    """Engine settings of the CPU test worker, paths under :func:`engine_home` unless ``overrides`` name
+    them; fails loudly if the engine is not installed."""
+    tree = {"home": engine_home(), "engine": {"cpu_shim_path": str(SHIM), **overrides}}
+    settings = Settings.model_validate(tree).engine
     if not settings.python.exists() or not (settings.model_path / "config.json").exists():
         raise RuntimeError(
             f"SGLang engine or model missing ({settings.python}, {settings.model_path}): "
-            "run `bash scripts/engine/setup.sh` (make test does)"
+            "run `bash scripts/engine/setup.sh` (make test does; both follow RADIXGATE_HOME)"
         )
     return settings
 

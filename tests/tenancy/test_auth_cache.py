@@ -40,7 +40,10 @@ class Clock:
 def test_entries_expire_are_bounded_and_a_racing_read_is_not_stored() -> None:
     clock = Clock()
     cache = AuthCache(1.0, 2, clock)
-    tenant_a, tenant_b = Tenant(id="a", name="a"), Tenant(id="b", name="b")
+    tenant_a, tenant_b = (
+        Tenant(id="a", name="a", priority_class="standard"),
+        Tenant(id="b", name="b", priority_class="standard"),
+    )
     cache.put("k1", "d1", tenant_a, clock.now, cache.generation)
     clock.now += 0.99
     hit = cache.get("k1")
@@ -65,7 +68,7 @@ async def test_store_answers_from_the_cache_within_its_ttl_only(redis_client: ai
     clock = Clock()
     cache = AuthCache(1.0, 100, clock)
     store = TenantStore(redis_client, "ac1:", PEPPER, cache)
-    await store.create(TenantCreate(id="acme", name="a"))
+    await store.create(TenantCreate(priority_class="standard", id="acme", name="a"))
     issued = await store.issue_key("acme")
     assert (tenant := await store.authenticate(issued.api_key)) is not None and tenant.id == "acme"
     wrong = issued.api_key[:-4] + ("AAAA" if not issued.api_key.endswith("AAAA") else "BBBB")
@@ -99,7 +102,7 @@ async def test_concurrent_misses_of_one_key_share_one_read(redis_client: aioredi
     leaving does not fail the others."""
     clock = Clock()
     store = TenantStore(redis_client, "ac5:", PEPPER, AuthCache(1.0, 100, clock))
-    await store.create(TenantCreate(id="acme", name="a"))
+    await store.create(TenantCreate(priority_class="standard", id="acme", name="a"))
     issued = await store.issue_key("acme")
     wrong = issued.api_key[:-4] + ("AAAA" if not issued.api_key.endswith("AAAA") else "BBBB")
     before = await _gets(redis_client)
@@ -135,7 +138,7 @@ async def test_writes_invalidate_this_replica_and_publish(
     subscriber = aioredis.Redis.from_url(redis_url, decode_responses=True)
     follower = asyncio.create_task(follow_invalidations(subscriber, invalidation_channel("ac2:"), there))
     try:
-        await store.create(TenantCreate(id="acme", name="a"))
+        await store.create(TenantCreate(priority_class="standard", id="acme", name="a"))
         one, two = await store.issue_key("acme"), await store.issue_key("acme")
         await asyncio.sleep(0.2)  # subscribed
         for key in (one.api_key, two.api_key):

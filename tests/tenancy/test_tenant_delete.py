@@ -79,7 +79,7 @@ QUOTAS = Quotas(requests_per_min=60, tokens_per_min=6000)
 async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: aioredis.Redis) -> None:
     store = TenantStore(redis_client, "race:", PEPPER)
     quota, usage = QuotaLimiter(redis_client, "race:"), UsageRecorder(redis_client, "race:")
-    tenant = await store.create(TenantCreate(id="racer", name="r", quotas=QUOTAS))
+    tenant = await store.create(TenantCreate(priority_class="standard", id="racer", name="r", quotas=QUOTAS))
     issued = await store.issue_key("racer")
     seen = await store.authenticate(issued.api_key)  # a request passed authentication...
     assert seen is not None and seen.epoch == tenant.epoch != ""
@@ -99,7 +99,7 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
     assert [k async for k in redis_client.scan_iter(match=f"*{issued.key_id}*")] == []
 
     # re-created under the same id: the old request's settle must not touch the new tenant
-    fresh = await store.create(TenantCreate(id="racer", name="r", quotas=QUOTAS))
+    fresh = await store.create(TenantCreate(priority_class="standard", id="racer", name="r", quotas=QUOTAS))
     assert fresh.epoch != seen.epoch
     seconds, micros = await redis_client.time()
     frozen_ms = seconds * 1000 + micros / 1000  # the new bucket's clock, held still: no refill to blur it
@@ -116,11 +116,13 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
     """Many requests reserve, settle and record usage while the tenant is deleted: nothing is left."""
     store = TenantStore(redis_client, "race2:", PEPPER)
     quota, usage = QuotaLimiter(redis_client, "race2:"), UsageRecorder(redis_client, "race2:")
-    warm = await store.create(TenantCreate(id="warm", name="w", quotas=QUOTAS))  # load the scripts
+    warm = await store.create(
+        TenantCreate(priority_class="standard", id="warm", name="w", quotas=QUOTAS)
+    )  # load the scripts
     await asyncio.gather(*(quota.reserve("warm", QUOTAS, 1, epoch=warm.epoch) for _ in range(20)))
     await usage.record("warm", warm.epoch, requests=1)
     await store.delete("warm")
-    tenant = await store.create(TenantCreate(id="busy", name="b", quotas=QUOTAS))
+    tenant = await store.create(TenantCreate(priority_class="standard", id="busy", name="b", quotas=QUOTAS))
     outcomes: list[str] = []
 
     async def request(i: int) -> None:
@@ -161,7 +163,7 @@ async def test_creates_racing_deletes_leave_no_id_in_the_index_without_its_recor
     async def create(tenant_id: str) -> None:
         for _ in range(150):
             with contextlib.suppress(TenantExistsError):
-                await store.create(TenantCreate(id=tenant_id, name="g"))
+                await store.create(TenantCreate(priority_class="standard", id=tenant_id, name="g"))
 
     async def delete(tenant_id: str) -> None:
         for _ in range(150):
@@ -182,7 +184,7 @@ async def test_an_id_in_the_index_without_its_record_is_skipped_and_deletable(
     early nor stays for good: a page holds ``limit`` tenants, and DELETE of that id removes the entry."""
     store = TenantStore(redis_client, "stale:", PEPPER)
     for tenant_id in ("a1", "a3"):
-        await store.create(TenantCreate(id=tenant_id, name="s"))
+        await store.create(TenantCreate(priority_class="standard", id=tenant_id, name="s"))
     await redis_client.sadd("stale:tenants", "a2")
     seen, after = [], None
     for _ in range(5):

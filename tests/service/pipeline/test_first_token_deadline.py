@@ -52,7 +52,9 @@ def fake() -> Iterator[FakeWorker]:
 
 @pytest.fixture(scope="module")
 def http(redis_url: str, stub_model_dir: Path, fake: FakeWorker) -> Iterator[httpx.Client]:
-    settings = fake_worker_settings(redis_url, stub_model_dir, fake.url, "ftd:", priority_classes=CLASSES)
+    settings = fake_worker_settings(
+        redis_url, stub_model_dir, fake.url, "ftd:", priority_classes=CLASSES, default_priority_class="roomy"
+    )
     with ThreadedServer(create_app(settings)) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         yield c
 
