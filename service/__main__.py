@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import signal
@@ -10,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import uvicorn
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
@@ -19,7 +19,7 @@ from service.api.responses_protocol import responses_table
 from service.app import create_app
 from service.config import Settings
 from service.config_doc import settings_table
-from service.host_serve import MULTIPROC_ENV, serve_processes
+from service.host_serve import MULTIPROC_ENV, serve_one, serve_processes
 from service.logs import configure_logging
 from service.workers.launcher import WorkerProcess, WorkerStartError
 
@@ -91,9 +91,11 @@ def serve() -> None:
         else "httptools",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)
         "proxy_headers": False,
+        # after the drain (service/drain.py) only idle connections are left; bounded all the same
+        "timeout_graceful_shutdown": math.ceil(settings.shutdown.end_timeout_s),
     }
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        raise typer.Exit(serve_one(create_app(settings), options))
     else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
         configure_logging(settings.observability.log_level)
         serve_processes(settings.workers, options, os.environ)

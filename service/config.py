@@ -25,6 +25,7 @@ from service.config_policies import (
     SchedulerSettings,
     default_priority_classes,
 )
+from service.config_shutdown import ShutdownSettings
 
 
 def default_home() -> Path:
@@ -432,6 +433,7 @@ class Settings(BaseSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "

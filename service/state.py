@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from service.config import Settings
 from service.dispatch import Dispatcher
+from service.drain import Drain
 from service.metrics import GatewayMetrics
 from service.scheduler import Scheduler
 from service.workers.pool import WorkerPool
@@ -31,3 +32,4 @@ class GatewayState:
     metrics: GatewayMetrics
     scheduler: Scheduler
     registry: WorkerRegistry
+    drain: Drain  # the process's stopping state: readiness and admission read ``drain.draining``
