@@ -88,7 +88,7 @@ def serve() -> None:
         "loop": "uvloop",
         "http": "service.http_protocol:CoalescingHttpToolsProtocol"
         if settings.http_write_coalescing
-        else "httptools",
+        else "service.http_protocol:GatewayHttpToolsProtocol",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)
         "proxy_headers": False,
         # after the drain (service/drain.py) only idle connections are left; bounded all the same

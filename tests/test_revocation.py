@@ -43,9 +43,7 @@ class Checks:
         raise found
 
 
-async def _served(
-    registry: RevocationRegistry, rid: str, tenant: str, key: str, work: Awaitable[str]
-) -> str:
+async def _served(registry: RevocationRegistry, rid: str, tenant: str, key: str, work: Awaitable[str]) -> str:
     """A request's await on its worker, as the dispatcher makes it (:meth:`Revocable.guard`)."""
     entry = registry.track(rid, tenant, key)
     try:
