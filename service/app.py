@@ -202,6 +202,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             on_confirmation=lambda url, verdict: metrics.upstream_5xx_confirmations.labels(
                 url, verdict
             ).inc(),
+            served_models=settings.served_models,
         )
         await pool.start()
         if settings.engine.supervise:
