@@ -29,6 +29,7 @@ from service.drain import SERVED_WHILE_DRAINING, Drain, drain_on_signals, shutti
 from service.logs import configure_logging
 from service.metrics import GatewayMetrics, refresh_pool_gauges
 from service.prompting import PromptRenderer
+from service.redis_watch import RedisReachability, watch_redis
 from service.revocation import RevocationRegistry, store_checks
 from service.scheduler import Scheduler
 from service.settlement import Settler
@@ -177,7 +178,16 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     subscriber = Redis.from_url(
         settings.redis.url, decode_responses=True, socket_connect_timeout=settings.redis.connect_timeout_s
     )
-    background: list[asyncio.Task[None]] = []
+    # its own connection: a busy request pool is no evidence of an unreachable Redis (service/redis_watch.py)
+    pinger = Redis.from_url(
+        settings.redis.url,
+        socket_connect_timeout=settings.redis.connect_timeout_s,
+        socket_timeout=settings.redis.socket_timeout_s,
+        single_connection_client=True,
+    )
+    background: list[asyncio.Task[None]] = [
+        asyncio.create_task(watch_redis(pinger, RedisReachability(settings.redis.url)), name="redis-watch")
+    ]
     revocations: RevocationRegistry | None = None
     up = settings.upstream
     client = SGLangClient(up)
@@ -323,6 +333,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await client.aclose()
         await redis.aclose()
         await subscriber.aclose()
+        await pinger.aclose()
         for worker in launched:
             worker.stop()
 
