@@ -9,6 +9,7 @@ counts; the exit status is 0."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -22,9 +23,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from service.config import Settings
-from service.config_shutdown import KUBERNETES_GRACE_S
+from service.config_shutdown import KUBERNETES_GRACE_S, ShutdownSettings
+from service.drain import Drain, drain_on_signals
+from service.errors import GatewayError
 from tests.support.fake_worker import TOKENS, FakeWorker
 from tests.support.servers import ThreadedServer, free_port
 from tests.test_gateway_processes import MODEL, gateway_env, issue_key, ready_pids, wait_for
@@ -192,3 +196,47 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
     assert sum(line["ended"] for line in finished) == 1
     assert all(line["in_flight"] == 0 for line in finished)
     assert all(DRAIN_S <= line["drain_s"] < DRAIN_S + 5 for line in finished if line["ended"])
+
+
+async def test_signals_drain_first_a_second_sigterm_is_ignored_and_a_second_sigint_cuts_it_short() -> None:
+    """The handlers of service/drain.py in this (main) thread: the first signal begins the drain, the
+    handler installed before (uvicorn's) is called with it once the drain is over; a second SIGTERM (the
+    parent passing it on to a process group signalled as a whole) changes nothing; a second SIGINT (Ctrl-C
+    again) ends what is in flight at once."""
+    calls: list[int] = []
+    ended: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: calls.append(sig))
+    previous_int = signal.signal(signal.SIGINT, lambda sig, frame: calls.append(sig))
+    try:
+
+        def end_all(error: GatewayError) -> int:
+            ended.append(error.code)
+            return 1
+
+        drain = Drain(ShutdownSettings(drain_timeout_s=30.0, end_timeout_s=0.2), end_all)
+        drain.enter()  # one request in flight, which never ends
+        with drain_on_signals(drain):
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            assert drain.draining and not drain.finished
+            signal.raise_signal(signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            assert ended == [] and calls == []
+            signal.raise_signal(signal.SIGINT)
+            await asyncio.wait_for(drain.wait(), 5)
+            assert ended == ["shutting_down"] and calls == [signal.SIGTERM]
+            signal.raise_signal(signal.SIGINT)  # after the drain: straight to the previous handler
+            assert calls == [signal.SIGTERM, signal.SIGINT]
+        assert signal.getsignal(signal.SIGTERM) is not None and drain.in_flight == 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+async def test_a_drain_with_nothing_in_flight_ends_at_once() -> None:
+    stopped = asyncio.Event()
+    drain = Drain(ShutdownSettings(drain_timeout_s=30.0), lambda e: 0)
+    with capture_logs() as logs:
+        assert drain.begin(stopped.set, "SIGTERM") and not drain.begin(stopped.set, "SIGTERM")
+        await asyncio.wait_for(stopped.wait(), 1)
+    assert [(e["event"], e["in_flight"]) for e in logs] == [("drain_started", 0), ("drain_finished", 0)]
