@@ -279,7 +279,8 @@ class WorkerPool:
         if verdict == "ignore":
             log.info("probe_failure_outweighed", worker=url, signal=signal, request_ok_age_s=age)
         self._transition(state, before)
-        if signal != "request_ok" or state.reported is None or not state.reported[0]:  # once per request
+        # a served request says nothing new of a worker already logged up (nothing more per request)
+        if signal != "request_ok" or state.reported is None or not state.reported[0]:
             self._note(state, reason or SIGNAL_REASONS[signal])
 
     def trip(self, url: str) -> None:
