@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import signal
@@ -10,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import uvicorn
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
@@ -28,7 +28,7 @@ from service.config.sources import (
 from service.observability.logs import configure_logging
 from service.protocol.fields import parameters_table
 from service.protocol.responses import responses_table
-from service.runtime.host_serve import MULTIPROC_ENV, serve_processes
+from service.runtime.host_serve import MULTIPROC_ENV, serve_one, serve_processes
 from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
@@ -111,12 +111,14 @@ def serve(config: Path | None = CONFIG_OPTION) -> None:
         "loop": "uvloop",
         "http": "service.runtime.http_protocol:CoalescingHttpToolsProtocol"
         if settings.http_write_coalescing
-        else "httptools",
+        else "service.runtime.http_protocol:GatewayHttpToolsProtocol",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)
         "proxy_headers": False,
+        # after the drain (service/runtime/drain.py) only idle connections are left; bounded all the same
+        "timeout_graceful_shutdown": math.ceil(settings.shutdown.end_timeout_s),
     }
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        raise typer.Exit(serve_one(create_app(settings), options))
     else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
         configure_logging(settings.observability.log_level)
         if config is not None:  # each process reads its settings again, the file too

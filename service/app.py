@@ -26,12 +26,14 @@ from service.api.openapi_bodies import install_body_schemas
 from service.config.settings import RedisSettings, Settings
 from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
+from service.observability.redis_watch import RedisReachability, watch_redis
 from service.pipeline.dispatch import Dispatcher
 from service.pipeline.prompting import PromptRenderer
 from service.pipeline.revocation import RevocationRegistry, store_checks
 from service.pipeline.scheduler import Scheduler
 from service.pipeline.settlement import Settler
 from service.pipeline.tenant_classes import report_at_startup
+from service.runtime.drain import SERVED_WHILE_DRAINING, Drain, drain_on_signals, shutting_down
 from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
@@ -79,15 +81,45 @@ class GatewayApp(FastAPI):
     as ``x-request-id``, the body limit in :func:`service.api.deps.read_json`, and the app's error
     handlers, :func:`service.api.errors.response_for`). Every other request, and these paths with another
     method, take FastAPI's usual path.
+
+    While the lifespan runs, ``drain`` is the process's :class:`service.runtime.drain.Drain`: every HTTP
+    request is
+    counted in it while in the app, and during a drain each one but the probes and ``/metrics``
+    (:data:`service.runtime.drain.SERVED_WHILE_DRAINING`) is refused here with 503 ``shutting_down``,
+    ``Retry-After`` and ``Connection: close``.
     """
 
+    drain: Drain | None = None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = COMPLETION_ROUTES.get(scope["path"])
-            if handler is not None:
-                await self._serve_completion(handler, scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+        drain = self.drain
+        if drain is None or scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if drain.draining and scope["path"] not in SERVED_WHILE_DRAINING:
+            await self._refuse_draining(scope, receive, send)
+            return
+        drain.enter()
+        try:
+            if scope["method"] == "POST":
+                handler = COMPLETION_ROUTES.get(scope["path"])
+                if handler is not None:
+                    await self._serve_completion(handler, scope, receive, send)
+                    return
+            await super().__call__(scope, receive, send)
+        finally:
+            drain.leave()
+
+    async def _refuse_draining(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """503 ``shutting_down`` in OpenAI's shape (logged and counted as every refusal), with
+        ``Retry-After``, an ``x-request-id`` and ``Connection: close`` (the client reconnects, to another
+        replica when a balancer is in front)."""
+        rid = new_request_id()
+        scope["app"] = self
+        scope.setdefault("state", {})["request_id"] = rid
+        response = await response_for(Request(scope, receive, send), shutting_down())
+        response.raw_headers += [(b"x-request-id", rid.encode()), (b"connection", b"close")]
+        await response(scope, receive, send)
 
     async def _serve_completion(
         self,
@@ -148,7 +180,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     subscriber = Redis.from_url(
         settings.redis.url, decode_responses=True, socket_connect_timeout=settings.redis.connect_timeout_s
     )
-    background: list[asyncio.Task[None]] = []
+    # its own connection: a busy request pool is no evidence of an unreachable Redis
+    # (service/observability/redis_watch.py)
+    pinger = Redis.from_url(
+        settings.redis.url,
+        socket_connect_timeout=settings.redis.connect_timeout_s,
+        socket_timeout=settings.redis.socket_timeout_s,
+        single_connection_client=True,
+    )
+    background: list[asyncio.Task[None]] = [
+        asyncio.create_task(watch_redis(pinger, RedisReachability(settings.redis.url)), name="redis-watch")
+    ]
     revocations: RevocationRegistry | None = None
     up = settings.upstream
     client = SGLangClient(up)
@@ -173,6 +215,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             on_confirmation=lambda url, verdict: metrics.upstream_5xx_confirmations.labels(
                 url, verdict
             ).inc(),
+            served_models=settings.served_models,
         )
         await pool.start()
         if settings.engine.supervise:
@@ -263,9 +306,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         background.append(
             asyncio.create_task(sync_loop(pool, registry, up.health_interval_s), name="worker-registry")
         )
+        drain = Drain(settings.shutdown, revocations.end_all)
         app.state.radixgate = GatewayState(
-            settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry
+            settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry, drain
         )
+        if isinstance(app, GatewayApp):
+            app.drain = drain
         log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
         # the objects built so far (settings, tokenizer, routes, schemas) live as long as the process: move
         # them out of the cyclic collector's generations, so collections scan only per-request garbage
@@ -278,8 +324,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         threshold = gc.get_threshold()
         gc.set_threshold(settings.gc_young_threshold, *threshold[1:])
         try:
-            yield
+            with drain_on_signals(drain):  # SIGTERM/SIGINT drain first (service/runtime/drain.py), then stop
+                yield
         finally:
+            if isinstance(app, GatewayApp):
+                app.drain = None
             # what was frozen is the gateway's own: once it stops, the collector may free it again (a
             # process that runs it more than once kept every stopped gateway otherwise)
             gc.unfreeze()
@@ -299,6 +348,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await client.aclose()
         await redis.aclose()
         await subscriber.aclose()
+        await pinger.aclose()
         for worker in launched:
             worker.stop()
 

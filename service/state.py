@@ -10,6 +10,7 @@ from service.config.settings import Settings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.dispatch import Dispatcher
 from service.pipeline.scheduler import Scheduler
+from service.runtime.drain import Drain
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter
@@ -31,3 +32,4 @@ class GatewayState:
     metrics: GatewayMetrics
     scheduler: Scheduler
     registry: WorkerRegistry
+    drain: Drain  # the process's stopping state: readiness and admission read ``drain.draining``

@@ -145,8 +145,12 @@ async def follow_invalidations(
 
     ``redis`` must be a client without a read timeout (the subscription waits for messages
     indefinitely); it holds one connection. Every (re)subscription clears the cache (messages may have
-    been missed); a broken subscription is retried every ``retry_s`` seconds.
+    been missed); a broken subscription is retried every ``retry_s`` seconds. ``auth_invalidations_lost``
+    is logged once when the subscription breaks (or cannot be made), not at every retry, and
+    ``auth_invalidations_resumed`` once it is back (``redis_unreachable`` says why, with the address:
+    :mod:`service.observability.redis_watch`).
     """
+    lost = False
     while True:
         pubsub = redis.pubsub()
         try:
@@ -154,6 +158,9 @@ async def follow_invalidations(
             async for message in pubsub.listen():
                 if message["type"] == "subscribe":
                     cache.clear()
+                    if lost:
+                        log.info("auth_invalidations_resumed")
+                        lost = False
                 elif message["type"] == "message":
                     data = message["data"]
                     text = data.decode() if isinstance(data, bytes) else str(data)
@@ -161,7 +168,9 @@ async def follow_invalidations(
                     if also is not None:
                         also(text)
         except (RedisError, OSError) as exc:
-            log.warning("auth_invalidations_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
+            if not lost:
+                log.warning("auth_invalidations_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
+                lost = True
         finally:
             cache.clear()
             await pubsub.aclose()  # type: ignore[no-untyped-call]

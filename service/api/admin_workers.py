@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -58,13 +59,22 @@ def _managed_in_settings(url: str) -> APIError:
     )
 
 
+def _iso(unix_s: float | None) -> str | None:
+    """A Unix time (s) as ISO 8601 UTC, e.g. ``2026-01-31T12:00:00.123Z``; None stays None."""
+    if unix_s is None:
+        return None
+    return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @router.get("")
 async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: After = None) -> dict[str, Any]:
     """The workers this replica knows, in id order, a page at a time (:mod:`service.api.paging`: at most
     ``limit``, 1-1000, default 100, after id ``after``), each with its source, mode, breaker, in-flight
     and window, and what admission measured of it: capacity (req/s), engine TTFT of short prefills (ms)
     and, per class, the calibration scale of its TTFT predictions
-    (``scheduler.prediction_calibration_target``)."""
+    (``scheduler.prediction_calibration_target``); and why it is healthy or not (``health_reason``: what
+    was seen at the last change, e.g. ``"connection refused"``) since when (``health_since``, ISO 8601 UTC;
+    both None until its first probe)."""
     entries = await state.registry.entries()
     known = dict.fromkeys([w.url for w in state.pool.workers] + list(entries))
     ordered = sorted((worker_id(url), url) for url in known)
@@ -82,6 +92,8 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
                 "in_pool": worker is not None,
                 "healthy": bool(worker and worker.healthy),
                 "breaker": worker.breaker.state if worker else None,
+                "health_reason": worker.health_reason if worker else None,
+                "health_since": _iso(worker.health_since) if worker else None,
                 "in_flight": worker.in_flight if worker else 0,
                 "in_flight_tokens": worker.in_flight_tokens if worker else 0,
                 "window": window.size if worker and (window := state.scheduler.window(url)) else None,

@@ -7,6 +7,7 @@ channel, so a client that goes away cancels the upstream call and the pipeline u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
@@ -14,6 +15,8 @@ import structlog
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
+
+from service.runtime.http_protocol import ABORT_EXTENSION
 
 log = structlog.get_logger("radixgate.api")
 
@@ -108,6 +111,7 @@ class SendBoundedStreamingResponse(StreamingResponse):
             # the close part-way (the body's abort at the worker and settle)
             log.warning("stream_stalled", request_id=self._request_id, send_timeout_s=self._send_timeout_s)
             await self._content.aclose()
+            await _reset_connection(scope, receive)
 
     async def stream_response(self, send: Send) -> None:
         """Stream the body; cancel it when one write waits longer than ``send_timeout_s``."""
@@ -131,6 +135,26 @@ class SendBoundedStreamingResponse(StreamingResponse):
             raise _Stalled from None
         finally:
             watchdog.stop()
+
+
+RESET_WAIT_S = 1.0
+"""Longest wait for the server to report a reset connection lost, s (it does so on the next loop step)."""
+
+
+async def _reset_connection(scope: Scope, receive: Receive) -> None:
+    """Reset the connection of a response given up on purpose, through the server's
+    :data:`service.runtime.http_protocol.ABORT_EXTENSION`, and wait until the server has seen it lost: the
+    response then ends as a client that left, not as an app that returned without completing it (uvicorn
+    logs that at ERROR). Without the extension (another server) nothing is done: the server closes the
+    connection as it does for any incomplete response."""
+    extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
+    if extension is None:
+        return
+    extension["abort"]()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(RESET_WAIT_S):
+            while (await receive())["type"] != "http.disconnect":
+                pass
 
 
 class _Stalled(Exception):

@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
 from service.api.deps import StateDep
+from service.runtime.drain import RETRY_AFTER_S
 
 router = APIRouter(tags=["health"])
 
@@ -20,7 +21,15 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(state: StateDep) -> JSONResponse:
-    """Ready when Redis answers and at least one worker is healthy (503 otherwise)."""
+    """Ready when Redis answers and at least one worker is healthy (503 otherwise); 503 with
+    ``"draining": true`` from the stop signal on (:mod:`service.runtime.drain`): a balancer stops sending
+    here."""
+    if state.drain.draining:
+        return JSONResponse(
+            {"ready": False, "draining": True},
+            status_code=503,
+            headers={"Retry-After": str(int(RETRY_AFTER_S)), "Connection": "close"},
+        )
     try:
         redis_ok = bool(await state.redis.ping())
     except RedisError:
@@ -28,7 +37,8 @@ async def readyz(state: StateDep) -> JSONResponse:
     workers = {w.url: w.healthy for w in state.pool.workers}
     ready = redis_ok and any(workers.values())
     return JSONResponse(
-        {"ready": ready, "redis": redis_ok, "workers": workers}, status_code=200 if ready else 503
+        {"ready": ready, "draining": False, "redis": redis_ok, "workers": workers},
+        status_code=200 if ready else 503,
     )
 
 

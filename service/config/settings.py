@@ -34,6 +34,7 @@ from service.config.policies import (
     SchedulerSettings,
     default_priority_classes,
 )
+from service.config.shutdown import ShutdownSettings
 from service.config.sources import ConfigFileSource
 
 __all__ = [
@@ -354,6 +355,7 @@ class Settings(HomeSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "

@@ -10,6 +10,10 @@ cancelled with the reason attached, and the dispatcher turns that cancellation i
 request would get (401 ``invalid_api_key``, 403 ``tenant_disabled``). A streamed answer already under way
 ends with that error event; its worker requests are aborted and the tokens generated so far are charged.
 
+A stopping gateway process ends what is still in flight at its drain's deadline the same way
+(:meth:`RevocationRegistry.end_all`, :mod:`service.runtime.drain`): 503 ``shutting_down``, charged what was
+generated.
+
 A message lost with the subscriber's connection is not replayed, so a revocation that races a Redis
 failover may leave streams running to their end (new requests are refused either way).
 """
@@ -78,6 +82,11 @@ class Revocable:
         Raises:
             GatewayError: the revocation's error, when it ended the request meanwhile.
         """
+        if self.error is not None:  # ended before it got here (the drain's deadline: end_all)
+            close = getattr(work, "close", None)
+            if close is not None:
+                close()  # never awaited: no "coroutine was never awaited" warning
+            raise self.error
         self.task = asyncio.current_task()
         try:
             return await work
@@ -104,10 +113,13 @@ class RevocationRegistry:
         self.enabled = enabled
         self._by: dict[str, dict[str, dict[str, Revocable]]] = {"tenant": {}, "key": {}}
         self._checking: set[asyncio.Task[None]] = set()
+        self._ending: GatewayError | None = None  # set by end_all: later requests end at once too
 
     def track(self, rid: str, tenant_id: str, key_id: str) -> Revocable:
-        """Register a request from now until :meth:`untrack`; its task is the current one."""
+        """Register a request from now until :meth:`untrack`; its task is the current one. After
+        :meth:`end_all` the request is ended from the start (its first guarded step raises the error)."""
         entry = Revocable(rid, tenant_id, key_id, asyncio.current_task())
+        entry.error = self._ending
         for kind, name in (("tenant", tenant_id), ("key", key_id)):
             if name:
                 self._by[kind].setdefault(name, {})[rid] = entry
@@ -166,6 +178,18 @@ class RevocationRegistry:
             return False
         entry.charge = False  # read as its task unwinds, after this
         return True
+
+    def end_all(self, error: GatewayError) -> int:
+        """End every request in flight here with ``error``, and every one registered later (the process
+        is stopping: :mod:`service.runtime.drain`); returns how many were ended now. Charged like a
+        revocation:
+        what their workers generated. Works whether or not revocations are ``enabled``."""
+        self._ending = error
+        entries = {id(e): e for group in self._by["tenant"].values() for e in group.values()}
+        ended = sum(_end(entry, error) for entry in entries.values())
+        if ended:
+            log.info("requests_ended", requests=ended, code=error.code)
+        return ended
 
     async def stop(self) -> None:
         """Cancel the checks still running (shutdown)."""

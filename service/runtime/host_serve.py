@@ -1,4 +1,15 @@
-"""Several gateway processes on one host (``RADIXGATE_WORKERS`` > 1) whose ``/metrics`` sums them all.
+"""Serving the gateway: one process (:func:`serve_one`), or several on one host (``RADIXGATE_WORKERS`` > 1,
+:func:`serve_processes`) whose ``/metrics`` sums them all.
+
+Stopping (:mod:`service.runtime.drain`): each gateway process drains on SIGTERM/SIGINT (its app's handlers),
+then
+uvicorn stops it. One process runs :class:`GatewayServer`, which exits with status 0 after a signal it
+handled (uvicorn's server raises the signal again once it has stopped: status -15). With several, the
+parent passes SIGTERM on to every process at once (uvicorn's supervisor looks at signals every 0.5 s, and
+until then its processes went on admitting new requests), and closes its own copy of the listening socket
+once it has (the processes keep theirs while they drain: when the last one closes it, new connections are
+refused; the parent's copy kept the socket listening with nobody accepting, and connections waited unanswered
+until the parent exited).
 
 The parent process creates a fresh private directory (:func:`tempfile.mkdtemp`, mode 0700) before it
 starts any worker, points prometheus_client's multiprocess mode at it (``PROMETHEUS_MULTIPROC_DIR``) and
@@ -13,17 +24,24 @@ served was served, and the replacement writes files of its own pid, so nothing i
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 from socket import socket
+from types import FrameType
 from typing import Any
 
 import structlog
 import uvicorn
 from prometheus_client.multiprocess import mark_process_dead
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.server import HANDLED_SIGNALS
 from uvicorn.supervisors import Multiprocess
 
 log = structlog.get_logger("radixgate.host_serve")
@@ -42,6 +60,39 @@ def fresh_multiproc_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, except that a SIGINT or SIGTERM it stopped on is not raised again once it has
+    stopped: a drained gateway exits with status 0 (uvicorn's ``capture_signals`` re-raises the signal,
+    so the process died of it: status -15, shell 143)."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's handlers (``handle_exit``) for the run, the previous ones restored after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def serve_one(app: Any, options: dict[str, Any]) -> int:
+    """Serve ``app`` in this process with :class:`GatewayServer` until it stops; the exit status: 0, or
+    uvicorn's start-up failure status (3) when it never started serving.
+
+    Args:
+        app: the ASGI app.
+        options: keyword arguments of :class:`uvicorn.Config` (host, port, loop, ...).
+    """
+    server = GatewayServer(uvicorn.Config(app, **options))
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C before its handlers were set
+        server.run()
+    return 0 if server.started else STARTUP_FAILURE
+
+
 class MetricsMultiprocess(Multiprocess):
     """uvicorn's worker supervisor that calls ``mark_process_dead`` for every worker it replaces or
     retires while running (the three places it does: a dead or hung worker, SIGHUP, SIGTTOU).
@@ -55,6 +106,26 @@ class MetricsMultiprocess(Multiprocess):
     def __init__(self, config: uvicorn.Config, sockets: list[socket], multiproc_dir: Path) -> None:
         super().__init__(config, sockets)
         self._multiproc_dir = multiproc_dir
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_stop_signal)
+
+    def _on_stop_signal(self, sig: int, frame: FrameType | None) -> None:
+        """Queue the signal for uvicorn's loop (which stops, as before) and pass SIGTERM on to every
+        process now: each begins its drain at once (service/runtime/drain.py; a second SIGTERM, when the whole
+        process group was signalled, is ignored there)."""
+        self.signal_queue.append(sig)
+        for process in self.processes:
+            if process.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(process.pid, signal.SIGTERM)
+
+    def terminate_all(self) -> None:
+        """uvicorn's (SIGTERM to every process), then this process's copies of the listening sockets
+        closed: the processes keep theirs while they drain, and the last one to close it makes the kernel
+        refuse new connections (none waits unanswered in the backlog until this process exits)."""
+        super().terminate_all()
+        for sock in self.sockets:
+            sock.close()
 
     def _pids(self) -> set[int]:
         return {p.pid for p in self.processes if p.pid is not None}

@@ -10,7 +10,17 @@ callbacks already ready, without waiting for I/O in between). A non-streamed ans
 5% less CPU per request; per stream about 10%). The same idea as TCP_CORK or Nagle's algorithm
 (RFC 896), bounded by a loop step instead of a timer, so nothing waits for more data.
 
-Setting: ``RADIXGATE_HTTP_WRITE_COALESCING`` (on by default; off serves with uvicorn's own protocol).
+Setting: ``RADIXGATE_HTTP_WRITE_COALESCING`` (on by default; off serves with
+:class:`GatewayHttpToolsProtocol`, uvicorn's own protocol with only the extension below).
+
+Both offer the app the ASGI extension :data:`ABORT_EXTENSION`:
+``scope["extensions"][ABORT_EXTENSION]["abort"]()`` resets the request's connection. ASGI has no
+message for an app that ends a response on purpose before it is complete (a stream the gateway gives up
+on because its client stopped reading: :class:`service.api.cancellation.SendBoundedStreamingResponse`):
+an app that returns without completing it makes uvicorn log ``ASGI callable returned without completing
+response`` at ERROR, and one that raises logs a traceback; nor can its final ``http.response.body`` be
+sent (the write waits for a client that does not read). After ``abort()`` uvicorn sees the connection
+lost (``http.disconnect``), and an app that returns then is no error.
 """
 
 from __future__ import annotations
@@ -89,9 +99,35 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol on a :class:`CoalescingTransport` (uvicorn's ``http`` option takes it as
-    ``service.runtime.http_protocol:CoalescingHttpToolsProtocol``)."""
+ABORT_EXTENSION = "radixgate.connection.abort"
+"""Name of the ASGI extension that resets a request's connection (``{"abort": callable}``)."""
+
+
+class GatewayHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol whose requests carry the :data:`ABORT_EXTENSION` (uvicorn's ``http``
+    option takes it as ``service.runtime.http_protocol:GatewayHttpToolsProtocol``)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Set up the connection as uvicorn does, and its extensions (one dict per connection)."""
+        super().connection_made(transport)
+        self._extensions: dict[str, dict[object, object]] = {
+            ABORT_EXTENSION: {"abort": self.abort_connection}
+        }
+
+    def on_message_begin(self) -> None:
+        """A new request's scope, as uvicorn makes it, with the connection's extensions."""
+        super().on_message_begin()
+        self.scope["extensions"] = self._extensions
+
+    def abort_connection(self) -> None:
+        """Reset the connection now, dropping what is not yet written (``transport.abort``); uvicorn's
+        ``connection_lost`` follows from the loop (the request sees ``http.disconnect``)."""
+        self.transport.abort()
+
+
+class CoalescingHttpToolsProtocol(GatewayHttpToolsProtocol):
+    """:class:`GatewayHttpToolsProtocol` on a :class:`CoalescingTransport` (uvicorn's ``http`` option takes
+    it as ``service.runtime.http_protocol:CoalescingHttpToolsProtocol``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Wrap the connection's transport, then set up the connection as uvicorn does."""

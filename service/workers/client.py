@@ -41,6 +41,15 @@ ProbeResult = Literal["ok", "failed", "refused", "unknown"]
 """Outcome of one health probe ("unknown": the gateway's own connection pool was full; no evidence)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeReport:
+    """One health probe: its :data:`ProbeResult` and what was seen, for the logs and ``/admin/workers``
+    (e.g. ``"GET /health 200"``, ``"connection refused"``, ``"GET /health 404: not an SGLang server?"``)."""
+
+    result: ProbeResult
+    reason: str
+
+
 def worker_logprobs(meta: dict[str, Any]) -> tuple[WorkerLogprob, ...] | None:
     """``meta_info.output_token_logprobs`` (``[logprob, id, text]`` per token) joined with
     ``output_top_logprobs`` (a list of ``[logprob, id, text]`` per token, or None) as
@@ -225,11 +234,14 @@ class WorkerInfo:
         limits: its token limits, None when it reports none.
         max_running: requests the engine runs at once (:func:`engine_max_running`), None when unknown;
             the admission core starts the worker's window there.
+        model: the model name it serves (SGLang's ``served_model_name``; its model path unless
+            ``--served-model-name`` was given), None when it does not say.
     """
 
     incremental_streaming: bool | None = None
     limits: TokenLimits | None = None
     max_running: int | None = None
+    model: str | None = None
 
     @classmethod
     def parse(cls, payload: Any) -> WorkerInfo:
@@ -256,6 +268,7 @@ class WorkerInfo:
             incremental_streaming=flag if isinstance(flag, bool) else None,
             limits=limits,
             max_running=engine_max_running(payload),
+            model=model if isinstance(model := payload.get("served_model_name"), str) and model else None,
         )
 
 
@@ -347,6 +360,7 @@ class SGLangClient:
                 max_prompt_tokens=info.limits.max_prompt_tokens if info.limits else None,
                 max_total_tokens=info.limits.max_total_tokens if info.limits else None,
                 max_running=info.max_running,
+                model=info.model,
             )
         self._info[worker] = info
         return info
@@ -443,10 +457,14 @@ class SGLangClient:
             return None
 
     async def probe(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> ProbeResult:
+        """:meth:`check`'s result alone."""
+        return (await self.check(worker, timeout_s, deep)).result
+
+    async def check(self, worker: str, timeout_s: float = 2.0, deep: bool = False) -> ProbeReport:
         """``GET /health`` (or, when ``deep``, ``/health_generate``, which runs a 1-token generation on an
         idle worker): ``"ok"`` for 200 within ``timeout_s``, ``"refused"`` when the connection could
         not be opened, ``"unknown"`` when no pooled connection was free, ``"failed"`` otherwise (other
-        status, timeout, reset).
+        status, timeout, reset); with what was seen (:class:`ProbeReport`).
 
         A worker that answers for the first time (or again after a failed probe) has its
         :class:`WorkerInfo` learned; one that does not answer has it forgotten."""
@@ -455,17 +473,20 @@ class SGLangClient:
             status, _ = await self._http.call("GET", worker, path, timeout_s=timeout_s)
         except TransportFailure as exc:
             if exc.refused:
-                return "refused"
+                text = str(exc)
+                refused = "refused" in text.lower()
+                return ProbeReport("refused", "connection refused" if refused else f"cannot connect: {text}")
             if exc.local:
-                return "unknown"
+                return ProbeReport("unknown", "no free connection in the gateway's own pool")
             self.forget(worker)
-            return "failed"
+            return ProbeReport("failed", f"GET {path} failed: {exc}")
         if status != 200:
             self.forget(worker)
-            return "failed"
+            hint = ": not an SGLang server?" if status == 404 else ""
+            return ProbeReport("failed", f"GET {path} {status}{hint}")
         if worker not in self._info:
             await self.learn(worker, timeout_s)
-        return "ok"
+        return ProbeReport("ok", f"GET {path} 200")
 
     def _transport_error(self, worker: str, exc: TransportFailure) -> UpstreamError:
         if exc.local:  # no free connection in our own pool: not the worker's fault

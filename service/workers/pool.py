@@ -20,6 +20,12 @@ for probes and requests alike:
   nothing: real traffic outranks health signals, so the last healthy worker is never ejected on probe
   evidence alone while it serves.
 
+Every change of a worker's health is logged once (``worker_healthy`` / ``worker_unhealthy``, with the reason:
+``"connection refused"``, ``"GET /health 404: not an SGLang server?"``, ``"requests failed: circuit breaker
+open"``, ...; not once per probe) and kept for ``/admin/workers`` (``health_reason``, ``health_since``). A
+worker is healthy for this purpose when it was seen up and its breaker is closed; a healthy worker that
+reports another model than the gateway serves is logged too (at WARNING, the reason naming both).
+
 After the cool-down the breaker is half-open: probes and requests go through and ``breaker_successes``
 successes close it. A worker is eligible for new requests when it has answered a probe at least once, its
 breaker lets traffic through and it is not draining. A draining worker finishes what it runs and is
@@ -42,6 +48,17 @@ from service.workers.client import SGLangClient
 
 log = structlog.get_logger("radixgate.pool")
 
+SIGNAL_REASONS: dict[Signal, str] = {
+    "request_ok": "a request was served",
+    "request_failed": "requests failed",
+    "refused": "connection refused",
+    "probe_ok": "GET /health 200",
+    "probe_failed": "GET /health failed",
+    "deep_probe_ok": "GET /health_generate 200",
+    "deep_probe_failed": "GET /health_generate failed",
+}
+"""The health log's reason for a signal recorded without one of its own."""
+
 TransitionHook = Callable[[str, BreakerState], None]
 ConfirmationHook = Callable[[str, str], None]
 """Called with (worker URL, verdict) for each settled confirmation: ``confirmed``, ``cleared``, ``refused``
@@ -60,6 +77,9 @@ class WorkerState:
     in_flight_tokens: int = 0
     last_request_ok: float | None = None  # monotonic s of the last successful request
     suspects: int = 0  # 5xx answers waiting for the confirmation probe in flight
+    health_reason: str | None = None  # why it is (un)healthy, as of the last change (None: not probed yet)
+    health_since: float | None = None  # Unix time of that change, s
+    reported: tuple[bool, str | None] | None = None  # (up, reason) last logged
 
     def eligible(self, now: float) -> bool:
         """Accepts new requests at ``now`` (s); may move the breaker open -> half-open (the pool
@@ -86,6 +106,9 @@ class WorkerPool:
         deep_probe_every: every n-th probe round uses ``/health_generate`` (a real 1-token generation)
             instead of ``/health``; 0 disables deep probes (confirmations of a 5xx still use it).
         on_confirmation: called with (url, verdict) when a 5xx's confirmation probe settles.
+        served_models: the model names the gateway serves; a worker that reports another one
+            (:attr:`service.workers.client.WorkerInfo.model`) is logged (empty: not checked).
+        wall_clock: Unix time in s (``health_since``).
     """
 
     def __init__(
@@ -99,6 +122,8 @@ class WorkerPool:
         clock: Callable[[], float] = time.monotonic,
         deep_probe_every: int = 6,
         on_confirmation: ConfirmationHook | None = None,
+        served_models: Collection[str] = (),
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._breaker_config = breaker or BreakerConfig()
         self._workers: dict[str, WorkerState] = {}
@@ -115,6 +140,8 @@ class WorkerPool:
         self._task: asyncio.Task[None] | None = None
         self._on_confirmation = on_confirmation
         self._confirming: dict[str, asyncio.Task[None]] = {}  # url -> its confirmation probe
+        self._served_models = tuple(served_models)
+        self._wall_clock = wall_clock
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -198,9 +225,45 @@ class WorkerPool:
             if self._on_transition is not None:
                 self._on_transition(state.url, after)
 
-    def record(self, url: str, signal: Signal) -> None:
+    def _note(self, state: WorkerState, reason: str) -> None:
+        """Log a change of ``state``'s health (up: seen up, breaker closed) once, with ``reason`` (what
+        was seen last), and keep it for ``/admin/workers``."""
+        up = state.seen_up and state.breaker.state == "closed"
+        mismatch = self._model_mismatch(state.url) if up else None
+        if not up and state.breaker.state == "open" and "circuit breaker" not in reason:
+            reason = f"{reason}: circuit breaker open"
+        key = (up, mismatch if up else reason)
+        if key == state.reported:
+            return
+        before, reason = state.health_reason, mismatch or reason
+        state.reported, state.health_reason, state.health_since = key, reason, self._wall_clock()
+        if up:
+            (log.warning if mismatch else log.info)(
+                "worker_healthy", worker=state.url, reason=reason, before=before
+            )
+        else:
+            log.warning(
+                "worker_unhealthy",
+                worker=state.url,
+                reason=reason,
+                breaker=state.breaker.state,
+                before=before,
+            )
+
+    def _model_mismatch(self, url: str) -> str | None:
+        """Why ``url`` serves another model than the gateway, or None (it matches, or does not say)."""
+        info = self._client.known_info(url)
+        if not self._served_models or info is None or info.model is None or info.model in self._served_models:
+            return None
+        return (
+            f"reports model '{info.model}' but the gateway serves {', '.join(self._served_models)}: "
+            "set RADIXGATE_ENGINE__SERVED_MODEL_NAME (or RADIXGATE_EXTRA_MODELS), or start SGLang with "
+            "--served-model-name"
+        )
+
+    def record(self, url: str, signal: Signal, reason: str | None = None) -> None:
         """Feed one piece of evidence about ``url`` to its breaker (the module's rule); unknown URLs
-        are ignored."""
+        are ignored. ``reason``: what was seen, for the health log (default: the signal's own words)."""
         state = self._workers.get(url)
         if state is None:
             return
@@ -216,10 +279,13 @@ class WorkerPool:
         if verdict == "ignore":
             log.info("probe_failure_outweighed", worker=url, signal=signal, request_ok_age_s=age)
         self._transition(state, before)
+        # a served request says nothing new of a worker already logged up (nothing more per request)
+        if signal != "request_ok" or state.reported is None or not state.reported[0]:
+            self._note(state, reason or SIGNAL_REASONS[signal])
 
     def trip(self, url: str) -> None:
         """Open ``url``'s breaker now (its supervisor saw the process die); unknown URLs are ignored."""
-        self.record(url, "refused")
+        self.record(url, "refused", "its process exited or stopped answering (supervisor)")
 
     def readmit(self, url: str) -> None:
         """Make a restarted worker's breaker half-open at once (fresh process, base cool-down): the next
@@ -237,25 +303,30 @@ class WorkerPool:
         now = self._clock()
         self._rounds += 1
         deep = self._deep_every > 0 and self._rounds % self._deep_every == 0
-        due: list[str] = []
+        due: list[tuple[str, bool]] = []  # (url, deep): a worker not yet seen up gets the plain probe
         for worker in list(self._workers.values()):
             before = worker.breaker.state
             if not worker.seen_up or worker.breaker.allow(now):  # allow() may move open -> half-open
-                due.append(worker.url)
+                due.append((worker.url, deep and worker.seen_up))
             self._transition(worker, before)
-        timeout = self._deep_timeout if deep else self._timeout
-        results = await asyncio.gather(*(self._client.probe(u, timeout, deep) for u in due))
-        for url, result in zip(due, results, strict=True):
+        reports = await asyncio.gather(
+            *(self._client.check(u, self._deep_timeout if d else self._timeout, d) for u, d in due)
+        )
+        for (url, deep_here), report in zip(due, reports, strict=True):
             state = self._workers.get(url)
+            result = report.result
             if state is None:
                 continue
             if result == "ok":
-                self.record(url, "deep_probe_ok" if deep else "probe_ok")
+                self.record(url, "deep_probe_ok" if deep_here else "probe_ok", report.reason)
             elif result == "unknown":  # our own connection pool was full: no evidence either way
                 continue
             elif state.seen_up:  # a worker still starting up is not failing
-                failed: Signal = "deep_probe_failed" if deep else "probe_failed"
-                self.record(url, "refused" if result == "refused" else failed)
+                failed: Signal = "deep_probe_failed" if deep_here else "probe_failed"
+                self.record(url, "refused" if result == "refused" else failed, report.reason)
+            else:  # not up yet: no evidence for its breaker, but why it is not is logged (one kind of
+                # probe for it, so that its reason does not alternate between /health and /health_generate)
+                self._note(state, report.reason)
 
     @property
     def _deep_timeout(self) -> float:
@@ -281,10 +352,11 @@ class WorkerPool:
 
     async def _confirm(self, url: str) -> None:
         try:
-            result = await self._client.probe(url, self._deep_timeout, deep=True)
+            report = await self._client.check(url, self._deep_timeout, deep=True)
+            result, why = report.result, f"5xx answers, then {report.reason}"
         except Exception:  # a probe must never leave its suspects waiting forever
             log.exception("confirmation_probe_failed", worker=url)
-            result = "unknown"
+            result, why = "unknown", ""
         finally:
             self._confirming.pop(url, None)
         state = self._workers.get(url)
@@ -294,12 +366,12 @@ class WorkerPool:
         verdict = {"ok": "cleared", "failed": "confirmed", "refused": "refused"}.get(result, "no_evidence")
         log.info("worker_5xx_confirmation", worker=url, verdict=verdict, answers=suspects)
         if result == "ok":
-            self.record(url, "deep_probe_ok")
+            self.record(url, "deep_probe_ok", why)
         elif result == "refused":
-            self.record(url, "refused")
+            self.record(url, "refused", why)
         elif result == "failed":
             for _ in range(suspects):
-                self.record(url, "request_failed")
+                self.record(url, "request_failed", why)
         if self._on_confirmation is not None:
             self._on_confirmation(url, verdict)
 

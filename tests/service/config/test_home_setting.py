@@ -110,7 +110,12 @@ def test_no_other_part_builds_the_default_folder() -> None:
     peers folder, the engine fixture's paths)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
     # the places that define it: the shell's, the gateway's, and compose's own (checked in test_compose.py)
-    allowed = {"scripts/home.sh", "service/config/engine.py", "compose.yaml", "tests/service/config/test_home_setting.py"}
+    allowed = {
+        "scripts/home.sh",
+        "service/config/engine.py",
+        "compose.yaml",
+        "tests/service/config/test_home_setting.py",
+    }
     offenders = []
     for name in tracked.stdout.splitlines():
         path = ROOT / name

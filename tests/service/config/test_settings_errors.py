@@ -67,7 +67,7 @@ def test_a_rule_across_settings_names_no_empty_variable(
     monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path
 ) -> None:
     """It printed 'invalid setting RADIXGATE_: Value error, workers > 1 needs ...'."""
-    monkeypatch.setattr(service_main.uvicorn, "run", refuse_to_serve)
+    monkeypatch.setattr(service_main, "serve_one", refuse_to_serve)
     monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
     monkeypatch.setenv("RADIXGATE_WORKERS", "2")
     monkeypatch.setenv("RADIXGATE_ENGINE__LAUNCH", "true")
@@ -194,7 +194,7 @@ def assert_one_clear_line(
     monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path, name: str, value: str, says: str
 ) -> None:
     """``serve`` with setting ``name`` = ``value`` exits 2 with one line (no traceback) naming ``says``."""
-    monkeypatch.setattr(service_main.uvicorn, "run", refuse_to_serve)
+    monkeypatch.setattr(service_main, "serve_one", refuse_to_serve)
     monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
     monkeypatch.setenv(name, value)
     result = CliRunner().invoke(cli, ["serve"])

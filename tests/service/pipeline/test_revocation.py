@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 
 from service.app import create_app
 from service.config.settings import Settings
-from service.errors import GatewayError, PermissionDenied
+from service.errors import GatewayError, PermissionDenied, ShuttingDown
 from service.pipeline.revocation import RevocationRegistry
 from tests.conftest import ADMIN_TOKEN
 from tests.service.api.test_api import assert_openai_error, auth, chat, new_tenant, usage_of
@@ -43,9 +43,7 @@ class Checks:
         raise found
 
 
-async def _served(
-    registry: RevocationRegistry, rid: str, tenant: str, key: str, work: asyncio.Future[str]
-) -> str:
+async def _served(registry: RevocationRegistry, rid: str, tenant: str, key: str, work: Awaitable[str]) -> str:
     """A request's await on its worker, as the dispatcher makes it (:meth:`Revocable.guard`)."""
     entry = registry.track(rid, tenant, key)
     try:
@@ -108,6 +106,34 @@ async def test_a_cancellation_from_elsewhere_still_propagates_and_a_disabled_reg
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_end_all_ends_every_request_and_those_that_arrive_after_it() -> None:
+    """A stopping process's drain deadline (service/runtime/drain.py): every request in flight ends with the
+    error,
+    whatever its tenant or key, and so does one still between its admission and its first guarded await
+    (tracked later): its work is never started."""
+    checks = Checks()
+    registry = RevocationRegistry(checks.check, checks.check, enabled=False)  # works without revocations
+    loop = asyncio.get_running_loop()
+    works = {rid: loop.create_future() for rid in ("a", "b")}
+    tasks = [
+        asyncio.create_task(_served(registry, "a", "t1", "k1", works["a"])),
+        asyncio.create_task(_served(registry, "b", "t2", "k2", works["b"])),
+    ]
+    await asyncio.sleep(0)
+    bye = ShuttingDown("bye", retry_after_s=1.0)
+    assert registry.end_all(bye) == 2
+    started: list[str] = []
+
+    async def late_work() -> str:
+        started.append("late")
+        return "served"
+
+    late = asyncio.create_task(_served(registry, "c", "t3", "k3", late_work()))
+    results = await asyncio.gather(*tasks, late, return_exceptions=True)
+    assert results == [bye, bye, bye] and started == []
+    assert registry.in_flight("tenant", "t1") == registry.in_flight("tenant", "t3") == 0
 
 
 # -- end to end --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from policies.circuit_breaker import BreakerConfig
-from service.workers.client import SGLangClient
+from service.workers.client import ProbeReport, SGLangClient
 from service.workers.pool import WorkerPool
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
@@ -138,11 +138,14 @@ class GatedProbes:
         self.asked: list[tuple[str, bool]] = []
         self.answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-    async def probe(self, url: str, timeout_s: float = 2.0, deep: bool = False) -> str:
+    async def check(self, url: str, timeout_s: float = 2.0, deep: bool = False) -> ProbeReport:
         self.asked.append((url, deep))
         result = await self.answer
         self.answer = asyncio.get_running_loop().create_future()
-        return result
+        return ProbeReport(result, f"probe {result}")  # type: ignore[arg-type]
+
+    def known_info(self, url: str) -> None:
+        return None
 
 
 def _suspect_pool(probes: GatedProbes, verdicts: list[tuple[str, str]]) -> WorkerPool:
