@@ -241,7 +241,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "store": _off_only(_one_of(False), _typed(bool), "null, false", "nothing is stored"),
     "tool_choice": _served(
         "none, auto, required, or a named function; required and named are forced by the engine's "
-        "grammar (structural tag)",
+        "grammar (structural tag); an answer with calls ends with `finish_reason` `tool_calls` for auto "
+        "and required, `stop` for a named function (as OpenAI)",
         served=lambda v: not isinstance(v, dict) or v.get("type") == "function",
     ),
     "tools": _served(
