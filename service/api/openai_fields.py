@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from service.api import limits
+from service.api import limits, template_kwargs
 from service.api.errors import APIError
 from service.api.protocol_features import MAX_TOOLS
 
@@ -191,6 +191,12 @@ _SAMPLING: dict[str, FieldRule] = {
 CHAT_FIELDS: dict[str, FieldRule] = {
     **_SAMPLING,
     "messages": _served(f"text content; up to {limits.MAX_MESSAGES} messages"),
+    "chat_template_kwargs": _served(
+        "not OpenAI: SGLang / vLLM extension; variables for the model's chat template, which the gateway "
+        f'renders (e.g. `{{"enable_thinking": false}}`): up to {template_kwargs.MAX_KWARGS} entries, '
+        f"{template_kwargs.MAX_BYTES} bytes of JSON, values nested {template_kwargs.MAX_DEPTH} deep; "
+        "names of the template's own variables (`messages`, `tools`, `add_generation_prompt`, ...) refused"
+    ),
     "max_completion_tokens": _served("as max_tokens"),
     "audio": _off_only(valid=_typed(dict)),
     "function_call": _off_only(_one_of("none", "auto"), _typed(str, dict), 'null, "none", "auto"'),
