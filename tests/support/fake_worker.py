@@ -139,7 +139,7 @@ class FakeWorker:
             if not stream:
                 error = {"object": "error", "message": self.reject, "type": "500", "param": None, "code": 500}
                 return JSONResponse(error, status_code=500)
-            first = {"text": "", "output_ids": [0], "meta_info": self._meta(body, 1, False)}
+            first: dict[str, Any] = {"text": "", "output_ids": [0], "meta_info": self._meta(body, 1, False)}
             meta = {
                 **self._meta(body, 2, False),
                 "finish_reason": {"type": "abort", "message": self.reject, "status_code": 500},
@@ -148,7 +148,7 @@ class FakeWorker:
             events = [f"data: {json.dumps(e)}\n\n".encode() for e in (first, aborted)] + [b"data: [DONE]\n\n"]
             return StreamingResponse(iter(events), media_type="text/event-stream")
         if self.reject_style == "event" and stream:
-            error = {
+            error: dict[str, Any] = {
                 "error": {"message": self.reject, "type": "invalid_request_error", "code": self.reject_status}
             }
             events = [f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"]
