@@ -7,7 +7,7 @@ RFC 2697 / RFC 4115 (single rate, committed burst), refilled lazily from elapsed
 distributed rate limiters (e.g. Stripe's and GitHub's Redis limiters).
 
 ``tenancy/token_bucket.lua`` performs exactly this arithmetic inside Redis; the two are tested on one
-table (``tests/test_token_bucket.py``), so keep them in step.
+table (``tests/policies/test_token_bucket.py``), so keep them in step.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def section(rows: list[dict[str, Any]], setup: str) -> str:
     )
     return f"""## Cross-check: HTTP path vs virtual time
 
-Command: `RADIXGATE_WRITE_DOCS=1 .venv/bin/pytest tests/test_fleet_crosscheck.py`.
+Command: `RADIXGATE_WRITE_DOCS=1 .venv/bin/pytest tests/loadgen/test_fleet_crosscheck.py`.
 
 {setup}
 

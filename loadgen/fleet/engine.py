@@ -10,7 +10,7 @@ The fleet needs only a request's first and last token; the HTTP simulator needs 
   (:attr:`FleetEngine.quiet`) instead of a new :class:`~loadgen.sim.engine.SimEvent` each.
 
 Scheduling, step times, KV accounting, preemption and the prefix cache are the base class's, untouched;
-``tests/test_fleet_sim.py`` checks that both engines give identical first-token and finish times.
+``tests/loadgen/test_fleet_sim.py`` checks that both engines give identical first-token and finish times.
 About 2.5x faster per generated token (measured in the fleet benchmark).
 """
 

@@ -15,7 +15,8 @@ term is attention reading the KV cache. Attention's quadratic cost inside prefil
 few thousand tokens at most).
 
 Every profile lists its anchors: published (or here-measured) figures with the benchmark shape they were
-measured at and the tolerance the simulation must meet (``tests/test_sim_profiles.py`` re-runs each anchor
+measured at and the tolerance the simulation must meet (``tests/loadgen/test_sim_profiles.py`` re-runs each
+anchor
 through :func:`loadgen.sim.calibrate.run_closed_loop`). Where no figure exists the parameter is marked as an
 assumption in ``notes``.
 """

@@ -42,7 +42,7 @@ NESTED = "__"
 OTHER_VARIABLES: dict[str, str] = {
     "RADIXGATE_MODEL_DIR": "compose.yaml: the host's model folder both containers mount",
     "RADIXGATE_TP": "compose.yaml: --tp of the SGLang worker container",
-    "RADIXGATE_WRITE_DOCS": "tests/test_fleet_crosscheck.py: also write docs/experiments.md",
+    "RADIXGATE_WRITE_DOCS": "tests/loadgen/test_fleet_crosscheck.py: also write docs/experiments.md",
 }
 """``RADIXGATE_*`` variables that are not settings but are read by another tool (Docker Compose, a test):
 not reported as unknown."""

@@ -99,6 +99,11 @@ class ChoiceState:
         self.index = index
         self._rid = rid
         self._parser = output.tools.parser() if output.tools is not None else None
+        # OpenAI's chat completions end an answer that called functions with "tool_calls" for tool_choice
+        # auto and required, and with "stop" for a named function (issue 25; SGLang 0.5.23's own OpenAI
+        # route says "tool_calls" for both, serving_chat.py)
+        named = output.tools is not None and output.tools.forced is not None
+        self._calls_finish = "stop" if named else "tool_calls"
         self._track = (
             LogprobTrack(tokens, output.logprobs)
             if output.logprobs is not None and tokens is not None
@@ -166,7 +171,7 @@ class ChoiceState:
         if final:
             reason = chunk.finish_reason
             self.finish_reason = step.finish_reason = (
-                "tool_calls" if self.calls and reason == "stop" else reason
+                self._calls_finish if self.calls and reason == "stop" else reason
             )
         return step
 

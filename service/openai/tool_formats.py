@@ -484,7 +484,8 @@ FORMATS: dict[str, ToolCallFormat] = {
 class CallParser:
     """Splits one answer into content and tool calls, piece by piece, in the order written
     (:attr:`ParseStep.parts`); the result does not depend on how the answer was cut into pieces, so a
-    streamed answer gives what the whole one gives (``tests/test_stream_folds.py`` cuts it at every
+    streamed answer gives what the whole one gives (``tests/service/openai/test_stream_folds.py`` cuts it at
+    every
     boundary).
 
     Rules: text before a call block is content, except the whitespace right before the block; whitespace

@@ -129,7 +129,7 @@ class RequestPreparer:
                 messages, tools = template_messages(
                     req.messages, plan, self._renderer.renders_tools, self._renderer.renders_tool_calls
                 )
-                prompt = self._renderer.render_chat(messages, tools)
+                prompt = self._renderer.render_chat(messages, tools, req.chat_template_kwargs)
                 output = OutputSpec(tools=plan, logprobs=self._chat_logprobs(req))
                 constraint = self._constraint(plan.constraint(), response_schema(req.response_format))
             else:

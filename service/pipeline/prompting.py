@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -160,11 +160,16 @@ class PromptRenderer:
         return self._counter.count(text)
 
     def render_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> RenderedPrompt:
         """Render ``[{"role", "content", ...}, ...]`` with the generation prompt appended; ``tools`` (OpenAI
         function tools) are passed to the template as Hugging Face's ``apply_chat_template(tools=...)``
-        does.
+        does, and ``template_kwargs`` (a request's ``chat_template_kwargs``, checked by
+        :func:`service.protocol.template_kwargs.check_template_kwargs`) as further variables, as its
+        ``**kwargs`` (the renderer's own variables win).
 
         Raises:
             PromptError: the model has no chat template, or the template rejects the messages.
@@ -173,19 +178,22 @@ class PromptRenderer:
             raise PromptError("the model has no chat template; use /v1/completions")
         key: bytes | None = None
         if not self._dated:
-            try:  # the tools are laid out in the prompt too: both make the key
-                key = orjson.dumps([messages, tools or None])
+            try:  # the tools and the template's variables shape the prompt too: all make the key
+                key = orjson.dumps([messages, tools or None, template_kwargs or None])
             except TypeError:  # not JSON (cannot be a cache key): rendered every time
                 key = None
         if key is not None and (found := self._rendered.get(key)) is not None:
             return found
         try:
             text = self._template.render(
-                messages=list(messages),
-                tools=list(tools) if tools else None,
-                add_generation_prompt=True,
-                bos_token=self._bos,
-                eos_token=self._eos,
+                {
+                    **(template_kwargs or {}),
+                    "messages": list(messages),
+                    "tools": list(tools) if tools else None,
+                    "add_generation_prompt": True,
+                    "bos_token": self._bos,
+                    "eos_token": self._eos,
+                }
             )
         except (TemplateError, TypeError, ValueError, KeyError, RecursionError) as exc:
             raise PromptError(f"chat template failed: {exc}") from exc

@@ -281,7 +281,9 @@ class UpstreamCaller:
                 if not self._may_retry(exc, outcome) and not outcome.streamed_any:
                     raise last_error from exc
                 if outcome.streamed_any:
-                    if outcome.resumes >= self._up.max_attempts:
+                    if (
+                        outcome.resumes >= self._up.max_attempts or exc.rejected
+                    ):  # the input: it fails anywhere
                         raise last_error from exc
                     remaining = prepared.max_tokens - outcome.completion_tokens
                     if remaining <= 0:

@@ -3,8 +3,9 @@
 Bodies are screened first by :mod:`service.protocol.fields` (OpenAI fields not served, hints, ``null``
 meaning the default); the models here parse what is served. Unknown fields are rejected (400
 ``Unrecognized request argument supplied``) as OpenAI does.
-Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos`` (SGLang sampling) and
-``priority`` (a radixgate priority class name).
+Accepted extensions: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos`` (SGLang sampling),
+``chat_template_kwargs`` (SGLang / vLLM: variables for the chat template) and ``priority`` (a radixgate
+priority class name).
 
 Types are strict (``"5"`` is not a number, ``true`` is not 1) and every number and size is bounded by
 :mod:`service.protocol.limits`, so nothing reaches a worker that it cannot take.
@@ -13,7 +14,7 @@ Types are strict (``"5"`` is not a number, ``true`` is not 1) and every number a
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -27,6 +28,7 @@ from service.protocol.features import (
     ResponseFormat,
     ToolChoice,
 )
+from service.protocol.template_kwargs import check_template_kwargs
 
 
 class StreamOptions(BaseModel):
@@ -174,6 +176,16 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="SGLang/vLLM extension: template variables (service.protocol.template_kwargs)."
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_template_kwargs(value)
+        return value
 
     @model_validator(mode="after")
     def _one_limit(self) -> ChatCompletionRequest:

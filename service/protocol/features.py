@@ -3,8 +3,10 @@
 Shapes follow OpenAI's chat completions schema (``openai.types.chat``): function tools, ``tool_choice``,
 assistant ``tool_calls`` in the history, and ``response_format``. JSON schemas given by the caller (tool
 parameters, ``response_format.json_schema.schema``) are checked against the JSON Schema meta-schema
-(:func:`check_schema`) before anything reaches a worker, so a malformed schema is a 400 naming its field,
-never a grammar failure on the engine.
+and against what the engine's grammar compiler makes of them (:mod:`service.protocol.schema_grammar`: it
+compiles, and every part the grammar can enter has a finite instance) by :func:`check_schema` before
+anything reaches a worker, so a malformed or endlessly recursive schema is a 400 naming its field, never a
+grammar failure on the engine.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, Literal
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field
+
+from service.protocol.schema_grammar import grammar_problem
 
 REQUEST_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 """Request models: unknown fields refused, no type coercion, no NaN or infinity."""
@@ -39,7 +43,9 @@ hit Python's recursion limit at ~125 levels of ``items`` (a 500); OpenAI's 10 le
 
 
 def check_schema(schema: Any) -> str | None:
-    """Why ``schema`` is not a usable JSON schema (Draft 2020-12 meta-schema), or None when it is."""
+    """Why ``schema`` is not a usable JSON schema, or None when it is: within the size bounds, valid against
+    the Draft 2020-12 meta-schema, and one the engine's grammar compiler can compile into a grammar whose
+    every part has a finite instance (:func:`service.protocol.schema_grammar.grammar_problem`)."""
     if not isinstance(schema, dict):
         return "a JSON schema must be an object"
     problem = _size_problem(schema)  # iterative, first: the meta-schema check recurses per level
@@ -55,7 +61,7 @@ def check_schema(schema: Any) -> str | None:
         return f"not a valid JSON schema: {exc.message}"
     except RecursionError:  # a second guard: the stack the check runs on is not all its own
         return "the schema nests too deeply to be checked"
-    return _ref_problem(schema)
+    return grammar_problem(schema)  # after the meta-schema: keyword types are right
 
 
 def _size_problem(schema: dict[str, Any]) -> str | None:
@@ -87,63 +93,6 @@ def _size_problem(schema: dict[str, Any]) -> str | None:
             if enums > MAX_SCHEMA_ENUM_VALUES:
                 return f"more than {MAX_SCHEMA_ENUM_VALUES} enum values in all"
         stack.extend((value, depth, level + 1, data or key == "enum") for key, value in node.items())
-    return None
-
-
-_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment"})
-
-
-def _resolve(root: dict[str, Any], ref: str) -> Any:
-    """The node ``ref`` (a local JSON pointer, RFC 6901: ``#/a/b``) points at in ``root``.
-
-    Raises:
-        KeyError: nothing is there.
-    """
-    node: Any = root
-    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise KeyError(ref)
-    return node
-
-
-def _ref_problem(schema: dict[str, Any]) -> str | None:
-    """Why ``schema``'s ``$ref``s cannot be compiled into a grammar, or None.
-
-    The engine's grammar compiler (xgrammar) takes local references only, fails on one that does not
-    resolve, and recurses without end on a cycle of references with no schema in between (SGLang then
-    answers 500, which must not reach a worker: a tenant could make it look unhealthy).
-    """
-    stack: list[Any] = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict):
-            continue
-        stack.extend(node.values())
-        ref = node.get("$ref")
-        if ref is None:
-            continue
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            return f"only local $ref (#/...) is supported, not {str(ref)[:100]!r}"
-        seen: set[int] = {id(node)}
-        target: Any = node
-        while isinstance(target, dict) and isinstance(target.get("$ref"), str):
-            try:
-                target = _resolve(schema, target["$ref"])
-            except KeyError:
-                return f"$ref {str(target['$ref'])[:100]!r} does not resolve"
-            if not isinstance(target, dict) or not set(target) <= _ANNOTATIONS:
-                break  # reaches a schema: recursion through it is fine
-            if id(target) in seen:
-                return f"$ref {ref[:100]!r} is a cycle of references with no schema in it"
-            seen.add(id(target))
     return None
 
 

@@ -30,7 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from service.errors import InvalidRequest
-from service.protocol import limits
+from service.protocol import limits, template_kwargs
 from service.protocol.features import MAX_TOOLS
 
 
@@ -193,6 +193,12 @@ _SAMPLING: dict[str, FieldRule] = {
 CHAT_FIELDS: dict[str, FieldRule] = {
     **_SAMPLING,
     "messages": _served(f"text content; up to {limits.MAX_MESSAGES} messages"),
+    "chat_template_kwargs": _served(
+        "not OpenAI: SGLang / vLLM extension; variables for the model's chat template, which the gateway "
+        f'renders (e.g. `{{"enable_thinking": false}}`): up to {template_kwargs.MAX_KWARGS} entries, '
+        f"{template_kwargs.MAX_BYTES} bytes of JSON, values nested {template_kwargs.MAX_DEPTH} deep; "
+        "names of the template's own variables (`messages`, `tools`, `add_generation_prompt`, ...) refused"
+    ),
     "max_completion_tokens": _served("as max_tokens"),
     "audio": _off_only(valid=_typed(dict)),
     "function_call": _off_only(_one_of("none", "auto"), _typed(str, dict), 'null, "none", "auto"'),
@@ -243,7 +249,8 @@ CHAT_FIELDS: dict[str, FieldRule] = {
     "store": _off_only(_one_of(False), _typed(bool), "null, false", "nothing is stored"),
     "tool_choice": _served(
         "none, auto, required, or a named function; required and named are forced by the engine's "
-        "grammar (structural tag)",
+        "grammar (structural tag); an answer with calls ends with `finish_reason` `tool_calls` for auto "
+        "and required, `stop` for a named function (as OpenAI)",
         served=lambda v: not isinstance(v, dict) or v.get("type") == "function",
     ),
     "tools": _served(

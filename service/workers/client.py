@@ -200,6 +200,15 @@ def _batch_chunks(
     return chunks, failure, done
 
 
+def joined(first: UpstreamChunk, then: UpstreamChunk) -> UpstreamChunk:
+    """Two consecutive chunks of one stream as one: texts, token ids and log probabilities in order; the
+    counts, finish and ``more_ready`` of the later (the worker's counts are cumulative). Token ids or log
+    probabilities missing from either are missing from both (unknown)."""
+    ids = None if first.output_ids is None or then.output_ids is None else first.output_ids + then.output_ids
+    logprobs = None if first.logprobs is None or then.logprobs is None else first.logprobs + then.logprobs
+    return replace(then, text=first.text + then.text, output_ids=ids, logprobs=logprobs)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLimits:
     """Token limits of a worker (or the tightest over several).
@@ -401,10 +410,18 @@ class SGLangClient:
         """Streamed ``/generate``: yields deltas (see :class:`StreamDeltas`). Raises :class:`UpstreamError`
         (also mid-stream, and after ``stream_idle_timeout_s`` of silence once a token came: a
         :class:`~service.workers.stall_watch.StallWatch`). The response is read past ``data: [DONE]`` to
-        its end, so its connection is reused."""
+        its end, so its connection is reused.
+
+        Chunks without text that open the stream are held and joined to the first chunk with text or a
+        finish (:func:`joined`): SGLang 0.5.23 streams the first token of a grammar that admits none
+        (an empty text) before it aborts the request with "Grammar accept_token failed", and an answer
+        must not start (a 200, a charge) on a token the worker then takes back; that abort now comes
+        before anything is yielded (a 400 with nothing charged, :mod:`service.workers.upstream_errors`)."""
         info = self._info.get(worker) or await self.learn(worker)
         deltas = StreamDeltas(info.incremental_streaming if info else None)
         done = finished = False
+        opening = True
+        held: UpstreamChunk | None = None
         try:
             with StallWatch(self._idle_s) as watch:
                 async with await self._http.stream(
@@ -419,7 +436,13 @@ class SGLangClient:
                         chunks, failure, done = _batch_chunks(worker, batch, deltas)
                         if chunks:
                             watch.arm()  # a token came: from now on silence means a stuck engine
-                        for chunk in chunks:
+                        for each in chunks:
+                            chunk = each if held is None else joined(held, each)
+                            held = None
+                            if opening and not chunk.text and chunk.finish_reason is None:
+                                held = chunk  # see the docstring: a grammar's token SGLang takes back
+                                continue
+                            opening = False
                             finished = finished or chunk.finish_reason is not None
                             yield chunk
                         if failure is not None:

@@ -7,7 +7,11 @@ Where SGLang 0.5.23 puts its errors (``entrypoints/http_server.py``, ``managers/
 - a streamed one that fails after the 200 sends one event ``{"error": {"message", "type", "code",
   "retryable"}}`` (``code`` is the HTTP status it would have given: 400 for bad input);
 - a request the scheduler aborts finishes with ``meta_info.finish_reason = {"type": "abort", "message",
-  "status_code"}`` (400 for a grammar it cannot compile: "Failed to compile json grammar: ...").
+  "status_code"}`` (400 for a grammar it cannot compile: "Failed to compile json grammar: ...");
+- a grammar that compiles but admits no token (an empty language: a schema whose only instances are
+  infinite cycles) is aborted at its first token with 500 "Grammar accept_token failed: ..."
+  (``managers/scheduler_components/batch_result_processor.py``): the request's grammar is at fault, on any
+  worker, so it is the input's fault too (:data:`GRAMMAR_REJECTED`).
 
 The worker's text is kept whole in the error (for the gateway's log); what a tenant may see of it is
 decided by :mod:`service.pipeline.rejection`.
@@ -26,6 +30,17 @@ WORKER_FAULT_4XX = frozenset({401, 403, 404, 405, 407})
 API-key check (401, 403: ``sglang/srt/utils/auth.py``), no such route or method (404, 405: not an SGLang
 server, a wrong URL or port), a proxy that wants credentials (407). Retried elsewhere and held against
 the worker's breaker; every other 4xx is the input's fault."""
+
+
+GRAMMAR_REJECTED = "Grammar accept_token failed"
+"""How SGLang 0.5.23's 500 for a request whose grammar refused the token it sampled begins (its
+``FINISH_ABORT`` when ``accept_token`` raises). The grammar is the request's (its schema or tools); every
+worker fails it the same way, so it is taken as a 400: not retried, not held against the worker, nothing
+charged."""
+
+
+def _grammar_rejected(status: int | None, text: str) -> bool:
+    return status is not None and status >= 500 and text.startswith(GRAMMAR_REJECTED)
 
 
 class UpstreamError(Exception):
@@ -79,6 +94,8 @@ def abort_error(worker: str, meta: dict[str, Any], partial: UpstreamChunk | None
     status = abort_status(meta)
     reason = meta.get("finish_reason")
     message = reason.get("message") if isinstance(reason, dict) else None
+    if _grammar_rejected(status, str(message or "")):
+        status = 400
     if status is not None and 400 <= status < 500:
         return UpstreamError(
             worker, str(message or "worker rejected the request"), status=status, retryable=False
@@ -105,19 +122,26 @@ def error_text(payload: Any, raw: bytes = b"") -> str:
 
 def http_error(worker: str, status: int, raw: bytes) -> UpstreamError:
     """A non-200 answer to ``/generate``: retried elsewhere when 5xx or a worker's fault
-    (:data:`WORKER_FAULT_4XX`), the input's fault when another 4xx."""
+    (:data:`WORKER_FAULT_4XX`), the input's fault when another 4xx or the request's grammar refused its
+    token (:data:`GRAMMAR_REJECTED`, a 400)."""
+    text = error_text(json_or_none(raw), raw)
+    if _grammar_rejected(status, text):
+        return UpstreamError(worker, text, status=400, retryable=False)
     retryable = status >= 500 or status in WORKER_FAULT_4XX
-    return UpstreamError(worker, error_text(json_or_none(raw), raw), status=status, retryable=retryable)
+    return UpstreamError(worker, text, status=status, retryable=retryable)
 
 
 def stream_error(worker: str, payload: dict[str, Any]) -> UpstreamError:
-    """An ``{"error": ...}`` event in a stream: its ``code`` when it is a 4xx (bad input, not retried),
-    else a 500."""
+    """An ``{"error": ...}`` event in a stream: its ``code`` when it is a 4xx (bad input, not retried) or
+    the request's grammar refused its token (:data:`GRAMMAR_REJECTED`, a 400), else a 500."""
     err = payload.get("error")
     code = err.get("code") if isinstance(err, dict) else None
+    text = error_text(payload)
+    if _grammar_rejected(500, text):
+        code = 400
     if isinstance(code, int) and 400 <= code < 500:
-        return UpstreamError(worker, error_text(payload), status=code, retryable=False)
-    return UpstreamError(worker, error_text(payload), status=500)
+        return UpstreamError(worker, text, status=code, retryable=False)
+    return UpstreamError(worker, text, status=500)
 
 
 MALFORMED_ANSWER: tuple[type[Exception], ...] = (ValueError, TypeError, AttributeError, KeyError)
@@ -140,6 +164,7 @@ def json_or_none(raw: bytes) -> Any:
 
 
 __all__ = [
+    "GRAMMAR_REJECTED",
     "MALFORMED_ANSWER",
     "WORKER_FAULT_4XX",
     "UpstreamError",

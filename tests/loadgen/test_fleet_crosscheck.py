@@ -94,7 +94,7 @@ async def test_http_path_and_virtual_time_agree(gateway: str) -> None:
     assert len(rows) == 6
     if os.environ.get("RADIXGATE_WRITE_DOCS") == "1":
         setup = (
-            f"Scenario `crosscheck` (`tests/test_fleet_crosscheck.py`): {len(plan)} requests in 30 s "
+            f"Scenario `crosscheck` (`tests/loadgen/test_fleet_crosscheck.py`): {len(plan)} requests in 30 s "
             "(Poisson 8 RPS, 3 s warm-up), three tenants one per class, two shared system prompts of 150 "
             "words, user turns 20-120 words, 16-48 tokens out, all streamed. HTTP: the real gateway "
             "(default settings, "

@@ -52,7 +52,10 @@ class FakeWorker:
             input: ``reject_style`` ``"status"`` answers 400 ``{"error": {"message"}}``; ``"abort"``
             answers 200 with ``finish_reason = {"type": "abort", "message", "status_code": 400}`` (a
             grammar it cannot compile), as the only chunk when streamed; ``"event"`` (streams only; else as
-            ``"status"``) sends the error event ``{"error": {"message", "code": 400}}``.
+            ``"status"``) sends the error event ``{"error": {"message", "code": reject_status}}``;
+            ``"token500"`` is SGLang's answer to a grammar that admits no token: 500 ``{"object": "error",
+            "message"}``, and when streamed a first token with no text, then an abort with ``status_code``
+            500.
         reject_status: the status of a ``"status"`` refusal (400; e.g. 404 for a server without
             ``/generate``, 401 for SGLang's API-key check).
     """
@@ -132,8 +135,22 @@ class FakeWorker:
                 return JSONResponse(payload)
             events = [f"data: {json.dumps(payload)}\n\n".encode(), b"data: [DONE]\n\n"]
             return StreamingResponse(iter(events), media_type="text/event-stream")
+        if self.reject_style == "token500":
+            if not stream:
+                error = {"object": "error", "message": self.reject, "type": "500", "param": None, "code": 500}
+                return JSONResponse(error, status_code=500)
+            first: dict[str, Any] = {"text": "", "output_ids": [0], "meta_info": self._meta(body, 1, False)}
+            meta = {
+                **self._meta(body, 2, False),
+                "finish_reason": {"type": "abort", "message": self.reject, "status_code": 500},
+            }
+            aborted = {"text": "", "output_ids": [0], "meta_info": meta}
+            events = [f"data: {json.dumps(e)}\n\n".encode() for e in (first, aborted)] + [b"data: [DONE]\n\n"]
+            return StreamingResponse(iter(events), media_type="text/event-stream")
         if self.reject_style == "event" and stream:
-            error = {"error": {"message": self.reject, "type": "invalid_request_error", "code": 400}}
+            error: dict[str, Any] = {
+                "error": {"message": self.reject, "type": "invalid_request_error", "code": self.reject_status}
+            }
             events = [f"data: {json.dumps(error)}\n\n".encode(), b"data: [DONE]\n\n"]
             return StreamingResponse(iter(events), media_type="text/event-stream")
         return JSONResponse({"error": {"message": self.reject}}, status_code=self.reject_status)

@@ -693,7 +693,7 @@ def test_concurrent_patches_of_the_priority_classes_never_store_a_default_above_
 def test_admin_lists_tenants_page_by_page(http: httpx.Client) -> None:
     """``GET /admin/tenants?limit=&after=`` pages through the tenants in id order (OpenAI's list shape:
     ``has_more``, ``first_id``, ``last_id``); without ``limit`` a page of 100 (the whole list here;
-    more in tests/test_admin_paging.py)."""
+    more in tests/service/api/test_admin_paging.py)."""
     for _ in range(5):
         new_tenant(http)
     everything = http.get("/admin/tenants", headers=ADMIN).json()

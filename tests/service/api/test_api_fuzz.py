@@ -5,7 +5,7 @@ per the schema, and some not): the answer is never a 5xx. The OpenAI routes' bod
 (:mod:`service.api.openapi_bodies`); their ``model`` is pinned to the served models so the fuzzing reaches
 past the model check into validation, preparation and the worker. The admin worker routes are left out:
 registering random URLs as workers would make later answers a legitimate 502/503 (tested on their own in
-``tests/test_admin_workers.py``).
+``tests/service/api/test_admin_workers.py``).
 """
 
 from __future__ import annotations

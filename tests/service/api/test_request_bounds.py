@@ -1,7 +1,8 @@
 """Every number and size a tenant sends is bounded before it reaches a worker (issue 8, item 1).
 
 A fake worker stands in for SGLang here: it records what reaches it and reports token limits on
-``/server_info`` as SGLang does. ``tests/test_engine_bounds.py`` sends the same kind of values to the real
+``/server_info`` as SGLang does. ``tests/engine/test_engine_bounds.py`` sends the same kind of values to the
+real
 engine.
 """
 

@@ -36,7 +36,7 @@ def settings_for(redis_url: str, model_dir: Path, worker: str, prefix: str, **se
     base: dict[str, Any] = {
         "admin_token": ADMIN_TOKEN,
         # no quota leases: these tests need every request's reservation to reach Redis (a lease admits
-        # from memory; tests/test_quota_lease.py covers a paused Redis with one)
+        # from memory; tests/tenancy/test_quota_lease.py covers a paused Redis with one)
         "redis": {"url": redis_url, "key_prefix": prefix, "socket_timeout_s": 0.5, "quota_lease_s": 0},
         "engine": {"served_model_name": MODEL},
         "upstream": {"workers": [worker], "health_interval_s": 0.5},

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from service.app import create_app
+from service.protocol.fields import CHAT_FIELDS
 from tests.service.api.test_api import (
     MODEL,
     assert_openai_error,
@@ -136,6 +137,38 @@ def test_streamed_tool_calls_equal_the_whole_answer(http: httpx.Client, worker: 
         (c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]
     ]
     assert got["finish_reason"] == whole["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("choice", "finish"),
+    [
+        (None, "tool_calls"),
+        ("auto", "tool_calls"),
+        ("required", "tool_calls"),
+        ({"type": "function", "function": {"name": "get_weather"}}, "stop"),
+    ],
+    ids=["default", "auto", "required", "named"],
+)
+def test_an_answer_with_calls_finishes_as_openai_says_for_its_tool_choice(
+    http: httpx.Client, worker: FakeWorker, choice: Any, finish: str
+) -> None:
+    """OpenAI: ``tool_calls`` for auto and required, ``stop`` for a named function (issue 25 item 5; the
+    gateway said ``tool_calls`` for all), streamed and not; the Responses API's answer is ``completed``."""
+    _, key = new_tenant(http)
+    req = body() if choice is None else body(tool_choice=choice)
+    whole = http.post("/v1/chat/completions", json=req, headers=auth(key)).json()["choices"][0]
+    assert whole["message"]["tool_calls"] and whole["finish_reason"] == finish
+    got = joined(streamed(http, key, req))
+    assert got["calls"] and got["finish_reason"] == finish
+    tools = [{"type": "function", **WEATHER["function"]}]  # type: ignore[dict-item]
+    responses = {"model": MODEL, "input": "Weather in Paris?", "tools": tools, "max_output_tokens": 20}
+    if choice is not None:
+        responses["tool_choice"] = {"type": "function", "name": "get_weather"} if finish == "stop" else choice
+    data = http.post("/v1/responses", json=responses, headers=auth(key)).json()
+    assert data["status"] == "completed" and data["incomplete_details"] is None
+    assert [item["type"] for item in data["output"]][-1] == "function_call"
+    rule = CHAT_FIELDS["tool_choice"].note  # the README's parameter table says so
+    assert "`tool_calls` for auto and required, `stop` for a named function" in rule
 
 
 def test_required_and_named_choices_send_a_structural_tag(http: httpx.Client, worker: FakeWorker) -> None:

@@ -3,7 +3,7 @@
 SGLang streams cumulative ``text``/``output_ids`` by default and deltas with
 ``--incremental-streaming-output``; the client learns which from ``/server_info``. Here a fake worker
 plays both modes with repetition-heavy tokens (``"0"`` after ``"0"``), the case the old guess dropped;
-``tests/test_engine_streaming.py`` does the same against the real engine in both modes.
+``tests/engine/test_engine_streaming.py`` does the same against the real engine in both modes.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Python's do. The tenant sees none of that, is charged nothing, and the worker ke
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from service.pipeline.rejection import REASON_MAX_CHARS, rejected_param, sanitiz
 from service.workers.upstream_errors import UpstreamError
 from tests.service.api.test_api import ADMIN, MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 from tests.service.openai.test_tools_api import WEATHER
-from tests.support.fake_worker import FakeWorker
+from tests.support.fake_worker import TOKENS, FakeWorker
 
 SCHEMA_FORMAT = {
     "type": "json_schema",
@@ -216,3 +217,74 @@ def test_the_responses_api_names_its_own_field(http: httpx.Client, worker: tuple
     assert err["param"] == "text.format"
     assert_clean(err["message"], url)
     assert usage_of(http, tenant_id)["prompt_tokens"] == 0
+
+
+GRAMMAR_500 = (
+    "Grammar accept_token failed: Tokens not accepted: 0\nAccepted tokens: []\n"
+    'Key string: {"$ref": "#/$defs/a", "$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}]}}}'
+)
+"""SGLang 0.5.23's words when a request's grammar refuses the first token sampled under it (the real
+engine's answer to the issue 25 schema; ``tests/engine/test_engine_schemas.py``)."""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("style", "tools"), [("token500", False), ("token500", True), ("event500", False)]
+)  # fmt: skip
+def test_a_grammar_that_refuses_its_first_token_is_the_tenants_400_with_nothing_charged(
+    http: httpx.Client, worker: tuple[FakeWorker, str], style: str, tools: bool, stream: bool
+) -> None:
+    """Was a 502 ``upstream_unavailable`` (retried on every worker and held against it), and streamed a 200
+    whose first chunk was the grammar's empty token, then an error event, with 1 token charged."""
+    fake, _ = worker
+    if style == "event500":  # the same words in an error event with code 500
+        fake.reject, fake.reject_style = GRAMMAR_500, "event"
+        fake.reject_status = 500
+    else:
+        fake.reject, fake.reject_style = GRAMMAR_500, style
+    tenant_id, key = new_tenant(http)
+    shape = {"tools": [WEATHER], "tool_choice": "required"} if tools else {"response_format": SCHEMA_FORMAT}
+    try:
+        resp = http.post(
+            "/v1/chat/completions", json=chat(max_tokens=5, stream=stream, **shape), headers=auth(key)
+        )
+    finally:
+        fake.reject_status = 400
+    err = assert_openai_error(resp, 400, "upstream_rejected")
+    assert err["param"] == ("tools" if tools else "response_format")
+    assert err["message"] == (
+        "The model server rejected the request's schema: Grammar accept_token failed: Tokens not accepted: 0"
+    )
+    assert len(fake.received) == 1  # not retried: every worker fails it alike
+    usage = usage_of(http, tenant_id)
+    assert usage["prompt_tokens"] == usage["completion_tokens"] == usage["requests"] == 0
+    fake.reject = None
+    assert http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key)).status_code == 200
+    assert [w["breaker"] for w in http.get("/admin/workers", headers=ADMIN).json()["data"]] == ["closed"]
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_stream_whose_first_token_has_no_text_loses_nothing(
+    http: httpx.Client, worker: tuple[FakeWorker, str], incremental: bool
+) -> None:
+    """The opening chunk without text (held until the next, :meth:`SGLangClient.stream`) is joined to it:
+    every token's text and count arrive, and the answer is the non-streamed one."""
+    fake, _ = worker
+    fake.tokens, fake.server_info = (
+        ["", "alpha", " beta", " gamma"],
+        {"incremental_streaming_output": incremental},
+    )
+    try:
+        tenant_id, key = new_tenant(http)
+        req = chat(max_tokens=4, stream=True, stream_options={"include_usage": True})
+        with http.stream("POST", "/v1/chat/completions", json=req, headers=auth(key)) as resp:
+            assert resp.status_code == 200
+            lines = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    finally:
+        fake.tokens, fake.server_info = list(TOKENS), None
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "alpha beta gamma"
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    assert usage_of(http, tenant_id)["completion_tokens"] == 4

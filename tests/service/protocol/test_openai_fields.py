@@ -85,6 +85,7 @@ SAMPLES: dict[str, dict[str, list[Any]]] = {
     "repetition_penalty": {"served": [1.1]},
     "ignore_eos": {"served": [False]},
     "priority": {"served": ["batch"]},
+    "chat_template_kwargs": {"served": [{"enable_thinking": False}, {}]},
     "logit_bias": {"off": [{}], "on": [{"50": 10}]},
     "audio": {"on": [{"voice": "alloy", "format": "wav"}]},
     "function_call": {"off": ["none", "auto"], "on": [{"name": "f"}]},

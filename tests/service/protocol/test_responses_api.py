@@ -320,7 +320,8 @@ def test_the_official_clients_stream_helper_accumulates_the_events(
 def test_integers_beyond_64_bits_in_a_tool_schema_are_echoed_exactly(
     http: httpx.Client, worker: FakeWorker
 ) -> None:
-    # found by tests/test_api_fuzz.py: orjson refuses such integers, and rendering the echoed tools was a 500
+    # found by tests/service/api/test_api_fuzz.py: orjson refuses such integers, and rendering the echoed
+    # tools was a 500
     tenant_id, key = new_tenant(http)
     big = 2**70 + 1
     tool = {**WEATHER, "parameters": {**WEATHER["parameters"], "maxProperties": big}}

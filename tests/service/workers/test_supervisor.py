@@ -1,7 +1,7 @@
 """Worker supervision with simulated workers (``python -m loadgen.sim`` as the launched process).
 
 The real engine's case (its scheduler killed under a gateway that launched it) is in
-``tests/test_supervisor_engine.py``.
+``tests/engine/test_supervisor_engine.py``.
 """
 
 from __future__ import annotations
