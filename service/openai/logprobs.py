@@ -2,7 +2,7 @@
 
 SGLang reports each generated token as ``[logprob, token_id, text]`` and, when asked, its top
 alternatives (``meta_info.output_token_logprobs`` / ``output_top_logprobs``;
-:func:`service.workers.client.worker_logprobs`). The gateway gives each chosen token the text it adds to
+:func:`service.workers.answers.worker_logprobs`). The gateway gives each chosen token the text it adds to
 the answer, detokenized incrementally with the model's tokenizer the way SGLang's detokenizer does it
 (vLLM's ``detokenize_incrementally``: decode a few tokens of context and keep the new characters; a token
 that ends inside a UTF-8 character adds nothing until the character completes). So the chosen tokens

@@ -22,7 +22,7 @@ from service.openai.tools import plan_tools, template_messages
 from service.pipeline.prompting import PromptError, PromptRenderer, RenderedPrompt
 from service.pipeline.tenant_classes import ClassResolver
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest
-from service.workers.client import TokenLimits
+from service.workers.worker_info import TokenLimits
 from tenancy.models import Tenant
 
 

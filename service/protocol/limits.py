@@ -5,7 +5,7 @@ Each bound is the narrower of OpenAI's published limit and what SGLang 0.5.23 ta
 ``sampling_batch_info.py``, which puts ``top_k`` in an int32 tensor and temperatures, ``top_p``,
 ``min_p`` and the penalties in float32 tensors). A value outside is refused with 400 naming the
 parameter before anything is charged. The prompt + ``max_tokens`` limit comes from the workers
-themselves (:class:`service.workers.client.TokenLimits`), checked in :mod:`service.pipeline.prepare`.
+themselves (:class:`service.workers.worker_info.TokenLimits`), checked in :mod:`service.pipeline.prepare`.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class WorkerPool:
             instead of ``/health``; 0 disables deep probes (confirmations of a 5xx still use it).
         on_confirmation: called with (url, verdict) when a 5xx's confirmation probe settles.
         served_models: the model names the gateway serves; a worker that reports another one
-            (:attr:`service.workers.client.WorkerInfo.model`) is logged (empty: not checked).
+            (:attr:`service.workers.worker_info.WorkerInfo.model`) is logged (empty: not checked).
         wall_clock: Unix time in s (``health_since``).
     """
 

@@ -22,7 +22,7 @@ import pytest
 from service.app import create_app
 from service.config.settings import Settings
 from service.protocol import limits
-from service.workers.client import TokenLimits, WorkerInfo
+from service.workers.worker_info import TokenLimits, WorkerInfo
 from tests.conftest import ADMIN_TOKEN
 from tests.service.api.test_api import MODEL, assert_openai_error, auth, chat, new_tenant, usage_of
 from tests.support.fake_worker import FakeWorker

@@ -196,7 +196,7 @@ def test_renamed_classes_without_a_default_stop_serve_with_one_line(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the gateway started with a default class that is not configured")
 
-    monkeypatch.setattr(service_main.uvicorn, "run", refuse)
+    monkeypatch.setattr(service_main, "serve_one", refuse)
     monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
     monkeypatch.setenv(
         "RADIXGATE_PRIORITY_CLASSES", '{"gold": {"rank": 1, "sglang_priority": 1, "ttft_goal_ms": 9}}'

@@ -18,7 +18,8 @@ import pytest
 
 from service.app import create_app
 from service.config.settings import Settings, UpstreamSettings
-from service.workers.client import SGLangClient, StreamDeltas
+from service.workers.answers import StreamDeltas
+from service.workers.client import SGLangClient
 from tests.conftest import ADMIN_TOKEN
 from tests.service.api.test_api import MODEL, auth, new_tenant
 from tests.support.fake_worker import FakeWorker

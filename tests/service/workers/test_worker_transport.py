@@ -22,9 +22,10 @@ from starlette.routing import Route
 
 from loadgen.bench.upstream import FakeSGLang, serve
 from service.config.settings import UpstreamSettings
-from service.workers.client import SGLangClient, UpstreamError, WorkerInfo
+from service.workers.client import SGLangClient, UpstreamError
 from service.workers.native_transport import NativeWorkerHTTP
 from service.workers.transport import split_read
+from service.workers.worker_info import WorkerInfo
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
 
@@ -192,7 +193,7 @@ async def test_load_is_read_from_a_metrics_endpoint_that_gzips_when_asked(up: Up
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    from service.workers.client import WorkerLoad
+    from service.workers.worker_info import WorkerLoad
 
     registry = CollectorRegistry()
     for name, value in [

@@ -1,0 +1,129 @@
+"""What a worker says of itself: its flags and limits (``GET /server_info``) and its load (``GET /metrics``).
+
+Learned once per worker by :class:`service.workers.client.SGLangClient` and again after it was seen down (a
+restart may change its flags).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLimits:
+    """Token limits of a worker (or the tightest over several).
+
+    Attributes:
+        max_prompt_tokens: longest prompt the worker schedules, tokens.
+        max_total_tokens: longest prompt + completion it runs without cutting ``max_new_tokens``, tokens.
+    """
+
+    max_prompt_tokens: int
+    max_total_tokens: int
+
+    def tightest(self, other: TokenLimits | None) -> TokenLimits:
+        """The smaller of both limits, field by field."""
+        if other is None:
+            return self
+        return TokenLimits(
+            min(self.max_prompt_tokens, other.max_prompt_tokens),
+            min(self.max_total_tokens, other.max_total_tokens),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker reports about itself on ``GET /server_info`` (SGLang's resolved server arguments
+    merged with its scheduler's start-up info).
+
+    Attributes:
+        incremental_streaming: the worker runs with ``--incremental-streaming-output`` (streamed ``text``
+            and ``output_ids`` are deltas, not cumulative); None when it does not say (SGLang's default,
+            cumulative, is then assumed only where the chunks themselves cannot tell).
+        limits: its token limits, None when it reports none.
+        max_running: requests the engine runs at once (:func:`engine_max_running`), None when unknown;
+            the admission core starts the worker's window there.
+        model: the model name it serves (SGLang's ``served_model_name``; its model path unless
+            ``--served-model-name`` was given), None when it does not say.
+    """
+
+    incremental_streaming: bool | None = None
+    limits: TokenLimits | None = None
+    max_running: int | None = None
+    model: str | None = None
+
+    @classmethod
+    def parse(cls, payload: Any) -> WorkerInfo:
+        """Read a ``/server_info`` body.
+
+        Limits (SGLang 0.5.23, ``tp_worker.py`` and ``scheduler.py``): the scheduler's
+        ``max_req_len = min(context_len - 1, kv_capacity - 1)`` and ``max_req_input_len = max_req_len - 5``;
+        it refuses a prompt of ``max_req_input_len`` tokens or more and silently cuts ``max_new_tokens`` to
+        ``max_req_len - prompt - 1``. So a prompt may have ``max_req_input_len - 1`` tokens and prompt +
+        completion ``max_req_input_len + 4``. Without ``max_req_input_len`` the model's
+        ``context_length`` is used the same way (``max_req_len = context_length - 1``).
+        """
+        if not isinstance(payload, dict):
+            return cls()
+        flag = payload.get("incremental_streaming_output")
+        limits = None
+        max_input = payload.get("max_req_input_len")
+        context = payload.get("context_length")
+        if isinstance(max_input, int) and max_input > 1:
+            limits = TokenLimits(max_input - 1, max_input + 4)
+        elif isinstance(context, int) and context > 7:
+            limits = TokenLimits(context - 7, context - 2)
+        return cls(
+            incremental_streaming=flag if isinstance(flag, bool) else None,
+            limits=limits,
+            max_running=engine_max_running(payload),
+            model=model if isinstance(model := payload.get("served_model_name"), str) and model else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """Load a worker reports on ``/metrics`` (summed over its DP ranks and priorities).
+
+    Attributes:
+        running: ``sglang:num_running_reqs``, requests.
+        queued: ``sglang:num_queue_reqs``, requests waiting inside the engine.
+        kv_usage: ``sglang:token_usage``, fraction of the KV cache in use (0..1).
+    """
+
+    running: int
+    queued: int
+    kv_usage: float
+
+
+def parse_load(metrics_text: str) -> WorkerLoad:
+    """Read running/queued requests and KV usage from SGLang's Prometheus text."""
+    totals = {"sglang:num_running_reqs": 0.0, "sglang:num_queue_reqs": 0.0}
+    kv = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+            elif sample.name == "sglang:token_usage":
+                kv = max(kv, sample.value)
+    return WorkerLoad(int(totals["sglang:num_running_reqs"]), int(totals["sglang:num_queue_reqs"]), kv)
+
+
+def engine_max_running(info: Any) -> int | None:
+    """``max_running_requests`` of a worker from its ``/server_info`` JSON: SGLang reports
+    ``internal_states[i].effective_max_running_requests_per_dp`` per data-parallel rank (the explicit
+    ``--max-running-requests`` or what it derived from the KV pool), summed here; else the top-level
+    ``max_running_requests`` server argument; None when absent."""
+    if not isinstance(info, dict):
+        return None
+    states = info.get("internal_states")
+    if isinstance(states, list):
+        per_dp = [s.get("effective_max_running_requests_per_dp") for s in states if isinstance(s, dict)]
+        values = [int(v) for v in per_dp if isinstance(v, int | float) and v > 0]
+        if values:
+            return sum(values)
+    value = info.get("max_running_requests")
+    return int(value) if isinstance(value, int | float) and value > 0 else None
