@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.errors import InvalidRequest
-from service.openai.tool_formats import CallParser, FunctionSpec, ParsedCall, ToolCallFormat, load_json
+from service.openai.tool_formats import FunctionSpec, ParsedCall, ToolCallFormat, load_json
+from service.openai.tool_parser import CallParser
 from service.protocol.completions import ChatCompletionRequest, ChatMessage
 from service.protocol.features import NamedToolChoice, check_schema
 

@@ -23,7 +23,8 @@ from pydantic import BaseModel
 
 from service.app import create_app
 from service.config.settings import Settings
-from service.openai.tool_formats import FORMATS, CallParser, FunctionSpec
+from service.openai.tool_formats import FORMATS, FunctionSpec
+from service.openai.tool_parser import CallParser
 from service.pipeline.prompting import PromptRenderer
 from service.workers.launcher import WorkerProcess
 from tests.conftest import ADMIN_TOKEN

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.openai.tool_formats import FORMATS, CallParser, ParsedCall, ParseStep, json_value_end
+from service.openai.tool_formats import FORMATS, ParsedCall, ParseStep, json_value_end
+from service.openai.tool_parser import CallParser
 
 
 @dataclass(frozen=True)
