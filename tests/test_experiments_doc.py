@@ -170,3 +170,43 @@ def test_the_experiments_write_the_document_only_with_write_doc(
     assert written[0] == written[1], "the same figures gave another document or plot"
     png = written[0][1]
     assert png.startswith(b"\x89PNG") and b"Software" not in png and b"matplotlib" not in png
+
+
+def routing_head(policy: str, served: dict[str, float], peak: float) -> dict[str, object]:
+    """A routing headline as ``routing_figures`` gives it (the figures of the run on 2734630's code)."""
+    return {
+        "policy": policy,
+        "slo_rps": 355.6,
+        "peak_served_rps": peak,
+        "served_rps_at": served,
+        "served_share_of_peak_at": {m: x / peak for m, x in served.items()},
+        "hit_rate_at": dict.fromkeys(served, 0.977),
+        "hit_rate_at_slo": 0.981,
+    }
+
+
+def test_the_routing_section_says_where_the_served_goal_is_missed(tmp_path: Path) -> None:
+    """2x served 418.6 of a 441.24 peak (94.9%); the section printed "(95% of peak)" and no verdict."""
+    run = {
+        "rate": 711.25,
+        "hit_rate": 0.977,
+        "p50": 314.0,
+        "p99": 664.0,
+        "goodput": 0.565,
+        "shed_rate": 0.414,
+        "throughput_rps": 418.6,
+        "good_rps": 404.0,
+        "imbalance": 1.1,
+    }
+    heads = [
+        routing_head("cache_aware", {"1.5": 433.28, "2.0": 418.6, "3.0": 441.24}, 441.24),
+        routing_head("least_load", {"1.5": 440.0, "2.0": 419.2, "3.0": 430.0}, 441.24),  # 95.0%: met
+    ]
+    doc = tmp_path / "experiments.md"
+    experiments_load.write_routing(doc, heads, {"cache_aware": [run], "least_load": [run]})
+    body = section(doc.read_text(), "routing")
+    assert body is not None
+    lines = {line.split("**")[1]: line for line in body.splitlines() if line.startswith("- **")}
+    assert "at 2.0x served 419 RPS (94.8% of peak)" in lines["cache_aware"]
+    assert "**missed** at 2.0x (94.8%)" in lines["cache_aware"]
+    assert "(95.0% of peak)" in lines["least_load"] and lines["least_load"].endswith("multiple): met.")
