@@ -1,6 +1,7 @@
-"""Fleet experiments in virtual time; each writes its section of ``docs/experiments.md`` and a plot.
+"""Fleet experiments in virtual time: their headline figures, and with ``--write-doc`` their sections of
+``docs/experiments.md`` and plots in ``docs/img/``.
 
-``python -m loadgen.fleet.experiments NAME [--json]`` with NAME one of:
+``python -m loadgen.fleet.experiments NAME [--json] [--write-doc [--doc PATH]]`` with NAME one of:
 
 - ``workers``: smallest number of Llama-3.1-70B TP-8 workers serving 1,000 RPS of short prompts (~200 words
   in, 50-150 tokens out) with 99% of requests' TTFT < 500 ms (a shed request counts as a miss), with the
@@ -10,43 +11,34 @@
 - ``overload``: three classes at 2x the fleet's capacity: per-class goodput and P99 TTFT;
 - ``fairness``: one tenant at 10x the rate of nine others of equal weight at 1.5x capacity: per-tenant
   goodput and Jain's index, WFQ vs first-come-first-served;
-- ``all``: all four.
+- ``all``: all four (25-35 minutes on 2 cores).
 
 Every run drives :class:`policies.admission_core.AdmissionCore`, the gateway's own scheduler, configured by
 the gateway's defaults unless a variant says otherwise. The classes' TTFT goals are set to the scenario's
 SLOs, as an operator would. ``--json`` prints one JSON object per experiment with its headline figures.
-Runs go to a process pool (one process per CPU). Everything is deterministic for the seeds used here.
+Without ``--write-doc`` nothing is written; with it, each experiment replaces its section of the document
+(``--doc``, default ``docs/experiments.md``; plots in ``img/`` beside it), stamped with the hash of the code
+that ran (:mod:`loadgen.fleet.provenance`). Runs go to a process pool (one process per CPU). Everything is
+deterministic for the code and the seeds used here: the same code gives the same document, byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import multiprocessing
-import os
-import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from loadgen.fleet.config import FleetConfig
-from loadgen.fleet.doc import DOC, IMG, line_plot, table, write_section
-from loadgen.fleet.run import run_scenario
-from loadgen.scenario import Scenario, parse_scenario
-from loadgen.stack import terminate_as_exit
-from policies.classes import ClassPolicy, default_classes
+from loadgen.fleet import experiments_load
+from loadgen.fleet.doc import DOC, img_dir, line_plot, table, write_section
+from loadgen.fleet.experiments_common import PROFILE, fleet, parallel, scenario, smallest_fleet
+from loadgen.fleet.provenance import stamp
+from loadgen.scenario import Scenario
 from policies.windows import WindowConfig
 
-PROFILE = "llama-3.1-70b-h100-tp8"
-GOOD = 0.99  # the SLO: 99% of sent requests within their class's TTFT goal ("P99 TTFT < goal")
-SHORT = {
-    "system_prompts": {"count": 0},
-    "user_turn": {"kind": "uniform", "low": 150, "high": 250},
-    "output": {"kind": "uniform", "low": 50, "high": 150},
-}
 DEFAULT_WINDOW = WindowConfig()
 ALTERNATIVES: dict[str, WindowConfig] = {
     "fixed 256": WindowConfig(mode="fixed", initial=256, minimum=256, maximum=256),
@@ -54,186 +46,6 @@ ALTERNATIVES: dict[str, WindowConfig] = {
     "AIMD (first round's default: 8 → 1..256)": WindowConfig(mode="aimd", initial=8, maximum=256),
     "engine + TTFT target (½ goal)": WindowConfig(ttft_target_fraction=0.5),
 }
-
-
-def goals(slo_ms: Mapping[str, float]) -> dict[str, ClassPolicy]:
-    """The default classes with their TTFT goals set to a scenario's SLOs (ms)."""
-    return {
-        name: replace(c, ttft_goal_s=slo_ms[name] / 1000.0) if name in slo_ms else c
-        for name, c in default_classes().items()
-    }
-
-
-def fleet(workers: int, slo_ms: Mapping[str, float], **core: Any) -> FleetConfig:
-    """``workers`` workers of :data:`PROFILE`, gateway defaults except the class goals and ``core``."""
-    return FleetConfig(profile=PROFILE, workers=workers).with_core(classes=goals(slo_ms), **core)
-
-
-def scenario(
-    name: str,
-    rate: float,
-    duration_s: float,
-    warmup_s: float,
-    tenants: list[dict[str, Any]],
-    slo_ms: dict[str, float],
-    prompts: dict[str, Any] | None = None,
-    seed: int = 1,
-) -> Scenario:
-    """A Poisson scenario in ``loadgen.scenario``'s format (rate in requests/s; SLOs as TTFT in ms)."""
-    return parse_scenario(
-        {
-            "name": name,
-            "seed": seed,
-            "duration_s": duration_s,
-            "warmup_s": warmup_s,
-            "tenants": tenants,
-            "slo": {c: {"ttft_ms": ms} for c, ms in slo_ms.items()},
-            "arrival": {"rate_rps": rate},
-            "prompts": prompts or SHORT,
-        }
-    )
-
-
-def summarize(sc: Scenario, config: FleetConfig) -> dict[str, Any]:
-    """Run one scenario and keep the figures the experiments use (picklable, small)."""
-    fr = run_scenario(sc, config)
-    rep = fr.report
-    o = rep["overall"]
-    window = sc.duration_s - sc.warmup_s  # rates over the arrival window: a drain tail does not dilute them
-    slo = {c: v.ttft_ms for c, v in sc.slo.items()}
-    during: dict[str, list[int]] = {}  # tenant -> [sent, good with the first token before the load ended]
-    for r in fr.records:
-        if r.warmup:
-            continue
-        counts = during.setdefault(r.tenant, [0, 0])
-        counts[0] += 1
-        goal = slo.get(r.priority_class)
-        if r.ok and r.ttft_ms is not None and goal is not None and r.ttft_ms <= goal:
-            counts[1] += r.sent_s + r.ttft_ms / 1000.0 <= sc.duration_s
-    return {
-        "workers": config.workers,
-        "routing": config.routing,
-        "rate": sc.arrival.rate_rps,
-        "sent": o["sent"],
-        "ok": o["ok"],
-        "p50": o["ttft_ms"]["p50"],
-        "p99": o["ttft_ms"]["p99"],
-        "shed_rate": o["shed_rate"],
-        "goodput": o["goodput"],
-        "good_rps": (o["goodput"] or 0.0) * o["sent"] / window,
-        "throughput_rps": o["ok"] / window,
-        "hit_rate": o["cache_hit_rate"],
-        "classes": rep["classes"],
-        "tenants": rep["tenants"],
-        "goodput_during": {t: good / sent for t, (sent, good) in during.items() if sent},
-        "imbalance": rep["fleet"]["imbalance"],
-        "requests_cv": rep["fleet"]["requests_cv"],
-        "windows": rep["fleet"]["final_windows"],
-        "shed_reasons": rep["fleet"]["shed_reasons"],
-        "cpu_s": rep["fleet"]["cpu_s"],
-        "speed": rep["fleet"]["sim_requests_per_cpu_s"],
-        "preemptions": rep["fleet"]["preemptions"],
-    }
-
-
-def meets(s: Mapping[str, Any]) -> bool:
-    """At least :data:`GOOD` of the sent requests got their first token within the SLO."""
-    return s["goodput"] is not None and s["goodput"] >= GOOD
-
-
-def _ignore_sigint() -> None:
-    """Pool processes leave Ctrl-C to their parent, which stops them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def parallel(fn: Callable[..., Any], args: Sequence[tuple[Any, ...]]) -> list[Any]:
-    """``fn(*a)`` for each ``a`` in a process pool (one process per CPU), results in order.
-
-    Ctrl-C, SIGTERM or SIGHUP stop the pool's processes at once (``multiprocessing.Pool`` terminates them
-    on the way out); ``concurrent.futures``' pool waited for every queued run after Ctrl-C, and its
-    processes outlived a parent stopped by SIGTERM."""
-    if len(args) == 1:
-        return [fn(*args[0])]
-    processes = min(len(args), os.cpu_count() or 1)
-    with terminate_as_exit():
-        pool = multiprocessing.Pool(processes, initializer=_ignore_sigint)
-        try:
-            results = pool.starmap(fn, args)
-            # done: let the workers exit on their own (close + join). ``Pool.__exit__`` terminates them,
-            # and its worker-handler thread can start a replacement meanwhile, which terminate then waits
-            # for forever (seen once in CI: a forked worker blocked on the task queue's lock)
-            pool.close()
-            pool.join()
-            return results
-        finally:
-            pool.terminate()  # an error or a signal: stop them at once (a no-op after join)
-
-
-def smallest_fleet(
-    sc: Scenario, config: FleetConfig, lo: int, hi: int
-) -> tuple[int | None, list[dict[str, Any]]]:
-    """Bisection on the worker count in ``(lo, hi]``: the smallest that :func:`meets` the SLO.
-
-    Assumes more workers never hurt. Returns (count or None if even ``hi`` fails, every run made).
-    """
-    runs: list[dict[str, Any]] = []
-    top = summarize(sc, replace(config, workers=hi))
-    runs.append(top)
-    if not meets(top):
-        return None, runs
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        s = summarize(sc, replace(config, workers=mid))
-        runs.append(s)
-        if meets(s):
-            hi = mid
-        else:
-            lo = mid
-    return hi, runs
-
-
-def slo_rate(
-    make: Callable[[float], Scenario], config: FleetConfig, lo: float, hi: float, steps: int
-) -> tuple[float, list[dict[str, Any]]]:
-    """Largest rate (requests/s, bisection in ``[lo, hi]``) at which ``config`` :func:`meets` the SLO.
-
-    Returns (rate, every run made); ``lo`` when even ``lo`` was not probed successfully.
-    """
-    runs: list[dict[str, Any]] = []
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        s = summarize(make(mid), config)
-        runs.append(s)
-        if meets(s):
-            lo = mid
-        else:
-            hi = mid
-    return lo, runs
-
-
-def _capacity_scenario(rate: float, duration_s: float = 60, warmup_s: float = 10) -> Scenario:
-    return scenario(
-        "capacity",
-        rate,
-        duration_s,
-        warmup_s,
-        [{"id": "app", "priority_class": "standard"}],
-        {"standard": 500},
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def capacity(
-    workers: int = 4, lo: float = 40.0, hi: float = 400.0, steps: int = 6, duration_s: float = 60.0
-) -> float:
-    """Highest rate (requests/s) at which ``workers`` default-configured workers serve short prompts with
-    99% of TTFTs < 500 ms (bisection), over the same duration as the runs that overload it (a shorter probe
-    passes rates whose queues have not built up yet); the capacity experiments 3 and 4 overload."""
-    warmup = min(10.0, duration_s / 6)
-    rate, _ = slo_rate(
-        lambda r: _capacity_scenario(r, duration_s, warmup), fleet(workers, {"standard": 500}), lo, hi, steps
-    )
-    return rate
 
 
 # ----------------------------------------------------------------------------------------- experiment 1
@@ -266,10 +78,19 @@ def workers_figures(
     return head, results
 
 
-def exp_workers() -> dict[str, Any]:
-    """Experiment 1 (see the module docstring): writes its section and plot; returns the headline."""
-    t0 = time.monotonic()
+def exp_workers(doc: Path | None = None) -> dict[str, Any]:
+    """Experiment 1 (see the module docstring): its headline; its section and plot go into ``doc`` (and
+    ``img/`` beside it) only when ``doc`` is given."""
     head, results = workers_figures()
+    if doc is not None:
+        write_workers(doc, head, results)
+    return head
+
+
+def write_workers(
+    doc: Path, head: dict[str, Any], results: dict[str, tuple[int | None, list[dict[str, Any]]]]
+) -> None:
+    """Experiment 1's section of ``doc`` and its plot, from :func:`workers_figures`' results."""
     rows, series = [], {}
     for label, (_, runs) in results.items():
         runs = sorted(runs, key=lambda s: s["workers"])
@@ -279,7 +100,7 @@ def exp_workers() -> dict[str, Any]:
             for s in runs
         ]
     img = line_plot(
-        IMG / "fleet-workers.png",
+        img_dir(doc) / "fleet-workers.png",
         series,
         "workers (Llama-3.1-70B, TP 8, H100)",
         "P99 TTFT of served requests, ms (log)",
@@ -302,7 +123,7 @@ the worker count; every run it made is listed. All variants run the gateway's ad
 **Smallest fleet:** {answers}. The default needs **{head["default_workers"]}** workers, the best fixed window
 **{head["best_fixed_workers"]}**.
 
-![P99 TTFT vs workers]({img.relative_to(DOC.parent)})
+![P99 TTFT vs workers]({img.relative_to(doc.parent).as_posix()})
 
 {table(["window", "workers", "TTFT P50 ms", "TTFT P99 ms", "goodput", "shed", "windows (min-max)"], rows)}
 
@@ -313,10 +134,11 @@ the first round's AIMD (shrinks on any short engine queue, then grows by one req
 windows far below the engine's capacity; a TTFT target on the engine (shrink when its TTFT passes half the
 goal) holds here, where TTFT hardly depends on the window, but collapses windows to one request on the
 prefill-heavy traffic of experiment 2 (TTFT there is the prefill, not the concurrency). Fixed windows need the
-engine's size to be known and configured per model and GPU. ({time.monotonic() - t0:.0f} s wall)
+engine's size to be known and configured per model and GPU.
+
+{stamp()}
 """
-    write_section("workers", body)
-    return head
+    write_section("workers", body, doc)
 
 
 def _windows(sizes: Sequence[int | None]) -> str:
@@ -324,30 +146,51 @@ def _windows(sizes: Sequence[int | None]) -> str:
     return f"{min(vals)}-{max(vals)}" if vals else "-"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: run the named experiments and print their headlines (JSON lines with ``--json``)."""
-    from loadgen.fleet.experiments_load import exp_fairness, exp_overload, exp_routing
+Experiment = Callable[[Path | None], dict[str, Any] | list[dict[str, Any]]]
 
-    experiments: dict[str, Callable[[], dict[str, Any] | list[dict[str, Any]]]] = {
+
+def registry() -> dict[str, Experiment]:
+    """The experiments by name, in the order ``all`` runs them (looked up at call time)."""
+    return {
         "workers": exp_workers,
-        "routing": exp_routing,
-        "overload": exp_overload,
-        "fairness": exp_fairness,
+        "routing": experiments_load.exp_routing,
+        "overload": experiments_load.exp_overload,
+        "fairness": experiments_load.exp_fairness,
     }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: run the named experiments and print their headlines (JSON lines with ``--json``);
+    with ``--write-doc``, also write their sections of ``--doc`` and their plots."""
+    table_of = registry()
     ap = argparse.ArgumentParser(
         prog="python -m loadgen.fleet.experiments",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps the list of experiments a list
     )
-    ap.add_argument("name", choices=[*experiments, "all"])
+    ap.add_argument("name", choices=[*table_of, "all"])
     ap.add_argument("--json", action="store_true", help="print one JSON object per line and experiment")
+    ap.add_argument(
+        "--write-doc",
+        action="store_true",
+        help="write each experiment's section of --doc and its plots (default: write nothing)",
+    )
+    ap.add_argument(
+        "--doc",
+        type=Path,
+        default=DOC,
+        help="the document --write-doc rewrites; plots go to img/ beside it (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
-    for name in experiments if args.name == "all" else [args.name]:
+    doc: Path | None = args.doc if args.write_doc else None
+    for name in table_of if args.name == "all" else [args.name]:
+        t0 = time.monotonic()
         try:
-            result = experiments[name]()
+            result = table_of[name](doc)
         except KeyboardInterrupt:
             print(f"interrupted during {name}: its figures were not written", file=sys.stderr)
             return 130
+        print(f"{name}: {time.monotonic() - t0:.0f} s wall", file=sys.stderr, flush=True)
         lines = result if isinstance(result, list) else [result]
         for line in lines:
             print(json.dumps(line, default=str) if args.json else f"== {name}: {line}", flush=True)

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from loadgen.fleet import experiments_load
-from loadgen.fleet.experiments import capacity, workers_figures
 from loadgen.fleet.experiments import main as experiments_main
+from loadgen.fleet.experiments import workers_figures
+from loadgen.fleet.experiments_common import capacity
 from loadgen.fleet.experiments_load import fairness_figures, overload_figures, routing_figures
 from policies.estimates import EstimateConfig
 
@@ -68,7 +69,7 @@ def test_fairness_quiet_tenants_keep_their_goodput(workers: int, estimates: Esti
 
 POOL_CHILD = """
 import time
-from loadgen.fleet.experiments import parallel
+from loadgen.fleet.experiments_common import parallel
 parallel(time.sleep, [(120,)] * 256)  # more runs than processes: some wait in the queue
 """
 
@@ -122,7 +123,7 @@ def test_ctrl_c_during_an_experiment_is_one_line(
 ) -> None:
     """Ctrl-C during ``experiments fairness`` (run in this process) ended in a KeyboardInterrupt traceback."""
 
-    def interrupted() -> dict[str, object]:
+    def interrupted(doc: Path | None) -> dict[str, object]:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(experiments_load, "exp_fairness", interrupted)
