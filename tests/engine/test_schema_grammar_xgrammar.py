@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.engine import engine_settings
+from tests.support.paths import REPO
 from tests.support.schema_table import ROWS
 
 pytestmark = pytest.mark.engine
 
-SCRIPT = Path(__file__).parent / "support" / "xgrammar_verdicts.py"
+SCRIPT = REPO / "tests" / "support" / "xgrammar_verdicts.py"
 
 
 def _verdict(found: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from loadgen.fleet.experiments import workers_figures
 from loadgen.fleet.experiments_common import capacity
 from loadgen.fleet.experiments_load import fairness_figures, overload_figures, routing_figures
 from policies.estimates import EstimateConfig
+from tests.support.signals import as_a_foreground_job
 
 
 def test_workers_the_default_windows_cost_no_gpus() -> None:
@@ -95,6 +96,7 @@ def test_an_interrupted_pool_stops_its_processes_at_once(to_group: bool) -> None
     child = subprocess.Popen(
         [sys.executable, "-c", POOL_CHILD],
         env={**os.environ, "RADIXGATE_TEST_MARKER": marker},
+        preexec_fn=as_a_foreground_job,
         start_new_session=True,  # its own group, signalled as a terminal signals its foreground job
     )
     try:

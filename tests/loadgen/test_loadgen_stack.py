@@ -18,6 +18,7 @@ import pytest
 
 from loadgen.priority_overload import main as priority_overload_main
 from tests.support.servers import free_port
+from tests.support.signals import as_a_foreground_job
 
 CHILD = """
 import json, sys
@@ -58,6 +59,7 @@ def test_an_interrupted_start_stops_the_gateway(stub_model_dir: Path, tmp_path: 
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(port), str(tmp_path), json.dumps(env)],
         env={**os.environ, "RADIXGATE_TEST_MARKER": marker},  # ignored by the settings
+        preexec_fn=as_a_foreground_job,
         start_new_session=True,  # its own group, signalled as a terminal signals its foreground job
     )
     healthz = f"http://127.0.0.1:{port}/healthz"
@@ -94,7 +96,11 @@ def test_a_kept_stack_stopped_by_a_signal_exits_0(sig: int) -> None:
     """``make up`` keeps the stack until a signal; the signal is how it is stopped, so the script goes on to
     stop the stack and exits 0 (SIGTERM made it exit 143 and ``make`` report an error after a clean stop)."""
     child = subprocess.Popen(
-        [sys.executable, "-c", KEPT], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", KEPT],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_a_foreground_job,
     )
     assert child.stdout is not None and child.stdout.readline().strip() == "waiting"
     os.killpg(child.pid, sig)

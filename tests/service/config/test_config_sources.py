@@ -25,7 +25,7 @@ from service.config.sources import OTHER_VARIABLES, unknown_settings
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path) -> pytest.MonkeyPatch:
-    """No RADIXGATE_* variable but the stub tokenizer; ``serve`` never listens (uvicorn.run records its
+    """No RADIXGATE_* variable but the stub tokenizer; ``serve`` never listens (serve_one records its
     call), and the app is not built (its logging would bind to CliRunner's stream)."""
     for name in list(os.environ):
         if name.upper().startswith("RADIXGATE_"):
@@ -34,7 +34,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path) -> pytest.M
     monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
     served: list[Any] = []
     monkeypatch.setattr(service_main, "create_app", lambda settings: settings)
-    monkeypatch.setattr(service_main.uvicorn, "run", lambda app, **options: served.append(app))
+    monkeypatch.setattr(service_main, "serve_one", lambda app, options: served.append(app) or 0)
     monkeypatch.setattr(service_main, "configure_logging", lambda level: None)
     monkeypatch.served = served  # type: ignore[attr-defined]
     return monkeypatch
