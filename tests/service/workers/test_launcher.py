@@ -170,12 +170,14 @@ def test_a_signal_while_the_gateway_waits_for_its_worker_stops_both_at_once(
     )
     assert gateway.stdout is not None
     worker_pid = 0
+    seen: list[str] = []
     try:
         for line in gateway.stdout:  # the launcher's log line names the worker's pid
+            seen.append(line)
             if '"worker_starting"' in line:
                 worker_pid = json.loads(line)["pid"]
                 break
-        assert worker_pid, "the gateway did not launch its worker"
+        assert worker_pid, f"the gateway did not launch its worker; it wrote: {''.join(seen)[-3000:]}"
         time.sleep(0.5)
         gateway.send_signal(sig)
         rest = gateway.communicate(timeout=20)[0]  # not startup_timeout_s
