@@ -30,7 +30,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path) -> pytest.M
     for name in list(os.environ):
         if name.upper().startswith("RADIXGATE_"):
             monkeypatch.delenv(name)
-    monkeypatch.delenv("RADIXGATE_CONFIG_FILE", raising=False)  # restored (removed) after the test
+    # `serve --config` with workers > 1 sets it for its processes: set first, so that undo removes it
+    monkeypatch.setenv("RADIXGATE_CONFIG_FILE", "")
+    monkeypatch.delenv("RADIXGATE_CONFIG_FILE")
     monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
     served: list[Any] = []
     monkeypatch.setattr(service_main, "create_app", lambda settings: settings)
