@@ -29,6 +29,7 @@ from service.observability.logs import configure_logging
 from service.protocol.fields import parameters_table
 from service.protocol.responses import responses_table
 from service.runtime.host_serve import MULTIPROC_ENV, serve_one, serve_processes
+from service.runtime.http_protocol import KEEP_ALIVE_S
 from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
@@ -114,8 +115,13 @@ def serve(config: Path | None = CONFIG_OPTION) -> None:
         else "service.runtime.http_protocol:GatewayHttpToolsProtocol",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)
         "proxy_headers": False,
-        # after the drain (service/runtime/drain.py) only idle connections are left; bounded all the same
-        "timeout_graceful_shutdown": math.ceil(settings.shutdown.end_timeout_s),
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        # uvicorn is told to stop accept_for_s after the signal (service/runtime/drain.py) and waits for
+        # the connections to close: the drain's own deadlines bound the requests, the keep-alive timeout
+        # the idle connections; bounded all the same
+        "timeout_graceful_shutdown": math.ceil(
+            settings.shutdown.drain_timeout_s + settings.shutdown.end_timeout_s + KEEP_ALIVE_S + 1
+        ),
     }
     if settings.workers == 1:
         raise typer.Exit(serve_one(create_app(settings), options))

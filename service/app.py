@@ -33,7 +33,14 @@ from service.pipeline.revocation import RevocationRegistry, store_checks
 from service.pipeline.scheduler import Scheduler
 from service.pipeline.settlement import Settler
 from service.pipeline.tenant_classes import report_at_startup
-from service.runtime.drain import SERVED_WHILE_DRAINING, Drain, drain_on_signals, shutting_down
+from service.runtime.drain import (
+    SERVED_WHILE_DRAINING,
+    Drain,
+    closing_connection,
+    drain_on_signals,
+    shutting_down,
+)
+from service.runtime.http_protocol import CONNECTIONS_EXTENSION
 from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
@@ -83,8 +90,8 @@ class GatewayApp(FastAPI):
     method, take FastAPI's usual path.
 
     While the lifespan runs, ``drain`` is the process's :class:`service.runtime.drain.Drain`: every HTTP
-    request is
-    counted in it while in the app, and during a drain each one but the probes and ``/metrics``
+    request is counted in it while in the app; during a drain each is served with ``Connection: close`` on
+    its answer, and from the drain deadline on each one but the probes and ``/metrics``
     (:data:`service.runtime.drain.SERVED_WHILE_DRAINING`) is refused here with 503 ``shutting_down``,
     ``Retry-After`` and ``Connection: close``.
     """
@@ -96,9 +103,13 @@ class GatewayApp(FastAPI):
         if drain is None or scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        if drain.draining and scope["path"] not in SERVED_WHILE_DRAINING:
-            await self._refuse_draining(scope, receive, send)
-            return
+        if drain.connections is None:  # once: the server's open connections, which a drain waits for
+            drain.connections = scope.get("extensions", {}).get(CONNECTIONS_EXTENSION, {}).get("connections")
+        if drain.draining:
+            if drain.refusing and scope["path"] not in SERVED_WHILE_DRAINING:
+                await self._refuse_draining(scope, receive, send)
+                return
+            send = closing_connection(send)
         drain.enter()
         try:
             if scope["method"] == "POST":
@@ -326,6 +337,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             with drain_on_signals(drain):  # SIGTERM/SIGINT drain first (service/runtime/drain.py), then stop
                 yield
+            await drain.wait()  # uvicorn shuts down once the connections are closed: the drain is ending
         finally:
             if isinstance(app, GatewayApp):
                 app.drain = None
