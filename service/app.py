@@ -47,7 +47,7 @@ from service.state import GatewayState
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
-from service.workers.registry import WorkerRegistry, sync_loop
+from service.workers.registry import WorkerRegistry, sync_loop, sync_once
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.quota import QuotaLimiter
@@ -228,6 +228,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             ).inc(),
             served_models=settings.served_models,
         )
+        registry = WorkerRegistry(redis, settings.redis.key_prefix)
+        managed = await sync_once(pool, registry, set())  # registered workers in the first probe
         await pool.start()
         if settings.engine.supervise:
             for worker in launched:
@@ -304,7 +306,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             revocations,
             status_of=http_status,
         )
-        registry = WorkerRegistry(redis, prefix)
         if metrics.multiprocess:
             background.append(
                 asyncio.create_task(
@@ -315,7 +316,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         background.append(
-            asyncio.create_task(sync_loop(pool, registry, up.health_interval_s), name="worker-registry")
+            asyncio.create_task(
+                sync_loop(pool, registry, up.health_interval_s, managed), name="worker-registry"
+            )
         )
         drain = Drain(settings.shutdown, revocations.end_all)
         app.state.radixgate = GatewayState(
