@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.cost import reserved_tokens
+from service.config.models import DEFAULT_CONTEXT_LENGTH
 from service.config.settings import Settings
 from service.errors import InvalidRequest, NotFound, PermissionDenied
 from service.openai.choices import OutputSpec
@@ -92,9 +93,13 @@ class RequestPreparer:
 
     def limits(self) -> TokenLimits:
         """Prompt and prompt + completion limits (tokens): ``api.context_length`` and what the workers
-        reported, whichever is smaller."""
-        context = self._settings.api.context_length
-        return TokenLimits(context - 1, context).tightest(self._worker_limits())
+        reported, whichever is smaller (:data:`DEFAULT_CONTEXT_LENGTH` when neither says)."""
+        context, reported = self._settings.api.context_length, self._worker_limits()
+        if context is None:
+            context = DEFAULT_CONTEXT_LENGTH
+            if reported is not None:
+                return reported
+        return TokenLimits(context - 1, context).tightest(reported)
 
     def prepare(
         self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
