@@ -49,8 +49,10 @@ class WorkerInfo:
         model: the model name it serves (SGLang's ``served_model_name``; its model path unless
             ``--served-model-name`` was given; ``model_path`` when only that is given; else the first id
             of its ``/v1/models``, :meth:`with_listed_model`), None when it says none.
-        context_length: the model's context length it reports (``context_length``), tokens; None when
-            it does not say.
+        context_length: the model's context length it reports, tokens: ``context_length`` (SGLang
+            reports it only when ``--context-length`` was given), else ``max_req_input_len + 6`` (SGLang's
+            ``max_req_len + 1``: the model's context, or less when the KV pool is smaller); None when it
+            says neither.
     """
 
     incremental_streaming: bool | None = None
@@ -85,7 +87,9 @@ class WorkerInfo:
             limits=limits,
             max_running=engine_max_running(payload),
             model=_named(payload.get("served_model_name")) or _named(payload.get("model_path")),
-            context_length=context if isinstance(context, int) and context > 0 else None,
+            context_length=context
+            if isinstance(context, int) and context > 0
+            else (max_input + 6 if isinstance(max_input, int) and max_input > 1 else None),
         )
 
     def with_listed_model(self, payload: Any) -> WorkerInfo:

@@ -69,7 +69,8 @@ def test_two_models_with_the_real_worker(
         issued = http.post("/admin/tenants/two/keys", json={"name": "k"}, headers=ADMIN)
         auth = {"Authorization": f"Bearer {issued.json()['api_key']}"}
         models = {m["id"]: m for m in http.get("/v1/models", headers=auth).json()["data"]}
-        reported = httpx.get(f"{engine_worker.url}/server_info", timeout=10).json()["context_length"]
+        info = httpx.get(f"{engine_worker.url}/server_info", timeout=10).json()
+        reported = info.get("context_length") or info["max_req_input_len"] + 6  # SGLang's max_req_len + 1
         assert models[SMOL]["context_length"] == reported  # the real worker's own, no setting
         assert models[LLAMA]["context_length"] == 131_072  # the simulated worker's
         before = sim.generate_calls

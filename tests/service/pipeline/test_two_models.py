@@ -325,6 +325,7 @@ def test_per_model_goals_shape_admission(goal_gateway: tuple[str, FakeWorker, Fa
     [
         ({"served_model_name": "a", "model_path": "/m/a", "context_length": 4096}, None, "a", 4096),
         ({"model_path": "/m/a"}, None, "/m/a", None),  # SGLang names a model by its path unless told
+        ({"max_req_input_len": 8186}, None, None, 8192),  # SGLang's max_req_len + 1 (no --context-length)
         ({}, {"data": [{"id": "listed"}]}, "listed", None),  # else its OpenAI listing
         ({"served_model_name": "a"}, {"data": [{"id": "listed"}]}, "a", None),
         ({}, {"data": []}, None, None),
