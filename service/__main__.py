@@ -78,15 +78,27 @@ def load_settings(config: Path | None = None) -> Settings:
 
 
 def check_tokenizer(settings: Settings) -> None:
-    """Exit with a short message when the tokenizer folder the gateway counts prompts with is missing."""
-    if not (settings.tokenizer_path / "tokenizer.json").is_file():
-        where = "API__TOKENIZER_PATH" if settings.api.tokenizer_path else "ENGINE__MODEL_PATH"
-        typer.echo(
-            f"invalid setting RADIXGATE_{where}: no tokenizer.json in {settings.tokenizer_path} (the gateway "
-            "counts prompt tokens with the model's tokenizer; `make engine` fetches the default model)",
-            err=True,
-        )
-        raise typer.Exit(2)
+    """Exit with a short message when a tokenizer folder the gateway counts prompts with is missing (the
+    single model's, or each of ``models``)."""
+    if not settings.models:
+        if not (settings.tokenizer_path / "tokenizer.json").is_file():
+            where = "API__TOKENIZER_PATH" if settings.api.tokenizer_path else "ENGINE__MODEL_PATH"
+            typer.echo(
+                f"invalid setting RADIXGATE_{where}: no tokenizer.json in {settings.tokenizer_path} (the "
+                "gateway counts prompt tokens with the model's tokenizer; `make engine` fetches the default "
+                "model)",
+                err=True,
+            )
+            raise typer.Exit(2)
+        return
+    for i, model in enumerate(settings.model_registry().models):
+        if not (model.tokenizer_path / "tokenizer.json").is_file():
+            typer.echo(
+                f"invalid setting RADIXGATE_MODELS ({i}, '{model.id}'): no tokenizer.json in "
+                f"{model.tokenizer_path} (each model's prompts are counted with its own tokenizer)",
+                err=True,
+            )
+            raise typer.Exit(2)
 
 
 @cli.command()

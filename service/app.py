@@ -28,9 +28,8 @@ from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
 from service.observability.redis_watch import RedisReachability, watch_redis
 from service.pipeline.dispatch import Dispatcher
-from service.pipeline.prompting import PromptRenderer
 from service.pipeline.revocation import RevocationRegistry, store_checks
-from service.pipeline.scheduler import Scheduler
+from service.pipeline.served_models import ServedModels
 from service.pipeline.settlement import Settler
 from service.pipeline.tenant_classes import report_at_startup
 from service.runtime.drain import (
@@ -207,11 +206,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     client = SGLangClient(up)
     launched: list[WorkerProcess] = []
     supervisors: list[WorkerSupervisor] = []
+    registry = settings.model_registry()
     try:
         if settings.engine.launch:
             await launch_workers(settings, launched)
+        # launched workers serve engine.served_model_name's model (when it is one of the registry's)
+        launched_model = registry.resolve(settings.engine.served_model_name)
+        listed = [url for m in registry.models for url in m.workers]
         pool = WorkerPool(
-            [w.url for w in launched] + list(up.workers),
+            list(dict.fromkeys([w.url for w in launched] + list(up.workers) + listed)),
             client,
             up.health_interval_s,
             up.health_timeout_s,
@@ -226,10 +229,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             on_confirmation=lambda url, verdict: metrics.upstream_5xx_confirmations.labels(
                 url, verdict
             ).inc(),
-            served_models=settings.served_models,
+            models=registry,
+            assigned={w.url: launched_model.id for w in launched} if launched_model else None,
         )
-        registry = WorkerRegistry(redis, settings.redis.key_prefix)
-        managed = await sync_once(pool, registry, set())  # registered workers in the first probe
+        worker_registry = WorkerRegistry(redis, settings.redis.key_prefix)
+        managed = await sync_once(pool, worker_registry, set())  # registered workers in the first probe
         await pool.start()
         if settings.engine.supervise:
             for worker in launched:
@@ -290,18 +294,18 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         usage = UsageRecorder(redis, prefix)
-        renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
-        scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
-        await scheduler.start()
+        # one tokenizer and one admission core per model: a request is placed among its model's workers
+        models = ServedModels(settings, pool, client, metrics, revocations.end_request, registry)
+        scheduler = models.default.scheduler
+        await models.start()
         dispatcher = Dispatcher(
             settings,
-            renderer,
+            models,
             leased,
             usage,
             pool,
             client,
             metrics,
-            scheduler,
             settler,
             revocations,
             status_of=http_status,
@@ -317,16 +321,27 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
         background.append(
             asyncio.create_task(
-                sync_loop(pool, registry, up.health_interval_s, managed), name="worker-registry"
+                sync_loop(pool, worker_registry, up.health_interval_s, managed), name="worker-registry"
             )
         )
         drain = Drain(settings.shutdown, revocations.end_all)
         app.state.radixgate = GatewayState(
-            settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry, drain
+            settings,
+            redis,
+            tenants,
+            quota,
+            usage,
+            pool,
+            dispatcher,
+            metrics,
+            scheduler,
+            worker_registry,
+            drain,
+            models,
         )
         if isinstance(app, GatewayApp):
             app.drain = drain
-        log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
+        log.info("gateway_ready", workers=[w.url for w in pool.workers], models=registry.names)
         # the objects built so far (settings, tokenizer, routes, schemas) live as long as the process: move
         # them out of the cyclic collector's generations, so collections scan only per-request garbage
         # (CPython's gc.freeze; bench c64: 0.57-0.61 -> 0.54 CPU ms/request, same machine state)
@@ -349,7 +364,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             gc.unfreeze()
             gc.set_threshold(*threshold)
             try:
-                await scheduler.stop()
+                await models.stop()
                 await pool.stop()
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
                 await settler.drain()
