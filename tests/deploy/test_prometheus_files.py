@@ -4,31 +4,12 @@ rule files it names too), ``promtool check rules`` and ``amtool check-config``. 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
-from tests.support.paths import REPO
-
-PROM = REPO / "deploy" / "prometheus"
-RULE_FILES = sorted((PROM / "rules").glob("*.yml"))
-
-
-def tool(name: str) -> str:
-    """The path of ``name``; fails (no skip) when the setup did not install it."""
-    path = shutil.which(name)
-    assert path, f"{name} is not installed: run scripts/setup_gateway.sh (make setup does)"
-    return path
-
-
-def run_tool(*args: str | Path) -> str:
-    """Run a tool; fails with its output unless it exits 0. Returns stdout and stderr together."""
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=60)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output
-    return output
+from tests.support.prometheus import PROM, RULE_FILES, alerts, run_tool, tool
 
 
 def test_prometheus_config_is_valid() -> None:
@@ -67,15 +48,12 @@ def test_rule_checker_catches_a_bad_expression(tmp_path: Path) -> None:
 
 
 def test_every_alert_has_severity_summary_and_runbook() -> None:
-    for path in RULE_FILES:
-        for group in yaml.safe_load(path.read_text())["groups"]:
-            for rule in group["rules"]:
-                if "alert" not in rule:
-                    continue
-                assert rule["labels"]["severity"] in {"page", "warning"}, rule["alert"]
-                annotations = rule["annotations"]
-                assert annotations["summary"] and annotations["description"], rule["alert"]
-                assert annotations["runbook_url"] == f"docs/runbook.md#{rule['alert'].lower()}"
+    assert alerts()
+    for rule in alerts():
+        assert rule["labels"]["severity"] in {"page", "warning"}, rule["alert"]
+        annotations = rule["annotations"]
+        assert annotations["summary"] and annotations["description"], rule["alert"]
+        assert annotations["runbook_url"] == f"docs/runbook.md#{rule['alert'].lower()}"
 
 
 def test_alertmanager_config_is_valid() -> None:
