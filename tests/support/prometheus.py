@@ -5,18 +5,27 @@ promql-parser crate), not with regexes."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import itertools
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import promql_parser
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.sim.profiles import get_profile
+from loadgen.sim.server import SimServer
+from service.app import create_app
+from service.config.settings import Settings
+from tests.conftest import ADMIN_TOKEN
 from tests.support.paths import REPO
+from tests.support.servers import ThreadedServer
 
 PROM = REPO / "deploy" / "prometheus"
 RULE_FILES = sorted((PROM / "rules").glob("*.yml"))
@@ -153,3 +162,79 @@ def scaled_rule_files(out_dir: Path, factor: float) -> list[Path]:
         target.write_text(yaml.safe_dump(doc, sort_keys=False))
         written.append(target)
     return written
+
+
+class SimStack:
+    """A gateway in front of simulated SGLang workers (loadgen.sim), each in a uvicorn thread: what the
+    names check scrapes and the live test's Prometheus watches.
+
+    Args:
+        redis_url: the session's redis-server.
+        model_dir: the stub tokenizer folder.
+        workers: how many simulated workers.
+        speed: the workers' simulated seconds per wall-clock second (< 1: slower than the modelled H100).
+        settings: further settings sections of the gateway (merged over the defaults here).
+    """
+
+    MODEL = "sim-model"
+
+    def __init__(
+        self, redis_url: str, model_dir: Path, workers: int = 2, speed: float = 1.0, **settings: Any
+    ) -> None:
+        self.sims = [
+            SimServer(get_profile("llama-3.1-8b-h100"), seed=i, model_name=self.MODEL, speed=speed)
+            for i in range(workers)
+        ]
+        self.worker_servers = [ThreadedServer(sim.app) for sim in self.sims]
+        upstream = {"health_interval_s": 0.2, "max_attempts": 2, **settings.pop("upstream", {})}
+        self.settings = {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": f"promstack{next(_stack_ids)}:"},
+            "engine": {"served_model_name": self.MODEL},
+            "upstream": {**upstream, "workers": [s.url for s in self.worker_servers]},
+            "api": {"tokenizer_path": str(model_dir), "context_length": 4096},
+            **settings,
+        }
+        self.gateway: ThreadedServer | None = None
+        self._stack = contextlib.ExitStack()
+
+    @property
+    def url(self) -> str:
+        """The gateway's base URL."""
+        assert self.gateway is not None
+        return self.gateway.url
+
+    def __enter__(self) -> SimStack:
+        with contextlib.ExitStack() as stack:
+            for server in self.worker_servers:
+                stack.enter_context(server)
+            self.gateway = stack.enter_context(
+                ThreadedServer(create_app(Settings.model_validate(self.settings)))
+            )
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def kill_worker(self, index: int) -> None:
+        """Stop simulated worker ``index`` (its port closes: health checks and scrapes fail)."""
+        self.worker_servers[index].__exit__(None, None, None)
+
+    def new_key(self, http: httpx.Client, priority_class: str = "interactive") -> str:
+        """A new tenant (allowed up to ``priority_class``) and an API key of it."""
+        tenant = f"prom{next(_stack_ids)}"
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        body = {"id": tenant, "name": tenant, "max_priority_class": priority_class}
+        assert http.post("/admin/tenants", json=body, headers=admin).status_code == 201
+        issued = http.post(f"/admin/tenants/{tenant}/keys", json={"name": "k"}, headers=admin)
+        assert issued.status_code == 201, issued.text
+        return str(issued.json()["api_key"])
+
+    def chat(self, question: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+        """A chat completion request body for the simulated model."""
+        messages = [{"role": "user", "content": question}]
+        return {"model": self.MODEL, "messages": messages, "max_tokens": max_tokens, **extra}
+
+
+_stack_ids = itertools.count()
