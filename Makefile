@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: setup engine demo up test lint unit clean
+.PHONY: setup engine demo up up-two-models test lint unit clean
 
 setup:            ## gateway virtualenv (.venv) + Debian redis-server
 	bash scripts/setup_gateway.sh
@@ -15,6 +15,9 @@ demo: setup engine  ## Redis + a CPU SGLang worker + the gateway; real requests;
 
 up: setup engine    ## like demo, but keeps the stack running until Ctrl-C
 	$(PY) scripts/demo.py --keep $(ARGS)
+
+up-two-models: setup engine  ## like up, with two models: SmolLM2 on the CPU worker and a simulated sim-llama-3.1-8b (docs/models.md)
+	$(PY) scripts/two_models.py --keep $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .

@@ -6,6 +6,7 @@ Commands:
   run SCENARIO [--base-url URL]      send the plan open-loop; write results.json, report.json and PNG plots
   report RESULTS.json                recompute the report (table, JSON, plots) from a results file
   bench-gateway [--quick] [--json]   radixgate vs sglang-router, LiteLLM and direct on an instant fake SGLang
+  rolling-restart [--json]           gateway processes and workers restarted under load
 """
 
 from __future__ import annotations
@@ -267,6 +268,34 @@ def report(
         console.print(f"[red]{err}[/]")
         raise typer.Exit(2) from err
     _finish(scenario, records, run_data, out or results.parent, plots)
+
+
+@app.command("rolling-restart")
+def rolling_restart(
+    streams: Annotated[int, typer.Option(min=1, max=100_000, help="Streams to send.")] = 1200,
+    load: Annotated[
+        float, typer.Option(min=0.05, max=2.0, help="Arrival rate as a fraction of the measured capacity.")
+    ] = 0.8,
+    max_tokens: Annotated[int, typer.Option(min=1, max=256, help="Tokens per stream.")] = 16,
+    run_dir: Annotated[Path, typer.Option(help="Folder for the logs.")] = Path(".run/rolling-restart"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
+) -> None:
+    """Restart every gateway process and every simulated worker, one at a time, under a steady stream
+    load (loadgen/rolling_restart.py); exit 1 when a client saw an error or the ledger does not balance."""
+    from loadgen.rolling_restart import figures_json, run_rolling_restart
+
+    figures = run_rolling_restart(run_dir, streams=streams, load=load, max_tokens=max_tokens)
+    out = figures_json(figures)
+    if as_json:
+        print(json.dumps(out))
+    else:
+        console = Console()
+        for name, value in out.items():
+            console.print(f"{name:>18}: {len(value) if name == 'errors' else value}")
+        for line in figures.errors[:20]:
+            console.print(f"  error: {line}")
+    if figures.errors or not figures.balanced:
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -90,6 +90,12 @@ class LocalStack:
         env: extra ``RADIXGATE_*`` settings for the gateway (e.g. scheduler or priority classes).
         launch_workers: let the gateway launch its SGLang CPU worker(s) (``RADIXGATE_ENGINE__LAUNCH``).
         ready_timeout_s: how long to wait for ``/readyz``, s.
+        require_ready: :meth:`start` waits for ``/readyz`` (a healthy worker); False: only for
+            ``/healthz`` (workers registered afterwards over the admin API; then :meth:`wait_ready`).
+
+    Attributes:
+        gateway: the gateway's process once started (its parent, with ``RADIXGATE_WORKERS`` > 1).
+        redis_url: URL of the stack's Redis once started.
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class LocalStack:
         env: dict[str, str] | None = None,
         launch_workers: bool = True,
         ready_timeout_s: float = 600.0,
+        require_ready: bool = True,
     ) -> None:
         self.run_dir = run_dir
         self.port = port or free_port()
@@ -107,6 +114,9 @@ class LocalStack:
         self._launch = launch_workers
         self._timeout = ready_timeout_s
         self._procs: list[tuple[subprocess.Popen[bytes], bool]] = []
+        self._require_ready = require_ready
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self.redis_url = ""
 
     @property
     def url(self) -> str:
@@ -149,12 +159,13 @@ class LocalStack:
             "redis.log",
             group=True,  # its own session: a terminal's Ctrl-C must not stop Redis before the gateway drains
         )
+        self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         env = {
             **os.environ,
             "RADIXGATE_PORT": str(self.port),
             "RADIXGATE_ADMIN_TOKEN": self.admin_token,
             "RADIXGATE_KEY_PEPPER": os.environ.get("RADIXGATE_KEY_PEPPER") or secrets.token_hex(16),
-            "RADIXGATE_REDIS__URL": f"redis://127.0.0.1:{redis_port}/0",
+            "RADIXGATE_REDIS__URL": self.redis_url,
             **(
                 {"RADIXGATE_ENGINE__LAUNCH": "true", "RADIXGATE_ENGINE__BASE_PORT": str(free_port())}
                 if self._launch
@@ -163,24 +174,34 @@ class LocalStack:
             **self._env,
         }
         gateway = self._spawn([sys.executable, "-m", "service", "serve"], "gateway.log", env, group=True)
+        self.gateway = gateway
         try:
-            self._wait_ready(gateway)
+            self._wait_ready(gateway, "/readyz" if self._require_ready else "/healthz")
         except BaseException:  # not ready, Ctrl-C or a signal while waiting: leave nothing running
             self.stop()
             raise
         return self
 
-    def _wait_ready(self, gateway: subprocess.Popen[bytes]) -> None:
+    def wait_ready(self) -> None:
+        """Wait until ``/readyz`` answers 200 (Redis and a healthy worker).
+
+        Raises:
+            StackError: the gateway exited or was not ready within the stack's ready timeout.
+        """
+        assert self.gateway is not None, "start() first"
+        self._wait_ready(self.gateway, "/readyz")
+
+    def _wait_ready(self, gateway: subprocess.Popen[bytes], path: str) -> None:
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
             if gateway.poll() is not None:
                 raise StackError(f"gateway exited with {gateway.returncode}; see {self.run_dir}/gateway.log")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(1)
+            time.sleep(0.2 if path == "/healthz" else 1)
         raise StackError(f"gateway not ready after {self._timeout:.0f} s; see {self.run_dir}/gateway.log")
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ from service.observability.logs import configure_logging
 from service.protocol.fields import parameters_table
 from service.protocol.responses import responses_table
 from service.runtime.host_serve import MULTIPROC_ENV, serve_one, serve_processes
+from service.runtime.http_protocol import KEEP_ALIVE_S
 from service.workers.launcher import WorkerProcess, WorkerStartError
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
@@ -77,15 +78,27 @@ def load_settings(config: Path | None = None) -> Settings:
 
 
 def check_tokenizer(settings: Settings) -> None:
-    """Exit with a short message when the tokenizer folder the gateway counts prompts with is missing."""
-    if not (settings.tokenizer_path / "tokenizer.json").is_file():
-        where = "API__TOKENIZER_PATH" if settings.api.tokenizer_path else "ENGINE__MODEL_PATH"
-        typer.echo(
-            f"invalid setting RADIXGATE_{where}: no tokenizer.json in {settings.tokenizer_path} (the gateway "
-            "counts prompt tokens with the model's tokenizer; `make engine` fetches the default model)",
-            err=True,
-        )
-        raise typer.Exit(2)
+    """Exit with a short message when a tokenizer folder the gateway counts prompts with is missing (the
+    single model's, or each of ``models``)."""
+    if not settings.models:
+        if not (settings.tokenizer_path / "tokenizer.json").is_file():
+            where = "API__TOKENIZER_PATH" if settings.api.tokenizer_path else "ENGINE__MODEL_PATH"
+            typer.echo(
+                f"invalid setting RADIXGATE_{where}: no tokenizer.json in {settings.tokenizer_path} (the "
+                "gateway counts prompt tokens with the model's tokenizer; `make engine` fetches the default "
+                "model)",
+                err=True,
+            )
+            raise typer.Exit(2)
+        return
+    for i, model in enumerate(settings.model_registry().models):
+        if not (model.tokenizer_path / "tokenizer.json").is_file():
+            typer.echo(
+                f"invalid setting RADIXGATE_MODELS ({i}, '{model.id}'): no tokenizer.json in "
+                f"{model.tokenizer_path} (each model's prompts are counted with its own tokenizer)",
+                err=True,
+            )
+            raise typer.Exit(2)
 
 
 @cli.command()
@@ -114,8 +127,13 @@ def serve(config: Path | None = CONFIG_OPTION) -> None:
         else "service.runtime.http_protocol:GatewayHttpToolsProtocol",
         # no X-Forwarded-For rewriting: nothing reads the client address (an ASGI layer less per request)
         "proxy_headers": False,
-        # after the drain (service/runtime/drain.py) only idle connections are left; bounded all the same
-        "timeout_graceful_shutdown": math.ceil(settings.shutdown.end_timeout_s),
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        # uvicorn is told to stop accept_for_s after the signal (service/runtime/drain.py) and waits for
+        # the connections to close: the drain's own deadlines bound the requests, the keep-alive timeout
+        # the idle connections; bounded all the same
+        "timeout_graceful_shutdown": math.ceil(
+            settings.shutdown.drain_timeout_s + settings.shutdown.end_timeout_s + KEEP_ALIVE_S + 1
+        ),
     }
     if settings.workers == 1:
         raise typer.Exit(serve_one(create_app(settings), options))

@@ -28,19 +28,25 @@ from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
 from service.observability.redis_watch import RedisReachability, watch_redis
 from service.pipeline.dispatch import Dispatcher
-from service.pipeline.prompting import PromptRenderer
 from service.pipeline.revocation import RevocationRegistry, store_checks
-from service.pipeline.scheduler import Scheduler
+from service.pipeline.served_models import ServedModels
 from service.pipeline.settlement import Settler
 from service.pipeline.tenant_classes import report_at_startup
-from service.runtime.drain import SERVED_WHILE_DRAINING, Drain, drain_on_signals, shutting_down
+from service.runtime.drain import (
+    SERVED_WHILE_DRAINING,
+    Drain,
+    closing_connection,
+    drain_on_signals,
+    shutting_down,
+)
+from service.runtime.http_protocol import CONNECTIONS_EXTENSION
 from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
-from service.workers.registry import WorkerRegistry, sync_loop
+from service.workers.registry import WorkerRegistry, sync_loop, sync_once
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.quota import QuotaLimiter
@@ -83,8 +89,8 @@ class GatewayApp(FastAPI):
     method, take FastAPI's usual path.
 
     While the lifespan runs, ``drain`` is the process's :class:`service.runtime.drain.Drain`: every HTTP
-    request is
-    counted in it while in the app, and during a drain each one but the probes and ``/metrics``
+    request is counted in it while in the app; during a drain each is served with ``Connection: close`` on
+    its answer, and from the drain deadline on each one but the probes and ``/metrics``
     (:data:`service.runtime.drain.SERVED_WHILE_DRAINING`) is refused here with 503 ``shutting_down``,
     ``Retry-After`` and ``Connection: close``.
     """
@@ -96,9 +102,13 @@ class GatewayApp(FastAPI):
         if drain is None or scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        if drain.draining and scope["path"] not in SERVED_WHILE_DRAINING:
-            await self._refuse_draining(scope, receive, send)
-            return
+        if drain.connections is None:  # once: the server's open connections, which a drain waits for
+            drain.connections = scope.get("extensions", {}).get(CONNECTIONS_EXTENSION, {}).get("connections")
+        if drain.draining:
+            if drain.refusing and scope["path"] not in SERVED_WHILE_DRAINING:
+                await self._refuse_draining(scope, receive, send)
+                return
+            send = closing_connection(send)
         drain.enter()
         try:
             if scope["method"] == "POST":
@@ -196,11 +206,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     client = SGLangClient(up)
     launched: list[WorkerProcess] = []
     supervisors: list[WorkerSupervisor] = []
+    registry = settings.model_registry()
     try:
         if settings.engine.launch:
             await launch_workers(settings, launched)
+        # launched workers serve engine.served_model_name's model (when it is one of the registry's)
+        launched_model = registry.resolve(settings.engine.served_model_name)
+        listed = [url for m in registry.models for url in m.workers]
         pool = WorkerPool(
-            [w.url for w in launched] + list(up.workers),
+            list(dict.fromkeys([w.url for w in launched] + list(up.workers) + listed)),
             client,
             up.health_interval_s,
             up.health_timeout_s,
@@ -215,8 +229,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             on_confirmation=lambda url, verdict: metrics.upstream_5xx_confirmations.labels(
                 url, verdict
             ).inc(),
-            served_models=settings.served_models,
+            models=registry,
+            assigned={w.url: launched_model.id for w in launched} if launched_model else None,
         )
+        worker_registry = WorkerRegistry(redis, settings.redis.key_prefix)
+        managed = await sync_once(pool, worker_registry, set())  # registered workers in the first probe
         await pool.start()
         if settings.engine.supervise:
             for worker in launched:
@@ -277,23 +294,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         usage = UsageRecorder(redis, prefix)
-        renderer = PromptRenderer(settings.tokenizer_path, settings.api.prompt_cache_chars)
-        scheduler = Scheduler(settings, pool, client, metrics, end_request=revocations.end_request)
-        await scheduler.start()
+        # one tokenizer and one admission core per model: a request is placed among its model's workers
+        models = ServedModels(settings, pool, client, metrics, revocations.end_request, registry)
+        scheduler = models.default.scheduler
+        await models.start()
         dispatcher = Dispatcher(
             settings,
-            renderer,
+            models,
             leased,
             usage,
             pool,
             client,
             metrics,
-            scheduler,
             settler,
             revocations,
             status_of=http_status,
         )
-        registry = WorkerRegistry(redis, prefix)
         if metrics.multiprocess:
             background.append(
                 asyncio.create_task(
@@ -304,15 +320,28 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         background.append(
-            asyncio.create_task(sync_loop(pool, registry, up.health_interval_s), name="worker-registry")
+            asyncio.create_task(
+                sync_loop(pool, worker_registry, up.health_interval_s, managed), name="worker-registry"
+            )
         )
         drain = Drain(settings.shutdown, revocations.end_all)
         app.state.radixgate = GatewayState(
-            settings, redis, tenants, quota, usage, pool, dispatcher, metrics, scheduler, registry, drain
+            settings,
+            redis,
+            tenants,
+            quota,
+            usage,
+            pool,
+            dispatcher,
+            metrics,
+            scheduler,
+            worker_registry,
+            drain,
+            models,
         )
         if isinstance(app, GatewayApp):
             app.drain = drain
-        log.info("gateway_ready", workers=[w.url for w in pool.workers], models=settings.served_models)
+        log.info("gateway_ready", workers=[w.url for w in pool.workers], models=registry.names)
         # the objects built so far (settings, tokenizer, routes, schemas) live as long as the process: move
         # them out of the cyclic collector's generations, so collections scan only per-request garbage
         # (CPython's gc.freeze; bench c64: 0.57-0.61 -> 0.54 CPU ms/request, same machine state)
@@ -326,6 +355,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             with drain_on_signals(drain):  # SIGTERM/SIGINT drain first (service/runtime/drain.py), then stop
                 yield
+            await drain.wait()  # uvicorn shuts down once the connections are closed: the drain is ending
         finally:
             if isinstance(app, GatewayApp):
                 app.drain = None
@@ -334,7 +364,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             gc.unfreeze()
             gc.set_threshold(*threshold)
             try:
-                await scheduler.stop()
+                await models.stop()
                 await pool.stop()
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
                 await settler.drain()

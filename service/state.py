@@ -10,6 +10,7 @@ from service.config.settings import Settings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.dispatch import Dispatcher
 from service.pipeline.scheduler import Scheduler
+from service.pipeline.served_models import ServedModels
 from service.runtime.drain import Drain
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
@@ -30,6 +31,7 @@ class GatewayState:
     pool: WorkerPool
     dispatcher: Dispatcher
     metrics: GatewayMetrics
-    scheduler: Scheduler
+    scheduler: Scheduler  # the default (first) model's; ``models`` has every model's
     registry: WorkerRegistry
     drain: Drain  # the process's stopping state: readiness and admission read ``drain.draining``
+    models: ServedModels  # every served model: its tokenizer, scheduler, workers' reports

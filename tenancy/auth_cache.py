@@ -173,7 +173,7 @@ async def follow_invalidations(
                 lost = True
         finally:
             cache.clear()
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
         await asyncio.sleep(retry_s)
 
 

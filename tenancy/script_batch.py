@@ -155,7 +155,7 @@ class ScriptBatcher:
         error reply is returned as its exception. Transport errors are retried by the client's retry
         policy on a fresh connection (as redis-py's own calls are), then raised."""
         pool = self._redis.connection_pool
-        conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
+        conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call, unused-ignore]
 
         async def roundtrip() -> list[Any]:
             await conn.send_packed_command(packed, check_health=False)

@@ -188,7 +188,7 @@ class TenantStore:
                     merged = Tenant.model_validate({**fields, **changes})
                     if check is not None:
                         check(merged)
-                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.multi()  # type: ignore[no-untyped-call, unused-ignore]
                     pipe.set(key, merged.model_dump_json(), xx=True)
                     await pipe.execute()
                     break

@@ -74,12 +74,14 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
     and, per class, the calibration scale of its TTFT predictions
     (``scheduler.prediction_calibration_target``); and why it is healthy or not (``health_reason``: what
     was seen at the last change, e.g. ``"connection refused"``) since when (``health_since``, ISO 8601 UTC;
-    both None until its first probe)."""
+    both None until its first probe); the model it serves (``model``, the canonical id; None when it
+    serves none of the gateway's) and, for a worker kept out because it reports another model, why
+    (``model_mismatch``)."""
     entries = await state.registry.entries()
     known = dict.fromkeys([w.url for w in state.pool.workers] + list(entries))
     ordered = sorted((worker_id(url), url) for url in known)
     page, more = page_after(ordered, lambda entry: entry[0], after or None, limit)
-    snaps = {snap.url: snap for snap in state.scheduler.snapshot()}
+    snaps = {snap.url: snap for snap in state.models.snapshot()}
     data = []
     for _, url in page:
         worker = state.pool.get(url)
@@ -96,7 +98,9 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
                 "health_since": _iso(worker.health_since) if worker else None,
                 "in_flight": worker.in_flight if worker else 0,
                 "in_flight_tokens": worker.in_flight_tokens if worker else 0,
-                "window": window.size if worker and (window := state.scheduler.window(url)) else None,
+                "model": worker.model if worker else None,
+                "model_mismatch": worker.model_mismatch if worker else None,
+                "window": window.size if worker and (window := state.models.window(url)) else None,
                 "queued": snap.queued if (snap := snaps.get(url)) else 0,
                 "capacity_rps": snap.capacity_rps if snap else None,
                 "engine_ttft_ms": None
@@ -151,5 +155,5 @@ async def remove_worker(wid: str, state: StateDep) -> Response:
         raise _managed_in_settings(url)
     await state.registry.remove(url)
     state.pool.remove(url)
-    state.scheduler.remove_worker(url)
+    state.models.remove_worker(url)
     return Response(status_code=204)

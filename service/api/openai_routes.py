@@ -29,7 +29,7 @@ from service.api.openapi_bodies import json_body
 from service.errors import GatewayError, NotFound
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
-from service.pipeline.prepare import PreparedRequest
+from service.pipeline.prepare import PreparedRequest, may_use
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest, now_s
 from service.protocol.conversation import check_chat_references, check_responses_references
 from service.protocol.fields import screen_chat, screen_completion
@@ -162,13 +162,28 @@ COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
 
 
 def _models_of(tenant: Tenant, state: GatewayState) -> list[dict[str, Any]]:
-    """OpenAI model objects of the models ``tenant`` may use."""
-    allowed = tenant.allowed_models
-    return [
-        {"id": m, "object": "model", "created": 0, "owned_by": "radixgate"}
-        for m in state.settings.served_models
-        if allowed is None or m in allowed
-    ]
+    """OpenAI model objects of the models ``tenant`` may use: each id and alias, with ``root`` (the
+    model's id: an alias's model), its ``context_length`` (tokens: the smaller of the setting and what
+    its workers report) and ``capabilities`` (``tools``, ``structured_outputs``)."""
+    found = []
+    for lane in state.models.lanes:
+        model = lane.model
+        context = state.models.context_length(model.id)
+        capabilities = {"tools": model.tools, "structured_outputs": model.structured_outputs}
+        found += [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": model.owned_by,
+                "root": model.id,
+                "context_length": context,
+                "capabilities": capabilities,
+            }
+            for name in model.names
+            if may_use(tenant, name, model)
+        ]
+    return found
 
 
 @router.get("/models")

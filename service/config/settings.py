@@ -26,6 +26,7 @@ from service.config.engine import (
     default_home,
     home_engine_paths,
 )
+from service.config.models import ModelRegistry, ModelSettings, build_registry
 from service.config.policies import (
     DEFAULT_CLASS,
     FINITE,
@@ -261,7 +262,12 @@ class ApiSettings(BaseModel):
         "tokens generated so far are charged); false: they run to their end.",
     )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when the request gives none, tokens.")
-    context_length: int = Field(8192, ge=16, description="Prompt + completion limit of the model, tokens.")
+    context_length: int | None = Field(
+        None,
+        ge=16,
+        description="Prompt + completion limit of the model, tokens: the smaller of this and what its "
+        "workers report on /server_info (unset: theirs; 8192 when neither says).",
+    )
     tokenizer_path: Path | None = Field(
         None, description="Folder with tokenizer.json and the chat template (defaults to engine.model_path)."
     )
@@ -369,6 +375,13 @@ class Settings(HomeSettings):
     extra_models: list[str] = Field(
         default_factory=list, description="Further model ids served by the same workers (aliases)."
     )
+    models: list[ModelSettings] = Field(
+        default_factory=list,
+        description="JSON list of served models, each {id, aliases, workers, tokenizer_path, "
+        "context_length, owned_by, tool_call_format, tools, structured_outputs, routing, scheduler, "
+        "priority_classes}; requests route by `model` to their model's workers (docs/models.md). Unset: "
+        "one model from engine.served_model_name, extra_models, upstream.workers and the api section.",
+    )
     config_file: Path | None = Field(
         None,
         description="TOML or YAML file of settings (`--config`), nested as the tree is ([redis] url = ...); "
@@ -393,6 +406,19 @@ class Settings(HomeSettings):
         secret = value.get_secret_value()
         if secret and len(secret) < 16:
             raise ValueError("admin_token must be at least 16 characters")
+        return value
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_are_one_list(cls, value: object) -> object:
+        """``RADIXGATE_MODELS__<FIELD>=...`` reaches here as a map (pydantic-settings nests ``__`` names):
+        name the variable and say that the models are one JSON list."""
+        if isinstance(value, dict):
+            names = [f"RADIXGATE_MODELS__{'__'.join(path).upper()}" for path in _leaf_paths(value)]
+            raise ValueError(
+                f"{', '.join(names)}: the models are one JSON list, "
+                """RADIXGATE_MODELS='[{"id": ...}, ...]' (docs/models.md)"""
+            )
         return value
 
     @field_validator("priority_classes")
@@ -430,6 +456,30 @@ class Settings(HomeSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _models_resolve(self) -> Settings:
+        self.model_registry()  # raises ValueError on a model that does not resolve
+        return self
+
+    def model_registry(self) -> ModelRegistry:
+        """The served models, each with its settings resolved (:func:`service.config.models.build_registry`).
+
+        Raises:
+            ValueError: see :func:`~service.config.models.build_registry`.
+        """
+        return build_registry(
+            self.models,
+            served_model_name=self.engine.served_model_name,
+            extra_models=self.extra_models,
+            workers=self.upstream.workers,
+            tokenizer_path=self.tokenizer_path,
+            context_length=self.api.context_length,
+            tool_call_format=self.api.tool_call_format,
+            classes=self.priority_classes,
+            scheduler=self.scheduler,
+            routing=self.routing,
+        )
+
     def core_config(self) -> CoreConfig:
         """The admission core's configuration (classes, windows, routing) from these settings."""
         return replace(
@@ -446,10 +496,20 @@ class Settings(HomeSettings):
 
     @property
     def served_models(self) -> list[str]:
-        """Model ids the gateway answers for (``/v1/models``), each once, the served name first."""
-        return list(dict.fromkeys([self.engine.served_model_name, *self.extra_models]))
+        """Model ids and aliases the gateway answers for (``/v1/models``), each once, the served name
+        first (every model's, :meth:`ModelRegistry.names`)."""
+        return self.model_registry().names
 
     @property
     def tokenizer_path(self) -> Path:
         """Folder holding the tokenizer and chat template used to count prompt tokens."""
         return self.api.tokenizer_path or self.engine.model_path
+
+
+def _leaf_paths(tree: dict[str, object], above: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The key paths to every leaf of a nested map."""
+    paths: list[tuple[str, ...]] = []
+    for key, value in tree.items():
+        here = (*above, str(key))
+        paths += _leaf_paths(value, here) if isinstance(value, dict) and value else [here]
+    return paths

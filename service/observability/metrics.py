@@ -191,7 +191,7 @@ class GatewayMetrics:
                     "PROMETHEUS_MULTIPROC_DIR to the same directory before the process starts"
                 )
             self.exposition = CollectorRegistry(auto_describe=False)
-            MultiProcessCollector(self.exposition, path=str(multiproc_dir))  # type: ignore[no-untyped-call]
+            MultiProcessCollector(self.exposition, path=str(multiproc_dir))  # type: ignore[no-untyped-call, unused-ignore]
         elif multiprocess_values_active():
             raise ValueError(
                 "PROMETHEUS_MULTIPROC_DIR is set but observability.metrics_multiproc_dir is not: set "

@@ -48,7 +48,7 @@ from service.pipeline.prepare import PreparedRequest, RequestPreparer
 from service.pipeline.prompting import PromptRenderer
 from service.pipeline.request_record import record_request, settlement_of
 from service.pipeline.revocation import Revocable, RevocationRegistry
-from service.pipeline.scheduler import Scheduler
+from service.pipeline.served_models import ServedModels
 from service.pipeline.settlement import Settler
 from service.pipeline.upstream import Outcome, UpstreamCaller
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest, UsageInfo, now_s
@@ -116,13 +116,13 @@ class Dispatcher:
 
     Args:
         settings: the app's settings.
-        renderer: chat template and tokenizer.
+        models: the served models (each its tokenizer and template, and its scheduler: the gateway's
+            queue for that model's workers).
         quota: token buckets, through local leases.
         usage: usage counters.
         pool: workers.
         client: SGLang HTTP client.
         metrics: the app's metrics.
-        scheduler: the gateway's queue.
         settler: settles requests (retrying in the background when Redis is short).
         revocations: the requests in flight by tenant and key, ended when those are revoked.
         status_of: the HTTP status a domain error is answered with
@@ -133,25 +133,24 @@ class Dispatcher:
     def __init__(
         self,
         settings: Settings,
-        renderer: PromptRenderer,
+        models: ServedModels,
         quota: LeasedQuota,
         usage: UsageRecorder,
         pool: WorkerPool,
         client: SGLangClient,
         metrics: GatewayMetrics,
-        scheduler: Scheduler,
         settler: Settler,
         revocations: RevocationRegistry,
         status_of: Callable[[GatewayError], int],
     ) -> None:
         self._settings = settings
         self._status_of = status_of
-        self._preparer = RequestPreparer(
-            settings, renderer, lambda: client.token_limits([w.url for w in pool.workers])
-        )
-        self._upstream = UpstreamCaller(settings, pool, scheduler, client, metrics, renderer)
-        self._renderer = renderer
-        self._scheduler = scheduler
+        self._preparer = RequestPreparer(settings, models)
+        self._models = models
+        self._upstreams = {
+            lane.model.id: UpstreamCaller(settings, pool, lane.scheduler, client, metrics, lane.renderer)
+            for lane in models.lanes
+        }
         self._quota = quota
         self._usage = usage
         self._client = client
@@ -254,11 +253,12 @@ class Dispatcher:
         self, prepared: PreparedRequest, run: _Run
     ) -> AsyncGenerator[tuple[int, UpstreamChunk], None]:
         """``(choice index, chunk)`` of a streamed answer (or of n answers)."""
+        upstream = self._upstream(prepared)
         if prepared.n > 1:
-            return stream_choices(self._upstream, prepared, run.parts, run.choices)
+            return stream_choices(upstream, prepared, run.parts, run.choices)
 
         async def one() -> AsyncGenerator[tuple[int, UpstreamChunk], None]:
-            async for chunk in self._upstream.stream(prepared, run.outcome):
+            async for chunk in upstream.stream(prepared, run.outcome):
                 yield 0, chunk
 
         return one()
@@ -281,11 +281,12 @@ class Dispatcher:
             GatewayError: shed or timed out in the queue, attempts spent, the worker rejected the input, or
                 the key or tenant was revoked meanwhile (:mod:`service.pipeline.revocation`).
         """
-        run = _Run(prepared, self._renderer, self._track(prepared, key_id))
+        run = _Run(prepared, self._renderer(prepared), self._track(prepared, key_id))
         self._metrics.in_flight.inc()
         try:
             if prepared.n == 1:
-                run.states[0].step(await run.until_revoked(self._upstream.generate(prepared, run.outcome)))
+                answer = self._upstream(prepared).generate(prepared, run.outcome)
+                run.states[0].step(await run.until_revoked(answer))
             else:  # n > 1: the choices stream in (the first one's prompt is cached before the rest start)
                 pieces = self._pieces(prepared, run)
                 try:
@@ -322,7 +323,7 @@ class Dispatcher:
         As in :meth:`complete`, the end of a stream that went well does not wait for its settle.
         """
         shaper = shaper or self.shaper(prepared)
-        run = _Run(prepared, self._renderer, self._track(prepared, key_id))
+        run = _Run(prepared, self._renderer(prepared), self._track(prepared, key_id))
         revocable = run.revocable
         outcome = run.outcome
         self._metrics.in_flight.inc()
@@ -374,6 +375,14 @@ class Dispatcher:
                 await finish_despite_cancel(pieces.aclose())
             await self._finish(prepared, reservation, run)
 
+    def _upstream(self, prepared: PreparedRequest) -> UpstreamCaller:
+        """The attempts of a request's model (its scheduler, its tokenizer)."""
+        return self._upstreams[prepared.model_id]
+
+    def _renderer(self, prepared: PreparedRequest) -> PromptRenderer:
+        """The tokenizer of a request's model."""
+        return self._models.of(prepared.model_id).renderer
+
     def _track(self, prepared: PreparedRequest, key_id: str) -> Revocable:
         """Register the request (of API key ``key_id``) with the revocation registry until it ends."""
         return self._revocations.track(prepared.rid, prepared.tenant.id, key_id)
@@ -393,7 +402,7 @@ class Dispatcher:
         if slot is not None:
             served_here = (outcome.finished or outcome.streamed_any) and outcome.worker == slot.worker
             cached = outcome.cached_tokens if served_here and not outcome.resumes else None
-            self._scheduler.release(
+            self._models.of(prepared.model_id).scheduler.release(
                 slot, ok=served_here, prompt_tokens=outcome.prompt_tokens, cached_tokens=cached
             )
         if outcome.status == 200:  # nothing awaited: no cancel scope needed (2% of a request's CPU)

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from policies.cost import reserved_tokens
+from service.config.models import DEFAULT_CONTEXT_LENGTH, ServedModel
 from service.config.settings import Settings
 from service.errors import InvalidRequest, NotFound, PermissionDenied
 from service.openai.choices import OutputSpec
 from service.openai.structured import response_schema
 from service.openai.tool_formats import FORMATS
 from service.openai.tools import plan_tools, template_messages
-from service.pipeline.prompting import PromptError, PromptRenderer, RenderedPrompt
+from service.pipeline.prompting import PromptError, RenderedPrompt
+from service.pipeline.served_models import ModelLane, ServedModels
 from service.pipeline.tenant_classes import ClassResolver
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest
 from service.workers.worker_info import TokenLimits
@@ -33,7 +34,7 @@ class PreparedRequest:
     Attributes:
         rid: request id (also SGLang's ``rid`` and the ``x-request-id`` header).
         tenant: the caller's tenant.
-        model: served model id.
+        model: the model name the request gave (an id or an alias; echoed in the answer).
         chat: chat completion (True) or text completion.
         prompt: rendered prompt and its token count.
         max_tokens: completion limit, tokens.
@@ -45,6 +46,7 @@ class PreparedRequest:
         session_id: ``<tenant>:<user>`` when the request names a ``user`` (consistent-hash routing key).
         n: answers (choices) asked for; each may use ``max_tokens``.
         output: how answers are read (tool calls, logprobs).
+        model_id: the canonical id of that model (its lane; the ``model`` label of metrics and logs).
     """
 
     rid: str
@@ -61,6 +63,7 @@ class PreparedRequest:
     session_id: str | None = None
     n: int = 1
     output: OutputSpec = field(default_factory=OutputSpec)
+    model_id: str = ""
 
     @property
     def reserved_tokens(self) -> int:
@@ -72,29 +75,28 @@ class RequestPreparer:
     """Turns a parsed OpenAI request into a :class:`PreparedRequest`.
 
     Args:
-        settings: the app's settings (models, priority classes, limits).
-        renderer: chat template and tokenizer.
-        worker_limits: the tightest token limits the workers reported (None while none did); the
-            context check uses the smaller of these and ``api.context_length``.
+        settings: the app's settings (priority classes, limits).
+        models: the served models: each request is rendered and counted with its model's template and
+            tokenizer, and checked against its context length (the smaller of the model's setting and
+            the token limits its workers reported).
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        renderer: PromptRenderer,
-        worker_limits: Callable[[], TokenLimits | None] = lambda: None,
-    ) -> None:
+    def __init__(self, settings: Settings, models: ServedModels) -> None:
         self._settings = settings
-        self._served = frozenset(settings.served_models)
-        self._renderer = renderer
-        self._worker_limits = worker_limits
+        self._models = models
         self._classes = ClassResolver(settings)
 
-    def limits(self) -> TokenLimits:
-        """Prompt and prompt + completion limits (tokens): ``api.context_length`` and what the workers
-        reported, whichever is smaller."""
-        context = self._settings.api.context_length
-        return TokenLimits(context - 1, context).tightest(self._worker_limits())
+    def limits(self, model_id: str | None = None) -> TokenLimits:
+        """Prompt and prompt + completion limits of a model (tokens; default: the first): its context
+        length setting and what its workers reported, whichever is smaller
+        (:data:`DEFAULT_CONTEXT_LENGTH` when neither says)."""
+        lane = self._models.default if model_id is None else self._models.of(model_id)
+        context, reported = lane.model.context_length, self._models.token_limits(lane.model.id)
+        if context is None:
+            context = DEFAULT_CONTEXT_LENGTH
+            if reported is not None:
+                return reported
+        return TokenLimits(context - 1, context).tightest(reported)
 
     def prepare(
         self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
@@ -107,9 +109,11 @@ class RequestPreparer:
             InvalidRequest: bad max_tokens, unknown priority class, context length exceeded or template
                 failure.
         """
-        if req.model not in self._served:
+        lane = self._models.lane(req.model)
+        if lane is None:
             raise NotFound(f"The model '{req.model}' does not exist.", code="model_not_found", param="model")
-        if tenant.allowed_models is not None and req.model not in tenant.allowed_models:
+        model = lane.model
+        if not may_use(tenant, req.model, model):
             raise PermissionDenied(
                 f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
             )
@@ -124,21 +128,26 @@ class RequestPreparer:
         constraint: dict[str, Any] = {}
         prompt_param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         try:
+            renderer = lane.renderer
             if isinstance(req, ChatCompletionRequest):
-                plan = plan_tools(req, FORMATS[self._settings.api.tool_call_format])
+                _check_features(req, model)
+                plan = plan_tools(req, FORMATS[model.tool_call_format])
                 messages, tools = template_messages(
-                    req.messages, plan, self._renderer.renders_tools, self._renderer.renders_tool_calls
+                    req.messages, plan, renderer.renders_tools, renderer.renders_tool_calls
                 )
-                prompt = self._renderer.render_chat(messages, tools, req.chat_template_kwargs)
+                prompt = renderer.render_chat(messages, tools, req.chat_template_kwargs)
                 output = OutputSpec(tools=plan, logprobs=self._chat_logprobs(req))
                 constraint = self._constraint(plan.constraint(), response_schema(req.response_format))
+                if constraint and not model.structured_outputs:
+                    what = "structured outputs (a forced or strict tool call)"
+                    raise _unserved(req.model, what, "tool_choice")
             else:
-                prompt = self._renderer.render_text(req.prompt_text())
+                prompt = renderer.render_text(req.prompt_text())
                 output = OutputSpec(logprobs=req.logprobs)
         except PromptError as exc:
             raise InvalidRequest(str(exc), code="invalid_prompt", param=prompt_param) from exc
         max_tokens = self._max_tokens(
-            tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param, req.n
+            tenant, req.requested_max_tokens(), prompt.num_tokens, prompt_param, req.n, lane
         )
         body = self._generate_body(req, prompt.text, max_tokens, rid, priority_class)
         body["sampling_params"].update(constraint)
@@ -160,6 +169,7 @@ class RequestPreparer:
             session_id=f"{tenant.id}:{req.user}" if req.user else None,
             n=req.n,
             output=output,
+            model_id=model.id,
         )
 
     @staticmethod
@@ -221,9 +231,15 @@ class RequestPreparer:
         return asked
 
     def _max_tokens(
-        self, tenant: Tenant, asked: int | None, prompt_tokens: int, prompt_param: str, n: int = 1
+        self,
+        tenant: Tenant,
+        asked: int | None,
+        prompt_tokens: int,
+        prompt_param: str,
+        n: int,
+        lane: ModelLane,
     ) -> int:
-        limits = self.limits()
+        limits = self.limits(lane.model.id)
         context = limits.max_total_tokens
         room = context - prompt_tokens
         if room < 1 or prompt_tokens > limits.max_prompt_tokens:
@@ -282,6 +298,34 @@ class RequestPreparer:
         if self._settings.upstream.send_priority:
             body["priority"] = self._settings.priority_classes[priority_class].sglang_priority
         return body
+
+
+def may_use(tenant: Tenant, name: str, model: ServedModel) -> bool:
+    """Whether ``tenant`` may use model ``name`` (an id or alias of ``model``): every model without an
+    ``allowed_models`` list; else when the list names ``name`` itself or the model's id (allowing an id
+    allows its aliases; allowing an alias allows that name only)."""
+    allowed = tenant.allowed_models
+    return allowed is None or name in allowed or model.id in allowed
+
+
+def _unserved(name: str, what: str, param: str) -> InvalidRequest:
+    """The 400 of a feature the model is configured not to serve (``RADIXGATE_MODELS``' switches)."""
+    return InvalidRequest(
+        f"The model '{name}' does not serve {what}.", code="unsupported_parameter", param=param
+    )
+
+
+def _check_features(req: ChatCompletionRequest, model: ServedModel) -> None:
+    """Refuse tools or a JSON ``response_format`` that ``model`` is configured not to serve.
+
+    Raises:
+        InvalidRequest: 400 ``unsupported_parameter``.
+    """
+    if req.tools and not model.tools:
+        raise _unserved(req.model, "tools", "tools")
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text" and not model.structured_outputs:
+        raise _unserved(req.model, "structured outputs", "response_format")
 
 
 def _burst_room(tenant: Tenant, prompt_tokens: int, n: int) -> int:

@@ -52,7 +52,8 @@ def record_request(
 ) -> None:
     """Count a finished request in ``metrics`` and log its ``request`` line (``latency`` in s)."""
     slot = outcome.slot
-    m = metrics.request_series(metrics.tenant(prepared.tenant.id), prepared.model, outcome.status)
+    model = prepared.model_id or prepared.model  # the canonical id: aliases fold into it
+    m = metrics.request_series(metrics.tenant(prepared.tenant.id), model, outcome.status)
     m.requests.inc()
     m.e2e.observe(latency)
     if outcome.ttft_s is not None:
@@ -65,7 +66,7 @@ def record_request(
         "request",
         request_id=prepared.rid,
         tenant=prepared.tenant.id,
-        model=prepared.model,
+        model=model,
         priority_class=prepared.priority_class,
         stream=prepared.stream,
         worker=outcome.worker,

@@ -29,6 +29,7 @@ from policies.admission_core import AdmissionCore
 from policies.admission_types import AdmissionRequest, Decision, Dispatch, Expire, Shed, WorkerSnapshot
 from policies.route_types import RouteDecision
 from policies.windows import LoadReport, WorkerWindow
+from service.config.models import ServedModel
 from service.config.settings import Settings
 from service.errors import (
     FirstTokenTimeout,
@@ -106,16 +107,21 @@ class Slot:
 
 
 class Scheduler:
-    """Drives one :class:`AdmissionCore` for one gateway replica.
+    """Drives one :class:`AdmissionCore` for one model of one gateway replica: its requests are placed
+    among that model's workers only, with its classes' goals, scheduler and routing settings.
 
     Args:
-        settings: app settings (classes, scheduler and routing sections).
+        settings: app settings.
         pool: the workers (health, draining, in-flight counts for draining).
         client: SGLang client, for load polls and engine limits.
         metrics: the app's metrics.
         clock: the clock of requests' ``arrival``, s (injected for tests).
         end_request: ends a dispatched request the core gave up on (no first token by its first-token
             deadline) with a :class:`~service.errors.FirstTokenTimeout`; None: such requests run on.
+        model: the model it schedules (its workers: :meth:`WorkerPool.eligibility`); None: the settings'
+            default model over every worker of the pool.
+        total_depth: requests of a band queued for every model (the ``queue_depth`` gauge); None: this
+            scheduler's own.
     """
 
     def __init__(
@@ -126,10 +132,15 @@ class Scheduler:
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.perf_counter,
         end_request: EndRequest | None = None,
+        model: ServedModel | None = None,
+        total_depth: Callable[[str], int] | None = None,
     ) -> None:
         self._settings = settings
         self._end_request = end_request
-        self._core = AdmissionCore(settings.core_config())
+        self._model = model or settings.model_registry().default
+        self._pool_model = None if model is None else model.id
+        self._total_depth = total_depth
+        self._core = AdmissionCore(self._model.core_config())
         self._pool = pool
         self._client = client
         self._metrics = metrics
@@ -144,6 +155,11 @@ class Scheduler:
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- public API ----------------------------------------------------------------------------------
+    @property
+    def model(self) -> ServedModel:
+        """The model it schedules."""
+        return self._model
+
     @property
     def core(self) -> AdmissionCore:
         """The admission core (read it; drive it only through this adapter)."""
@@ -287,7 +303,7 @@ class Scheduler:
             if isinstance(d, Dispatch):
                 cost = self._costs.get(d.rid, 0)
                 self._pool.acquire(d.worker, cost)
-                m.child(m.routing_decisions, self._settings.routing.policy, d.route.reason).inc()
+                m.child(m.routing_decisions, self._model.routing.policy, d.route.reason).inc()
                 m.routing_predicted_cached_chars.inc(d.route.matched_chars)
                 slot = Slot(d.rid, d.worker, cost, d.route, False, d.queued_s, d.predicted_ttft_s)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot straight back
@@ -315,7 +331,7 @@ class Scheduler:
                 continue
             else:
                 m.child(m.scheduler_outcomes, d.band, tenant, "expired").inc()
-                goal = self._settings.priority_classes[d.band].ttft_goal_ms
+                goal = self._model.classes[d.band].ttft_goal_ms
                 error = QueueTimeout(
                     f"Queued {d.waited_s * 1000:.0f} ms; the '{d.band}' class's time-to-first-token goal "
                     f"({goal:.0f} ms) can no longer be met. Retry later.",
@@ -332,10 +348,10 @@ class Scheduler:
         slot already; its own release, as it unwinds, gives the pool's back)."""
         m = self._metrics
         m.child(m.scheduler_outcomes, d.band, m.tenant(d.tenant), "first_token_timeout").inc()
-        goal_s = self._settings.priority_classes[d.band].ttft_goal_ms / 1000.0
+        goal_s = self._model.classes[d.band].ttft_goal_ms / 1000.0
         error = FirstTokenTimeout(
             f"No first token {d.waited_s * 1000:.0f} ms after arrival, "
-            f"{self._settings.scheduler.first_token_deadline_factor:g}x the '{d.band}' class's "
+            f"{self._model.scheduler.first_token_deadline_factor:g}x the '{d.band}' class's "
             f"time-to-first-token goal ({goal_s * 1000:.0f} ms): its worker is busy with higher-priority "
             "work. Nothing was charged; retry later.",
             retry_after_s=max(1.0, min(goal_s, 5.0)),
@@ -360,14 +376,15 @@ class Scheduler:
         self._apply(self._core.tick(self._clock()))
 
     def _gauge_depth(self, band: str) -> None:
-        self._metrics.child(self._metrics.queue_depth, band).set(self._core.depth(band))
+        depth = self._core.depth(band) if self._total_depth is None else self._total_depth(band)
+        self._metrics.child(self._metrics.queue_depth, band).set(depth)
 
     # -- workers -------------------------------------------------------------------------------------
     def _sync_workers(self, now: float) -> None:
         """Bring the core's worker set and eligibility in line with the pool (health, draining)."""
         decisions: list[Decision] = []
         known = self._eligible
-        pairs = self._pool.eligibility()
+        pairs = self._pool.eligibility(self._pool_model)
         for url, eligible in pairs:
             was = known.get(url)
             if was is None:
@@ -388,7 +405,7 @@ class Scheduler:
             self._apply(decisions)
 
     async def _load_loop(self) -> None:
-        interval = self._settings.scheduler.load_poll_interval_s
+        interval = self._model.scheduler.load_poll_interval_s
         while True:
             await asyncio.sleep(interval)
             try:
@@ -413,7 +430,7 @@ class Scheduler:
             window = self._core.window(url)
             if window is not None:
                 self._metrics.worker_window.labels(url).set(window.size)
-        for band in self._settings.priority_classes:
+        for band in self._model.classes:
             self._gauge_depth(band)
 
 

@@ -136,7 +136,7 @@ class MetricsMultiprocess(Multiprocess):
             step()
         finally:
             for pid in before - self._pids():
-                mark_process_dead(pid, str(self._multiproc_dir))  # type: ignore[no-untyped-call]
+                mark_process_dead(pid, str(self._multiproc_dir))  # type: ignore[no-untyped-call, unused-ignore]
                 log.info("gateway_process_replaced", dead_pid=pid)
 
     def keep_subprocess_alive(self) -> None:

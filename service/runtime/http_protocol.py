@@ -13,7 +13,8 @@ callbacks already ready, without waiting for I/O in between). A non-streamed ans
 Setting: ``RADIXGATE_HTTP_WRITE_COALESCING`` (on by default; off serves with
 :class:`GatewayHttpToolsProtocol`, uvicorn's own protocol with only the extension below).
 
-Both offer the app the ASGI extension :data:`ABORT_EXTENSION`:
+Both offer the app the ASGI extensions :data:`CONNECTIONS_EXTENSION` (the server's open connections,
+which a drain waits for) and :data:`ABORT_EXTENSION`:
 ``scope["extensions"][ABORT_EXTENSION]["abort"]()`` resets the request's connection. ASGI has no
 message for an app that ends a response on purpose before it is complete (a stream the gateway gives up
 on because its client stopped reading: :class:`service.api.cancellation.SendBoundedStreamingResponse`):
@@ -99,6 +100,14 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+CONNECTIONS_EXTENSION = "radixgate.server.connections"
+"""Name of the ASGI extension that shows the server's open client connections (``{"connections": set}``,
+uvicorn's ``ServerState.connections``): a drain waits until none is left (service/runtime/drain.py)."""
+
+KEEP_ALIVE_S = 5
+"""How long the gateway keeps an idle client connection open, s (uvicorn's ``timeout_keep_alive``, its
+default; during a drain it is what closes the idle connections)."""
+
 ABORT_EXTENSION = "radixgate.connection.abort"
 """Name of the ASGI extension that resets a request's connection (``{"abort": callable}``)."""
 
@@ -110,14 +119,37 @@ class GatewayHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Set up the connection as uvicorn does, and its extensions (one dict per connection)."""
         super().connection_made(transport)
+        self._closing = False
         self._extensions: dict[str, dict[object, object]] = {
-            ABORT_EXTENSION: {"abort": self.abort_connection}
+            ABORT_EXTENSION: {"abort": self.abort_connection},
+            CONNECTIONS_EXTENSION: {"connections": self.connections},
         }
 
     def on_message_begin(self) -> None:
         """A new request's scope, as uvicorn makes it, with the connection's extensions."""
         super().on_message_begin()
         self.scope["extensions"] = self._extensions
+
+    def shutdown(self) -> None:
+        """The server is stopping (its drain: service/runtime/drain.py): close once the answer in progress
+        is out, as uvicorn does; but a connection idle between requests is not closed now (its client may
+        be sending a request on it at this moment, which would then fail with a reset and no answer): its
+        next request is served with ``Connection: close``, or its keep-alive timeout closes it."""
+        self._closing = True
+        if self.cycle is None or self.cycle.response_complete:
+            if self.timeout_keep_alive_task is None and not self.transport.is_closing():
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+            return
+        self.cycle.keep_alive = False
+
+    def on_headers_complete(self) -> None:
+        """A request's cycle, as uvicorn makes it; once the server is stopping, one without keep-alive
+        (its answer carries ``Connection: close``)."""
+        super().on_headers_complete()
+        if self._closing and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def abort_connection(self) -> None:
         """Reset the connection now, dropping what is not yet written (``transport.abort``); uvicorn's

@@ -86,7 +86,8 @@ class SGLangClient:
         self._info.pop(worker, None)
 
     async def learn(self, worker: str, timeout_s: float = 5.0) -> WorkerInfo | None:
-        """Read ``/server_info`` (``/get_server_info`` on older SGLang) and cache it.
+        """Read ``/server_info`` (``/get_server_info`` on older SGLang), and ``/v1/models`` when it names no
+        model, and cache it.
 
         A worker without either route (404) is cached as reporting nothing; a transport error caches
         nothing and returns None (try again on the next contact).
@@ -103,6 +104,13 @@ class SGLangClient:
                 return None
         else:
             info = WorkerInfo()
+        if info.model is None:  # it names no model there: its OpenAI listing may
+            try:
+                status, raw = await self._http.call("GET", worker, "/v1/models", timeout_s=timeout_s)
+            except TransportFailure:
+                return None
+            if status == 200:
+                info = info.with_listed_model(json_or_none(raw))
         if self._info.get(worker) != info:
             log.info(
                 "worker_info",
@@ -112,6 +120,7 @@ class SGLangClient:
                 max_total_tokens=info.limits.max_total_tokens if info.limits else None,
                 max_running=info.max_running,
                 model=info.model,
+                context_length=info.context_length,
             )
         self._info[worker] = info
         return info
@@ -124,6 +133,11 @@ class SGLangClient:
             if info is not None and info.limits is not None:
                 limits = info.limits.tightest(limits)
         return limits
+
+    def context_lengths(self, workers: list[str]) -> list[int]:
+        """The context lengths those of ``workers`` that reported one report, tokens."""
+        found = [self._info.get(w) for w in workers]
+        return [i.context_length for i in found if i is not None and i.context_length is not None]
 
     async def generate(self, worker: str, body: dict[str, Any]) -> UpstreamChunk:
         """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""

@@ -26,6 +26,13 @@ open"``, ...; not once per probe) and kept for ``/admin/workers`` (``health_reas
 worker is healthy for this purpose when it was seen up and its breaker is closed; a healthy worker that
 reports another model than the gateway serves is logged too (at WARNING, the reason naming both).
 
+Each worker serves one of the gateway's models (:class:`service.config.models.ModelRegistry`): the one it is
+listed under in settings, checked against the model it reports (``/server_info``'s ``served_model_name`` or
+``model_path``, else ``/v1/models``), or, for a worker added over the admin API, the one it reports. A
+worker that reports another model is kept out of every model's pool (:meth:`WorkerPool.eligibility`), still
+probed (a restart with the right name brings it back), and logged once (``worker_excluded`` with the reason;
+``/admin/workers`` shows ``model_mismatch``).
+
 After the cool-down the breaker is half-open: probes and requests go through and ``breaker_successes``
 successes close it. A worker is eligible for new requests when it has answered a probe at least once, its
 breaker lets traffic through and it is not draining. A draining worker finishes what it runs and is
@@ -37,13 +44,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
 from policies.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker, Signal, judge
 from policies.routing import LeastLoadRouter, WorkerView
+from service.config.models import ModelRegistry, ServedModel
+from service.config.policies import RoutingSettings, SchedulerSettings
 from service.workers.client import SGLangClient
 
 log = structlog.get_logger("radixgate.pool")
@@ -80,6 +90,9 @@ class WorkerState:
     health_reason: str | None = None  # why it is (un)healthy, as of the last change (None: not probed yet)
     health_since: float | None = None  # Unix time of that change, s
     reported: tuple[bool, str | None] | None = None  # (up, reason) last logged
+    expected_model: str | None = None  # the model it is listed under in settings (None: discovered)
+    model: str | None = None  # the model it serves (None: none of the gateway's, or not known yet)
+    model_mismatch: str | None = None  # why it serves none of them: kept out of every model's pool
 
     def eligible(self, now: float) -> bool:
         """Accepts new requests at ``now`` (s); may move the breaker open -> half-open (the pool
@@ -106,9 +119,14 @@ class WorkerPool:
         deep_probe_every: every n-th probe round uses ``/health_generate`` (a real 1-token generation)
             instead of ``/health``; 0 disables deep probes (confirmations of a 5xx still use it).
         on_confirmation: called with (url, verdict) when a 5xx's confirmation probe settles.
-        served_models: the model names the gateway serves; a worker that reports another one
-            (:attr:`service.workers.worker_info.WorkerInfo.model`) is logged (empty: not checked).
+        served_models: the model names of a single-model gateway (its id, then aliases), when ``models``
+            is not given; a worker that reports another one
+            (:attr:`service.workers.worker_info.WorkerInfo.model`) is kept out and logged (empty: not
+            checked).
         wall_clock: Unix time in s (``health_since``).
+        models: the served models (:meth:`ModelRegistry.place` decides each worker's).
+        assigned: worker URL -> the model it is listed under, beside the registry's own lists (launched
+            workers).
     """
 
     def __init__(
@@ -124,8 +142,15 @@ class WorkerPool:
         on_confirmation: ConfirmationHook | None = None,
         served_models: Collection[str] = (),
         wall_clock: Callable[[], float] = time.time,
+        models: ModelRegistry | None = None,
+        assigned: Mapping[str, str] | None = None,
     ) -> None:
         self._breaker_config = breaker or BreakerConfig()
+        self._models = models or _single_model(list(served_models))
+        self._listed = {
+            **(self._models.worker_models() if self._models else {}),
+            **{url.rstrip("/"): m for url, m in (assigned or {}).items()},
+        }
         self._workers: dict[str, WorkerState] = {}
         for url in urls:
             self.add(url)
@@ -140,7 +165,6 @@ class WorkerPool:
         self._task: asyncio.Task[None] | None = None
         self._on_confirmation = on_confirmation
         self._confirming: dict[str, asyncio.Task[None]] = {}  # url -> its confirmation probe
-        self._served_models = tuple(served_models)
         self._wall_clock = wall_clock
 
     @property
@@ -149,10 +173,16 @@ class WorkerPool:
         return list(self._workers.values())
 
     def add(self, url: str) -> WorkerState:
-        """Add a worker (kept as it is if present); it becomes eligible after its first good probe."""
+        """Add a worker (kept as it is if present); it becomes eligible after its first good probe. It
+        serves the model it is listed under (or the only one) until what it reports says otherwise."""
         url = url.rstrip("/")
         if url not in self._workers:
-            self._workers[url] = WorkerState(url, CircuitBreaker(self._breaker_config))
+            state = WorkerState(url, CircuitBreaker(self._breaker_config))
+            state.expected_model = self._listed.get(url)
+            if self._models is not None:
+                single = len(self._models.models) == 1
+                state.model = state.expected_model or (self._models.default.id if single else None)
+            self._workers[url] = state
         return self._workers[url]
 
     def drain(self, url: str) -> bool:
@@ -204,11 +234,20 @@ class WorkerPool:
             waits.append(reopens if reopens is not None else (0.0 if w.seen_up else self._interval))
         return min(cap_s, max(floor_s, min(waits))) if waits else floor_s
 
-    def eligibility(self) -> list[tuple[str, bool]]:
-        """``(url, eligible now)`` of every worker: what :meth:`views` says of them, without building
-        the views (the scheduler asks on every request)."""
+    def eligibility(self, model: str | None = None) -> list[tuple[str, bool]]:
+        """``(url, eligible now)`` of every worker of ``model`` (None: every worker): what :meth:`views`
+        says of them, without building the views (the scheduler asks on every request). A worker that
+        serves none of the gateway's models is in no model's list."""
         now = self._clock()
-        return [(w.url, self._eligible(w, now)) for w in self._workers.values()]
+        return [
+            (w.url, self._eligible(w, now))
+            for w in self._workers.values()
+            if model is None or w.model == model
+        ]
+
+    def workers_of(self, model: str) -> list[str]:
+        """URLs of the workers that serve ``model`` (canonical id)."""
+        return [w.url for w in self._workers.values() if w.model == model]
 
     def _eligible(self, state: WorkerState, now: float) -> bool:
         """``state.eligible(now)``, reporting the open -> half-open move its cool-down may make."""
@@ -229,7 +268,7 @@ class WorkerPool:
         """Log a change of ``state``'s health (up: seen up, breaker closed) once, with ``reason`` (what
         was seen last), and keep it for ``/admin/workers``."""
         up = state.seen_up and state.breaker.state == "closed"
-        mismatch = self._model_mismatch(state.url) if up else None
+        mismatch = state.model_mismatch if up else None
         if not up and state.breaker.state == "open" and "circuit breaker" not in reason:
             reason = f"{reason}: circuit breaker open"
         key = (up, mismatch if up else reason)
@@ -250,16 +289,26 @@ class WorkerPool:
                 before=before,
             )
 
-    def _model_mismatch(self, url: str) -> str | None:
-        """Why ``url`` serves another model than the gateway, or None (it matches, or does not say)."""
-        info = self._client.known_info(url)
-        if not self._served_models or info is None or info.model is None or info.model in self._served_models:
-            return None
-        return (
-            f"reports model '{info.model}' but the gateway serves {', '.join(self._served_models)}: "
-            "set RADIXGATE_ENGINE__SERVED_MODEL_NAME (or RADIXGATE_EXTRA_MODELS), or start SGLang with "
-            "--served-model-name"
-        )
+    def _check_model(self, state: WorkerState) -> None:
+        """Place ``state`` by the model its worker reports (:meth:`ModelRegistry.place`); a change is
+        logged once: ``worker_excluded`` (WARNING, with the reason) or ``worker_model`` (it serves one)."""
+        info = self._client.known_info(state.url)
+        if self._models is None or info is None:  # nothing learned (yet): it keeps its place
+            return
+        model, why = self._models.place(state.expected_model, info.model)
+        if (model, why) == (state.model, state.model_mismatch):
+            return
+        state.model, state.model_mismatch = model, why
+        if why is not None:
+            log.warning(
+                "worker_excluded",
+                worker=state.url,
+                reason=why,
+                reported_model=info.model,
+                listed_under=state.expected_model,
+            )
+        else:
+            log.info("worker_model", worker=state.url, model=model, reported_model=info.model)
 
     def record(self, url: str, signal: Signal, reason: str | None = None) -> None:
         """Feed one piece of evidence about ``url`` to its breaker (the module's rule); unknown URLs
@@ -270,6 +319,8 @@ class WorkerPool:
         now = self._clock()
         if signal in ("request_ok", "probe_ok", "deep_probe_ok"):
             state.seen_up = True
+        if signal in ("probe_ok", "deep_probe_ok"):  # what it reports was (re)learned with the probe
+            self._check_model(state)
         age = None if state.last_request_ok is None else now - state.last_request_ok
         verdict = judge(signal, age, self._breaker_config.trust_window_s)
         if signal == "request_ok":
@@ -434,3 +485,14 @@ class WorkerPool:
             yield
         finally:
             self.release(url, tokens)
+
+
+def _single_model(names: list[str]) -> ModelRegistry | None:
+    """A registry of one model named ``names`` (its id, then aliases), for a pool given only the names;
+    None when there are none (models not checked)."""
+    if not names:
+        return None
+    model = ServedModel(
+        names[0], Path("."), {}, SchedulerSettings(), RoutingSettings(), aliases=tuple(names[1:])
+    )
+    return ModelRegistry([model])

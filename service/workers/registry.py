@@ -3,7 +3,7 @@
 Layout: hash ``<prefix>workers`` mapping worker URL -> ``"active"`` or ``"draining"``. Each replica
 copies it into its own :class:`~service.workers.pool.WorkerPool` every sync period (routing state stays
 per replica, as in SGLang's router, and converges through feedback). Workers from settings are local
-to each replica and not in Redis.
+to each replica and not in Redis. A starting replica syncs once before its first health probe.
 """
 
 from __future__ import annotations
@@ -90,10 +90,26 @@ def apply_registry(pool: WorkerPool, entries: dict[str, WorkerMode], managed: se
     return set(entries)
 
 
-async def sync_loop(pool: WorkerPool, registry: WorkerRegistry, interval_s: float) -> None:
-    """Follow the registry every ``interval_s`` seconds until cancelled (an unavailable Redis is skipped)."""
-    managed: set[str] = set()
+async def sync_once(pool: WorkerPool, registry: WorkerRegistry, managed: set[str]) -> set[str]:
+    """One sync of ``pool`` with the registry (:func:`apply_registry`); an unavailable Redis changes
+    nothing. Returns the URLs now managed through it."""
+    with contextlib.suppress(StoreUnavailable):
+        managed = apply_registry(pool, await registry.entries(), managed)
+    return managed
+
+
+async def sync_loop(
+    pool: WorkerPool, registry: WorkerRegistry, interval_s: float, managed: set[str] | None = None
+) -> None:
+    """Follow the registry every ``interval_s`` seconds until cancelled (an unavailable Redis is skipped).
+
+    Args:
+        managed: what an earlier :func:`sync_once` took from the registry (the start-up sync, made before
+            the pool's first probe so that a new process serves the registered workers from its first
+            request on: a rolling restart's replacement would answer 503 ``no_worker_available`` until
+            its first sync and probe otherwise).
+    """
+    managed = set() if managed is None else managed
     while True:
-        with contextlib.suppress(StoreUnavailable):
-            managed = apply_registry(pool, await registry.entries(), managed)
         await asyncio.sleep(interval_s)
+        managed = await sync_once(pool, registry, managed)

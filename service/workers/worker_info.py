@@ -6,7 +6,7 @@ restart may change its flags).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,13 +47,19 @@ class WorkerInfo:
         max_running: requests the engine runs at once (:func:`engine_max_running`), None when unknown;
             the admission core starts the worker's window there.
         model: the model name it serves (SGLang's ``served_model_name``; its model path unless
-            ``--served-model-name`` was given), None when it does not say.
+            ``--served-model-name`` was given; ``model_path`` when only that is given; else the first id
+            of its ``/v1/models``, :meth:`with_listed_model`), None when it says none.
+        context_length: the model's context length it reports, tokens: ``context_length`` (SGLang
+            reports it only when ``--context-length`` was given), else ``max_req_input_len + 6`` (SGLang's
+            ``max_req_len + 1``: the model's context, or less when the KV pool is smaller); None when it
+            says neither.
     """
 
     incremental_streaming: bool | None = None
     limits: TokenLimits | None = None
     max_running: int | None = None
     model: str | None = None
+    context_length: int | None = None
 
     @classmethod
     def parse(cls, payload: Any) -> WorkerInfo:
@@ -80,8 +86,26 @@ class WorkerInfo:
             incremental_streaming=flag if isinstance(flag, bool) else None,
             limits=limits,
             max_running=engine_max_running(payload),
-            model=model if isinstance(model := payload.get("served_model_name"), str) and model else None,
+            model=_named(payload.get("served_model_name")) or _named(payload.get("model_path")),
+            context_length=context
+            if isinstance(context, int) and context > 0
+            else (max_input + 6 if isinstance(max_input, int) and max_input > 1 else None),
         )
+
+    def with_listed_model(self, payload: Any) -> WorkerInfo:
+        """This info with ``model`` from a ``GET /v1/models`` body (OpenAI's list: ``data[0].id``) when it
+        had none."""
+        if self.model is not None or not isinstance(payload, dict):
+            return self
+        data = payload.get("data")
+        first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+        listed = _named(first.get("id"))
+        return self if listed is None else replace(self, model=listed)
+
+
+def _named(value: Any) -> str | None:
+    """A non-empty string, else None."""
+    return value if isinstance(value, str) and value else None
 
 
 @dataclass(frozen=True, slots=True)

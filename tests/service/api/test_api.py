@@ -432,7 +432,15 @@ def test_retrieve_one_model(http: httpx.Client) -> None:
     _, key = new_tenant(http)
     got = http.get(f"/v1/models/{MODEL}", headers=auth(key))
     assert got.status_code == 200, got.text
-    assert got.json() == {"id": MODEL, "object": "model", "created": 0, "owned_by": "radixgate"}
+    assert got.json() == {
+        "id": MODEL,
+        "object": "model",
+        "created": 0,
+        "owned_by": "radixgate",
+        "root": MODEL,  # issue 27: an alias's root is its model's id
+        "context_length": 512,  # the setting (the fake worker reports none)
+        "capabilities": {"tools": True, "structured_outputs": True},
+    }
     assert_openai_error(http.get("/v1/models/nope", headers=auth(key)), 404, "model_not_found")
     assert_openai_error(http.get(f"/v1/models/{MODEL}"), 401)
     _, limited = new_tenant(http, allowed_models=[])

@@ -24,12 +24,16 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import uvicorn
+from starlette.types import Message
 from structlog.testing import capture_logs
+from uvicorn.server import ServerState
 
 from service.config.settings import Settings
 from service.config.shutdown import KUBERNETES_GRACE_S, ShutdownSettings
 from service.errors import GatewayError
-from service.runtime.drain import Drain, drain_on_signals
+from service.runtime.drain import Drain, closing_connection, drain_on_signals
+from service.runtime.http_protocol import GatewayHttpToolsProtocol
 from tests.service.runtime.test_gateway_processes import MODEL, gateway_env, issue_key, ready_pids, wait_for
 from tests.support.fake_worker import TOKENS, FakeWorker
 from tests.support.servers import ThreadedServer, free_port
@@ -120,11 +124,25 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
                 plain = [pool.submit(chat, base, key, SHORT, False) for _ in range(4)]
                 long = pool.submit(chat, base, key, LONG, True)
                 wait_for(lambda: len(fake.received) == 13, "13 requests at the worker", timeout_s=20)
+                # two keep-alive connections, open and idle when the signal comes (one per process when
+                # there are two: each client is its own connection; which process takes it is the kernel's)
+                kept = [httpx.Client(base_url=base, timeout=5) for _ in range(2)]
+                for client in kept:
+                    assert client.get("/healthz").status_code == 200
                 # the parent alone, as Kubernetes and docker stop do (it passes it on to its processes)
                 signalled = time.monotonic()
                 os.kill(proc.pid, signal.SIGTERM)
-                # from the signal until the exit: readiness 503, a new request 503 with Retry-After, or a
-                # refused connection; never one accepted and left unanswered (a short client timeout)
+                time.sleep(0.3)
+                # a request on a connection that was idle is served (not reset under the client), and its
+                # answer closes the connection
+                first = kept[0].post(
+                    "/v1/chat/completions",
+                    json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+                assert first.status_code == 200 and first.headers["connection"] == "close", first.text
+                # from the signal until the exit: a new connection is refused (the port is closed at once:
+                # shutdown.accept_for_s is 0), never accepted and left unanswered (a short client timeout)
                 answers: list[tuple[str, int | str]] = []
                 while proc.poll() is None:
                     for path, ask in (
@@ -146,15 +164,15 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
                             continue
                         except httpx.TimeoutException:
                             raise AssertionError(f"{path} accepted and left unanswered: {answers}") from None
-                        assert resp.status_code == 503, (path, resp.status_code, resp.text)
-                        assert resp.headers["retry-after"] == "1"
-                        assert resp.headers["connection"] == "close"
-                        if path == "chat":
-                            assert resp.json()["error"]["code"] == "shutting_down"
-                            assert resp.json()["error"]["type"] == "service_unavailable"
-                        else:
-                            assert resp.json() == {"ready": False, "draining": True}
-                        answers.append((path, resp.status_code))
+                        raise AssertionError(f"{path} accepted after the signal: {resp.status_code}")
+                    if time.monotonic() - signalled > DRAIN_S + 0.3 and len(kept) > 1:
+                        # past the deadline a request on the other idle connection is refused with 503
+                        late = kept.pop().post(
+                            "/v1/chat/completions",
+                            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                            headers={"Authorization": f"Bearer {key}"},
+                        )
+                        late_answer = (late.status_code, late.headers.get("retry-after"), late.json())
                     assert time.monotonic() - signalled < 30, "still running 30 s after SIGTERM"
                     time.sleep(0.1)
                 code = proc.wait()
@@ -166,7 +184,9 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
                 proc.wait()
     text = log.read_text()
     assert code == 0, text[-3000:]
-    assert ("/readyz", 503) in answers and ("chat", 503) in answers, answers
+    assert ("/readyz", "refused") in answers and ("chat", "refused") in answers, answers
+    status, retry_after, body = late_answer
+    assert (status, retry_after, body["error"]["code"]) == (503, "1", "shutting_down"), body
     # what was in flight finished
     for status, events in results[:8]:
         assert status == 200 and events[-1] == "[DONE]", events
@@ -182,11 +202,11 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
     # what was generated)
     lines = log_lines(log)
     served = [line for line in lines if line.get("event") == "request" and line.get("tenant") == "drainer"]
-    assert len({line["request_id"] for line in served}) == len(served) == 13, served
-    assert sorted(line["status"] for line in served) == [200] * 12 + [503]
+    assert len({line["request_id"] for line in served}) == len(served) == 14, served
+    assert sorted(line["status"] for line in served) == [200] * 13 + [503]
     usage = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(f"{prefix}usage:drainer")
-    assert (int(usage["requests"]), int(usage["errors"])) == (13, 1), usage
-    generated = int(usage["completion_tokens"]) - 12 * SHORT
+    assert (int(usage["requests"]), int(usage["errors"])) == (14, 1), usage
+    generated = int(usage["completion_tokens"]) - 12 * SHORT - 2
     assert 1 <= generated < LONG, usage
     # the drain's start and end, with the counts, in each process
     started = [line for line in lines if line.get("event") == "drain_started"]
@@ -201,7 +221,8 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
 
 async def test_signals_drain_first_a_second_sigterm_is_ignored_and_a_second_sigint_cuts_it_short() -> None:
     """The handlers of service/runtime/drain.py in this (main) thread: the first signal begins the drain, the
-    handler installed before (uvicorn's) is called with it once the drain is over; a second SIGTERM (the
+    handler installed before (uvicorn's: stop listening, shut down once the connections are closed) is
+    called with it after shutdown.accept_for_s; a second SIGTERM (the
     parent passing it on to a process group signalled as a whole) changes nothing; a second SIGINT (Ctrl-C
     again) ends what is in flight at once."""
     calls: list[int] = []
@@ -222,7 +243,8 @@ async def test_signals_drain_first_a_second_sigterm_is_ignored_and_a_second_sigi
             assert drain.draining and not drain.finished
             signal.raise_signal(signal.SIGTERM)
             await asyncio.sleep(0.05)
-            assert ended == [] and calls == []
+            # the server was told to stop listening at once (shutdown.accept_for_s is 0), once
+            assert ended == [] and calls == [signal.SIGTERM]
             signal.raise_signal(signal.SIGINT)
             await asyncio.wait_for(drain.wait(), 5)
             assert ended == ["shutting_down"] and calls == [signal.SIGTERM]
@@ -241,3 +263,106 @@ async def test_a_drain_with_nothing_in_flight_ends_at_once() -> None:
         assert drain.begin(stopped.set, "SIGTERM") and not drain.begin(stopped.set, "SIGTERM")
         await asyncio.wait_for(stopped.wait(), 1)
     assert [(e["event"], e["in_flight"]) for e in logs] == [("drain_started", 0), ("drain_finished", 0)]
+
+
+async def test_the_port_closes_after_accept_for_s_and_the_drain_waits_for_open_connections() -> None:
+    """shutdown.accept_for_s: the server is told to stop only that long after the signal (a balancer
+    polling /readyz stops sending meanwhile); the drain is over once nothing is in flight and no client
+    connection is open (an idle one closes at its next answer or its keep-alive timeout)."""
+    stopped: list[float] = []
+    loop = asyncio.get_running_loop()
+    drain = Drain(ShutdownSettings(accept_for_s=0.3, drain_timeout_s=5.0), lambda e: 0)
+    drain.connections = connections = {object()}
+    began = loop.time()
+    assert drain.begin(lambda: stopped.append(loop.time() - began), "SIGTERM")
+    await asyncio.sleep(0.2)
+    assert stopped == [] and drain.draining and not drain.refusing
+    await asyncio.sleep(0.2)
+    assert len(stopped) == 1 and 0.3 <= stopped[0] < 0.4
+    drain.enter()  # a request on the connection that was open: served, the drain waits for it
+    connections.clear()
+    await asyncio.sleep(0.2)
+    assert not drain.finished
+    drain.leave()
+    await asyncio.wait_for(drain.wait(), 1)
+    assert drain.finished and len(stopped) == 1 and drain.in_flight == 0
+
+
+async def test_requests_during_a_drain_close_their_connection() -> None:
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    closing = closing_connection(send)
+    await closing({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"x")]})
+    await closing({"type": "http.response.body", "body": b"ok"})
+    await closing({"type": "http.response.start", "status": 200, "headers": [(b"Connection", b"keep-alive")]})
+    assert sent[0]["headers"] == [(b"content-type", b"x"), (b"connection", b"close")]
+    assert sent[1] == {"type": "http.response.body", "body": b"ok"}
+    assert sent[2]["headers"] == [(b"Connection", b"keep-alive")]  # an app's own choice is left as it is
+
+
+def test_a_stopping_server_leaves_an_idle_connection_to_its_next_answer() -> None:
+    """uvicorn's shutdown closes an idle keep-alive connection at once, under a client that may be sending
+    on it (a reset, no answer); the gateway's protocol keeps it until its next answer (which closes it) or
+    its keep-alive timeout, and closes a busy one once its answer is out, as uvicorn does."""
+    loop = asyncio.new_event_loop()
+    try:
+        config = uvicorn.Config(app=noop_app, timeout_keep_alive=5)
+        config.load()
+        transports = []
+        protocols = []
+        for _ in range(2):
+            proto = GatewayHttpToolsProtocol(config, ServerState(), {}, loop)
+            transport = FakeTransport()
+            proto.connection_made(transport)  # type: ignore[arg-type]
+            protocols.append(proto)
+            transports.append(transport)
+        idle, busy = protocols
+        busy.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert busy.cycle is not None and busy.cycle.keep_alive
+        idle.shutdown()
+        busy.shutdown()
+        assert not transports[0].closed and idle.timeout_keep_alive_task is not None
+        assert busy.cycle.keep_alive is False
+        idle.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert idle.cycle is not None and idle.cycle.keep_alive is False  # its answer closes it
+        for task in list(idle.tasks | busy.tasks):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+
+
+class FakeTransport:
+    """Enough of an asyncio transport for uvicorn's protocol (nothing is sent anywhere)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.written: list[bytes] = []
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": ("127.0.0.1", 1), "sockname": ("127.0.0.1", 2)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol: object) -> None:
+        pass
+
+
+async def noop_app(scope: Any, receive: Any, send: Any) -> None:
+    """An ASGI app that answers nothing (the protocol test cancels its tasks)."""
