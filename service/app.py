@@ -44,6 +44,7 @@ from service.runtime.startup_signals import StartupInterrupted, interruptible_st
 from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
 from service.workers.client import SGLangClient
+from service.workers.discovery import DnsDiscovery
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry, sync_loop, sync_once
@@ -233,6 +234,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             assigned={w.url: launched_model.id for w in launched} if launched_model else None,
         )
         worker_registry = WorkerRegistry(redis, settings.redis.key_prefix)
+        if settings.discovery.dns_name is not None:  # found workers registered for every replica
+            discovery = DnsDiscovery(settings.discovery, worker_registry)
+            await discovery.sync()
+            background.append(asyncio.create_task(discovery.run(), name="worker-discovery"))
         managed = await sync_once(pool, worker_registry, set())  # registered workers in the first probe
         await pool.start()
         if settings.engine.supervise:

@@ -216,9 +216,11 @@ def start_fake(
 ) -> tuple[str, int]:
     """Start the instant fake SGLang upstream (``incremental``: its ``/generate`` streams deltas, as
     ``--incremental-streaming-output``); returns (base URL, pid). Its reported model path is the local
-    tokenizer folder, so sglang-router loads that tokenizer instead of asking a model hub."""
+    tokenizer folder, so sglang-router loads that tokenizer instead of asking a model hub; it serves the model
+    as :data:`MODEL`, the name radixgate serves (a worker reporting another model is kept out of its pool)."""
     port = free_port()
     argv = [sys.executable, "-m", "loadgen.bench.upstream", "--port", str(port), "--model", str(model_dir)]
+    argv += ["--served-model-name", MODEL]  # what radixgate checks each worker against (/server_info)
     argv += ["--incremental"] if incremental else []
     proc = procs.spawn("upstream", argv, base_env(), cpus)
     url = f"http://127.0.0.1:{port}"

@@ -97,8 +97,10 @@ class FakeSGLang:
         max_tokens_cap: int = 4096,
         default_max_tokens: int = 16,
         incremental: bool = False,
+        served_model_name: str | None = None,
     ):
         self.model = model
+        self.served_model_name = served_model_name or model
         self.incremental = incremental
         self.max_tokens_cap = max_tokens_cap
         self.default_max_tokens = default_max_tokens
@@ -162,7 +164,7 @@ class FakeSGLang:
     def server_info(self, _: bytes) -> bytes:
         info = {
             "model_path": self.model,
-            "served_model_name": self.model,
+            "served_model_name": self.served_model_name,
             "tokenizer_path": None,
             "version": "0.0.0-fake",
             "tp_size": 1,
@@ -174,7 +176,12 @@ class FakeSGLang:
         return _response(200, _dumps(info))
 
     def models(self, _: bytes) -> bytes:
-        data = {"id": self.model, "object": "model", "created": int(self._started), "owned_by": "fake"}
+        data = {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": int(self._started),
+            "owned_by": "fake",
+        }
         return _response(200, _dumps({"object": "list", "data": [data]}))
 
     def stats(self, _: bytes) -> bytes:
@@ -387,11 +394,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--model", default="bench-model")
+    parser.add_argument("--model", default="bench-model", help="model path (a tokenizer folder)")
+    parser.add_argument(
+        "--served-model-name", default=None, help="the name it serves the model under (default: --model)"
+    )
     parser.add_argument("--max-tokens-cap", type=int, default=4096)
     parser.add_argument("--incremental", action="store_true", help="stream /generate as deltas")
     args = parser.parse_args(argv)
-    app = FakeSGLang(args.model, args.max_tokens_cap, incremental=args.incremental)
+    app = FakeSGLang(
+        args.model,
+        args.max_tokens_cap,
+        incremental=args.incremental,
+        served_model_name=args.served_model_name,
+    )
 
     async def run() -> None:
         server = await serve(app, args.host, args.port)

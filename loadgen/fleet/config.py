@@ -77,6 +77,7 @@ class FleetRequest:
         max_tokens: completion limit, tokens (the engine generates exactly this many: ``ignore_eos``).
         priority_class: class asked for; None = the tenant's.
         session_id: sticky key (consistent hashing only).
+        model: the served model it names (:attr:`FleetModel.name`); None = the config's first model.
     """
 
     rid: str
@@ -86,6 +87,33 @@ class FleetRequest:
     max_tokens: int
     priority_class: str | None = None
     session_id: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetModel:
+    """One served model of a multi-model fleet: its own workers and its own admission core.
+
+    The gateway gives each model of ``RADIXGATE_MODELS`` its own core
+    (``service.config.models.ServedModel.core_config``, ``service.pipeline.served_models``); the simulation
+    does the same: a request is queued, routed and shed among its model's workers only, with its model's
+    class goals and windows. Tenants and their quotas are shared by every model.
+
+    Attributes:
+        name: the model id requests name (:attr:`FleetRequest.model`).
+        profile: its workers' ``loadgen.sim.profiles`` profile, or its name.
+        workers: its number of workers (>= 1).
+        core: its admission core's configuration.
+    """
+
+    name: str
+    profile: str | SimProfile
+    workers: int
+    core: CoreConfig = field(default_factory=CoreConfig)
+
+    def sim_profile(self) -> SimProfile:
+        """Its workers' profile (looked up when given by name)."""
+        return self.profile if isinstance(self.profile, SimProfile) else get_profile(self.profile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +130,12 @@ class FleetConfig:
             call, tokenization), s; 0 models an ideal gateway.
         network_latency_s: time from dispatch to the worker's receipt, and from a token's generation to
             the client, s.
-        seed: seeds every worker's step jitter (worker i gets ``seed * 1000 + i``).
+        seed: seeds every worker's step jitter (worker i gets ``seed * 1000 + i``, counted over every
+            model's workers in order).
+        models: several served models, each with its own workers and core (:class:`FleetModel`); empty
+            (the default) = one model, ``"default"``, of ``workers`` workers of ``profile`` with ``core``.
+            Tenants' classes (:meth:`class_of`) are read from ``core``: give every model the same class
+            names.
     """
 
     profile: str | SimProfile = "llama-3.1-70b-h100-tp8"
@@ -112,6 +145,11 @@ class FleetConfig:
     gateway_latency_s: float = 0.0
     network_latency_s: float = 0.0
     seed: int = 0
+    models: tuple[FleetModel, ...] = ()
+
+    def served_models(self) -> tuple[FleetModel, ...]:
+        """The served models: :attr:`models`, or the one ``"default"`` model of this config's workers."""
+        return self.models or (FleetModel("default", self.profile, self.workers, self.core),)
 
     def with_core(self, **changes: Any) -> FleetConfig:
         """A copy whose core configuration has ``changes`` (``CoreConfig`` field names)."""

@@ -11,7 +11,9 @@
 - ``overload``: three classes at 2x the fleet's capacity: per-class goodput and P99 TTFT;
 - ``fairness``: one tenant at 10x the rate of nine others of equal weight at 1.5x capacity: per-tenant
   goodput and Jain's index, WFQ vs first-come-first-served;
-- ``all``: all four (25-35 minutes on 2 cores).
+- ``models``: two models behind one gateway, each with its own workers and admission core: a small one at
+  80% of its capacity while a large one is offered 0.8x, 2x and 3x of its own (:mod:`.experiments_models`);
+- ``all``: all five (25-35 minutes on 2 cores).
 
 Every run drives :class:`policies.admission_core.AdmissionCore`, the gateway's own scheduler, configured by
 the gateway's defaults unless a variant says otherwise. The classes' TTFT goals are set to the scenario's
@@ -32,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.fleet import experiments_load
+from loadgen.fleet import experiments_load, experiments_models
 from loadgen.fleet.doc import DOC, img_dir, line_plot, table, write_section
 from loadgen.fleet.experiments_common import PROFILE, fleet, parallel, scenario, smallest_fleet
 from loadgen.fleet.provenance import stamp
@@ -156,6 +158,7 @@ def registry() -> dict[str, Experiment]:
         "routing": experiments_load.exp_routing,
         "overload": experiments_load.exp_overload,
         "fairness": experiments_load.exp_fairness,
+        "models": experiments_models.exp_models,
     }
 
 

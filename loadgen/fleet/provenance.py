@@ -8,11 +8,12 @@ recorded hash is not the code's hash shows numbers that the code no longer gives
 
 What is hashed (:func:`code_hash`):
 
-- the contents of every ``.py`` file under :data:`SOURCE_DIRS` (the admission core and the other pure
-  policies the simulated gateway runs, the fleet simulation and its experiments, the simulated SGLang
-  workers and their profiles) and the :data:`SOURCE_FILES` they import from elsewhere in the project (the
-  scenario planner, the report, the request record, the tenant quotas); a test checks with the import graph
-  that nothing else of the project is imported, apart from :data:`NOT_INPUTS`;
+- the code of every ``.py`` file under :data:`SOURCE_DIRS` (the fleet simulation and its experiments, the
+  simulated SGLang workers and their profiles) and of every project module they import, directly or not
+  (read from the files' ``import`` statements: the admission core and the other pure policies the
+  simulated gateway runs, the scenario planner, the report, the tenants' quotas), apart from
+  :data:`NOT_INPUTS`; a test checks it against the import graph (grimp). A project module the
+  experiments do not import is not hashed;
 - :func:`defaults_json`: the JSON of the defaults the experiments start from, ``CoreConfig()`` (which the
   gateway's Settings tree translates into: ``Settings().core_config() == CoreConfig()``, tested in
   ``tests/loadgen/test_fleet_sim.py``) and the rest of ``FleetConfig()``.
@@ -41,19 +42,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-SOURCE_DIRS = ("policies", "loadgen/fleet", "loadgen/sim")
-"""Folders (relative to the repository) whose every ``.py`` file is hashed, recursively."""
+SOURCE_DIRS = ("loadgen/fleet", "loadgen/sim")
+"""Folders (relative to the repository) whose every ``.py`` file is hashed, recursively: the fleet
+simulation, its experiments and the simulated SGLang workers with their profiles."""
 
-SOURCE_FILES = (
-    "loadgen/__init__.py",
-    "loadgen/report.py",
-    "loadgen/runner.py",
-    "loadgen/scenario.py",
-    "tenancy/__init__.py",
-    "tenancy/models.py",
-)
-"""Further files the experiments import (the scenario planner, the report and its request record, the
-tenants' quotas)."""
+PACKAGES = ("loadgen", "policies", "tenancy", "service")
+"""The project's packages: a module of theirs that a hashed file imports is hashed too (the admission core
+and the other pure policies the simulated gateway runs, the scenario planner, the report and its request
+record, the tenants' quotas), and so on down; nothing else of the project is (a change to, say, worker
+discovery leaves the document as it is)."""
 
 NOT_INPUTS = {
     "loadgen.stack": "only its terminate_as_exit: stops the process pool on SIGTERM/SIGHUP; no figure "
@@ -80,22 +77,69 @@ def defaults_json() -> str:
     return json.dumps(dataclasses.asdict(FleetConfig()), sort_keys=True, separators=(",", ":"))
 
 
-def hashed_files(root: Path = REPO) -> list[str]:
-    """Paths (relative to ``root``, POSIX form, sorted) of the files :func:`code_hash` reads.
+def _module_file(root: Path, module: str) -> str | None:
+    """The file of project module ``module`` under ``root`` (POSIX, relative), or None when it is not one."""
+    rel = module.replace(".", "/")
+    for cand in (f"{rel}.py", f"{rel}/__init__.py"):
+        if (root / cand).is_file():
+            return cand
+    return None
 
-    Raises ``FileNotFoundError`` when one of :data:`SOURCE_FILES` or :data:`SOURCE_DIRS` is missing.
+
+def _imported_modules(path: Path, module: str) -> tuple[set[str], set[str]]:
+    """What ``path`` (module ``module``) imports, anywhere in its code (inside functions too), relative
+    imports resolved: (the modules it must find, the names that may be modules): ``import a.b`` and
+    ``from a.b import c`` must find ``a.b``; ``c`` may be a module ``a.b.c`` or a name in ``a.b``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    required: set[str] = set()
+    optional: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            required.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            required.add(base)
+            optional.update(f"{base}.{a.name}" for a in node.names)
+    return required, optional
+
+
+def hashed_files(root: Path = REPO) -> list[str]:
+    """Paths (relative to ``root``, POSIX form, sorted) of the files :func:`code_hash` reads: every ``.py``
+    file under :data:`SOURCE_DIRS` and every module of :data:`PACKAGES` they import, directly or not
+    (with the packages above each), except :data:`NOT_INPUTS` and what only they import.
+
+    Raises ``FileNotFoundError`` when one of :data:`SOURCE_DIRS` is missing, or a module a hashed file
+    imports.
     """
-    paths: set[str] = set()
+    todo: list[str] = []
     for d in SOURCE_DIRS:
         base = root / d
         if not base.is_dir():
             raise FileNotFoundError(f"{base}: a source folder of the fleet experiments is missing")
         found = (p for p in base.rglob("*.py") if "__pycache__" not in p.parts)
-        paths.update(p.relative_to(root).as_posix() for p in found)
-    for f in SOURCE_FILES:
-        if not (root / f).is_file():
-            raise FileNotFoundError(f"{root / f}: a source file of the fleet experiments is missing")
-        paths.add(f)
+        todo.extend(p.relative_to(root).as_posix() for p in found)
+    paths: set[str] = set()
+    while todo:
+        rel = todo.pop()
+        if rel in paths:
+            continue
+        paths.add(rel)
+        module = rel.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        parts = module.split(".")
+        required, optional = _imported_modules(root / rel, module)
+        required |= {".".join(parts[:i]) for i in range(1, len(parts))}  # the packages above it
+        for name in sorted(required | optional):
+            if name.split(".")[0] not in PACKAGES or name in NOT_INPUTS:
+                continue
+            found_rel = _module_file(root, name)
+            if found_rel is None and name in required:
+                raise FileNotFoundError(f"{root / name.replace('.', '/')}.py: {rel} imports it")
+            if found_rel is not None and found_rel not in paths:
+                todo.append(found_rel)
     return sorted(paths)
 
 

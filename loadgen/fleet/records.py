@@ -41,6 +41,7 @@ class RequestRecord:
         route_reason: the router's reason (``cache_hit``, ``round_robin``, ...).
         cached_tokens: prompt tokens the engine served from its prefix cache.
         completion_tokens: tokens generated.
+        model: the served model it named (:class:`loadgen.fleet.config.FleetModel`).
     """
 
     rid: str
@@ -58,6 +59,7 @@ class RequestRecord:
     route_reason: str = ""
     cached_tokens: int = 0
     completion_tokens: int = 0
+    model: str = "default"
 
     @property
     def ttft_s(self) -> float | None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from loadgen.fleet.config import FleetConfig, FleetRequest
+from loadgen.fleet.config import FleetConfig, FleetModel, FleetRequest
 from loadgen.fleet.engine import FleetEngine
 from loadgen.fleet.quota import TenantBuckets
 from loadgen.fleet.records import FleetResult, RequestRecord, WorkerTally
@@ -63,11 +63,22 @@ class PseudoTokenizer:
 
 @dataclass(slots=True)
 class _Job:
-    """A request the gateway holds: its record, prompt ids and cost."""
+    """A request the gateway holds: its record, prompt ids, cost and its model's lane."""
 
     record: RequestRecord
     ids: tuple[int, ...]
     cost: int
+    lane: _Lane
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One served model: its admission core (the gateway's, one per model) and its workers' size."""
+
+    index: int
+    model: FleetModel
+    core: AdmissionCore
+    max_running: int
 
 
 @dataclass(slots=True)
@@ -78,6 +89,7 @@ class _Worker:
     url: str
     engine: FleetEngine
     tally: WorkerTally
+    lane: _Lane
     in_flight: int = 0
     scheduled: float | None = None
     busy_since: float | None = None
@@ -85,31 +97,48 @@ class _Worker:
 
 
 class FleetSim:
-    """One run of the gateway in front of ``config.workers`` simulated workers.
+    """One run of the gateway in front of its simulated workers: ``config.workers`` of one model, or each
+    of ``config.models``' workers, every model with its own admission core (as the gateway has).
 
     Args:
         config: fleet and gateway settings.
         requests: planned requests (any order; sorted by arrival here).
 
-    Use ``FleetSim(config, requests).run()`` once per instance.
+    Raises:
+        ValueError: a request names a model that ``config`` does not serve.
+
+    Use ``FleetSim(config, requests).run()`` once per instance. :attr:`core` is the first model's core.
     """
 
     def __init__(self, config: FleetConfig, requests: Iterable[FleetRequest]) -> None:
         self.config = config
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
-        profile = config.sim_profile()
-        self.workers = [
-            _Worker(
-                i, f"sim://worker-{i:03d}", FleetEngine(profile, seed=config.seed * 1000 + i), WorkerTally()
-            )
-            for i in range(config.workers)
+        models = config.served_models()
+        self.lanes = [
+            _Lane(k, m, AdmissionCore(m.core), m.sim_profile().max_running_requests)
+            for k, m in enumerate(models)
         ]
+        self._lane_of: dict[str | None, _Lane] = {lane.model.name: lane for lane in self.lanes}
+        self._lane_of[None] = self.lanes[0]
+        unknown = sorted({str(r.model) for r in self.requests if r.model not in self._lane_of})
+        if unknown:
+            raise ValueError(f"requests name models the fleet does not serve: {', '.join(unknown)}")
+        self.workers: list[_Worker] = []
+        for lane in self.lanes:
+            profile = lane.model.sim_profile()
+            for j in range(lane.model.workers):
+                i = len(self.workers)
+                url = (
+                    f"sim://worker-{i:03d}"
+                    if not config.models
+                    else f"sim://{lane.model.name}/worker-{j:03d}"
+                )
+                engine = FleetEngine(profile, seed=config.seed * 1000 + i)
+                self.workers.append(_Worker(i, url, engine, WorkerTally(), lane))
+                # the gateway reads max_running_requests from /server_info when it first sees a worker
+                lane.core.add_worker(url, lane.max_running)
         self._by_url = {w.url: w for w in self.workers}
-        self.core = AdmissionCore(config.core)
-        self._max_running = profile.max_running_requests
-        for w in self.workers:
-            # the gateway reads max_running_requests from /server_info when it first sees a worker
-            self.core.add_worker(w.url, self._max_running)
+        self.core = self.lanes[0].core
         self.buckets = TenantBuckets()
         self._tokenize = PseudoTokenizer()
         self._jobs: dict[str, _Job] = {}
@@ -136,7 +165,8 @@ class FleetSim:
         arrivals = self.requests
         nxt = 0
         lag = cfg.gateway_latency_s
-        self._push(cfg.core.load_report_interval_s, _POLL, 0)
+        for lane in self.lanes:
+            self._push(lane.model.core.load_report_interval_s, _POLL, lane.index)
         heap = self._heap
         while True:
             arrival_t = arrivals[nxt].arrival_s + lag if nxt < len(arrivals) else None
@@ -162,10 +192,12 @@ class FleetSim:
             elif kind == _EXPIRY:
                 if t == self._expiry_at:
                     self._expiry_at = None
-                self._apply(self.core.tick(t), t)
+                for lane in self.lanes:
+                    self._apply(lane.core.tick(t), t)
             elif not self._idle(nxt):
-                self._poll(t)
-                self._push(t + cfg.core.load_report_interval_s, _POLL, 0)
+                lane = self.lanes[payload]
+                self._poll(lane, t)
+                self._push(t + lane.model.core.load_report_interval_s, _POLL, payload)
             self._schedule_expiry()
         preempted = sum(w.engine.stats().preemptions_total for w in self.workers)
         for w in self.workers:
@@ -184,7 +216,8 @@ class FleetSim:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
 
     def _schedule_expiry(self) -> None:
-        deadline = self.core.next_deadline()
+        deadlines = [d for d in (lane.core.next_deadline() for lane in self.lanes) if d is not None]
+        deadline = min(deadlines) if deadlines else None
         if deadline is not None and (self._expiry_at is None or deadline < self._expiry_at):
             self._expiry_at = deadline
             self._push(deadline, _EXPIRY, 0)
@@ -205,15 +238,18 @@ class FleetSim:
         cfg = self.config
         spec = cfg.tenant(req.tenant)
         band = cfg.class_of(req)
+        lane = self._lane_of[req.model]
         ids = self._tokenize(req.prompt) or (0,)
         cost = reserved_tokens(len(ids), req.max_tokens)
-        rec = RequestRecord(req.rid, req.tenant, band, req.arrival_s, len(ids), req.max_tokens)
+        rec = RequestRecord(
+            req.rid, req.tenant, band, req.arrival_s, len(ids), req.max_tokens, model=lane.model.name
+        )
         verdict = self.buckets.reserve(spec, cost, now)
         if not verdict.allowed:
             rec.outcome = "too_large" if verdict.never else "quota"
             return rec
-        self._jobs[req.rid] = _Job(rec, ids, cost)
-        decisions = self.core.arrive(
+        self._jobs[req.rid] = _Job(rec, ids, cost, lane)
+        decisions = lane.core.arrive(
             AdmissionRequest(
                 req.rid, spec.id, band, req.prompt, len(ids), req.max_tokens, now, spec.weight, req.session_id
             ),
@@ -252,7 +288,7 @@ class FleetSim:
         if w.busy_since is None:
             w.busy_since = now
         w.jobs[rec.rid] = job
-        priority = self.config.core.classes[rec.band].sglang_priority
+        priority = w.lane.model.core.classes[rec.band].sglang_priority
         w.engine.submit(
             SimRequest(rec.rid, job.ids, rec.max_tokens, priority), now + self.config.network_latency_s
         )
@@ -275,7 +311,7 @@ class FleetSim:
             if ev.completion_tokens == 1:
                 rec.first_token_s = ev.time_s + lat
                 rec.cached_tokens = ev.cached_tokens
-                decisions += self.core.first_token(rec.rid, ev.time_s + lat, ev.cached_tokens)
+                decisions += w.lane.core.first_token(rec.rid, ev.time_s + lat, ev.cached_tokens)
             if ev.finish_reason is not None:
                 rec.done_s = ev.time_s + lat
                 rec.completion_tokens = ev.completion_tokens
@@ -303,19 +339,22 @@ class FleetSim:
         tally.completion_tokens += rec.completion_tokens
         used = rec.prompt_tokens + rec.completion_tokens
         self.buckets.give_back(self.config.tenant(rec.tenant), 0, job.cost - used, now)
-        return self.core.finish(
+        return w.lane.core.finish(
             rec.rid, now, ok=True, prompt_tokens=rec.prompt_tokens, cached_tokens=rec.cached_tokens
         )
 
-    def _poll(self, now: float) -> None:
+    def _poll(self, lane: _Lane, now: float) -> None:
         decisions: list[Decision] = []
+        core = lane.core
         for w in self.workers:
+            if w.lane is not lane:
+                continue
             stats = w.engine.stats()
             report = LoadReport(
-                stats.num_running_reqs, stats.num_queue_reqs, stats.token_usage, self._max_running
+                stats.num_running_reqs, stats.num_queue_reqs, stats.token_usage, lane.max_running
             )
-            decisions += self.core.load(w.url, report, now)
-            window = self.core.window(w.url)
+            decisions += core.load(w.url, report, now)
+            window = core.window(w.url)
             w.tally.window_sizes.append(window.size if window is not None else 0)
         self._apply(decisions, now)
 

@@ -69,7 +69,8 @@ def _iso(unix_s: float | None) -> str | None:
 @router.get("")
 async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: After = None) -> dict[str, Any]:
     """The workers this replica knows, in id order, a page at a time (:mod:`service.api.paging`: at most
-    ``limit``, 1-1000, default 100, after id ``after``), each with its source, mode, breaker, in-flight
+    ``limit``, 1-1000, default 100, after id ``after``), each with its source (``settings``, ``admin`` or
+    ``discovery``), mode, breaker, in-flight
     and window, and what admission measured of it: capacity (req/s), engine TTFT of short prefills (ms)
     and, per class, the calibration scale of its TTFT predictions
     (``scheduler.prediction_calibration_target``); and why it is healthy or not (``health_reason``: what
@@ -78,6 +79,7 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
     serves none of the gateway's) and, for a worker kept out because it reports another model, why
     (``model_mismatch``)."""
     entries = await state.registry.entries()
+    discovered = await state.registry.discovered()
     known = dict.fromkeys([w.url for w in state.pool.workers] + list(entries))
     ordered = sorted((worker_id(url), url) for url in known)
     page, more = page_after(ordered, lambda entry: entry[0], after or None, limit)
@@ -89,7 +91,7 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
             {
                 "id": worker_id(url),
                 "url": url,
-                "source": "admin" if url in entries else "settings",
+                "source": "discovery" if url in discovered else "admin" if url in entries else "settings",
                 "mode": entries.get(url, "draining" if worker and worker.draining else "active"),
                 "in_pool": worker is not None,
                 "healthy": bool(worker and worker.healthy),

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from policies.admission_types import CoreConfig
 from service.config.checks import HttpUrls, LogLevel, RedisUrl
+from service.config.discovery import DiscoverySettings
 from service.config.engine import (
     EngineSettings,
     HomeSettings,
@@ -362,6 +363,7 @@ class Settings(HomeSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "

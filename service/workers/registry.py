@@ -1,6 +1,8 @@
 """Workers added through the admin API, shared by every gateway replica through Redis.
 
-Layout: hash ``<prefix>workers`` mapping worker URL -> ``"active"`` or ``"draining"``. Each replica
+Layout: hash ``<prefix>workers`` mapping worker URL -> ``"active"`` or ``"draining"``; set
+``<prefix>workers:discovered`` of the URLs that DNS discovery registered (:mod:`service.workers.discovery`
+manages only those). Each replica
 copies it into its own :class:`~service.workers.pool.WorkerPool` every sync period (routing state stays
 per replica, as in SGLang's router, and converges through feedback). Workers from settings are local
 to each replica and not in Redis. A starting replica syncs once before its first health probe.
@@ -40,6 +42,7 @@ class WorkerRegistry:
     def __init__(self, redis: Redis, prefix: str) -> None:
         self._redis = redis
         self._key = f"{prefix}workers"
+        self._discovered = f"{prefix}workers:discovered"
 
     @store_operation
     async def entries(self) -> dict[str, WorkerMode]:
@@ -66,7 +69,37 @@ class WorkerRegistry:
     @store_operation
     async def remove(self, url: str) -> bool:
         """Unregister a worker; False if unknown."""
-        return bool(await self._redis.hdel(self._key, url))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._key, url)
+            pipe.srem(self._discovered, url)
+            removed, _ = await pipe.execute()
+        return bool(removed)
+
+    @store_operation
+    async def discovered(self) -> dict[str, bool]:
+        """The URLs registered by DNS discovery (and not removed since) -> whether each is draining."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.smembers(self._discovered)
+            pipe.hgetall(self._key)
+            members, entries = await pipe.execute()
+        modes = {str(url): str(mode) for url, mode in entries.items()}
+        return {str(url): modes.get(str(url)) == "draining" for url in members}
+
+    @store_operation
+    async def add_discovered(self, url: str) -> bool:
+        """Register a worker found by discovery as active; False when the URL is registered otherwise
+        (over the admin API: it stays the admin's, in the mode the admin set, never taken over).
+
+        A URL that discovery registered before (draining since its record went) is made active again.
+        """
+        url = url.rstrip("/")
+        if await self._redis.sismember(self._discovered, url):
+            await self._redis.hset(self._key, url, "active")
+            return True
+        if not await self._redis.hsetnx(self._key, url, "active"):
+            return False
+        await self._redis.sadd(self._discovered, url)
+        return True
 
 
 def apply_registry(pool: WorkerPool, entries: dict[str, WorkerMode], managed: set[str]) -> set[str]:

@@ -145,13 +145,26 @@ def test_gateway_serves_chat_from_the_fake_upstream(gateway: tuple[str, str]) ->
 
 
 def test_bench_gateway_json_from_a_tiny_run(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "loadgen", "bench-gateway", "--targets", "direct", "--modes", "c1"]
+    # radixgate too: on 4246358 it kept the fake upstream out of its pool (the upstream reported its
+    # tokenizer folder as its model, not the name radixgate serves) and answered every request 503
+    argv = [
+        sys.executable,
+        "-m",
+        "loadgen",
+        "bench-gateway",
+        "--targets",
+        "direct,radixgate",
+        "--modes",
+        "c1",
+    ]
     argv += ["--repeats", "1", "--duration-s", "1", "--warmup-s", "0", "--idle-s", "0.5", "--json"]
     argv += ["--out", str(tmp_path / "run")]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert len(rows) == 1
+    assert [r["target"] for r in rows] == ["direct", "radixgate"]
+    gateway = rows[1]
+    assert gateway["requests"] > 50 and gateway["errors"] == 0
     row = rows[0]
     assert (row["target"], row["mode"]) == ("direct", "c1")
     assert row["rps"] > 100 and row["requests"] > 100 and row["errors"] == 0

@@ -23,7 +23,7 @@ from loadgen.fleet.doc import DOC, REPO
 from loadgen.fleet.experiments import main as experiments_main
 from loadgen.fleet.experiments import registry
 
-SECTIONS = ("workers", "routing", "overload", "fairness")
+SECTIONS = ("workers", "routing", "overload", "fairness", "models")
 
 
 def section(text: str, name: str) -> str | None:
@@ -81,6 +81,20 @@ def test_the_hash_follows_the_contents_and_the_defaults_not_times_or_places(tmp_
     (tmp_path / "loadgen" / "sim" / "new_model.py").write_text("X = 1\n")  # a new file in a hashed folder
     assert provenance.code_hash(tmp_path) != base
     (tmp_path / "loadgen" / "sim" / "new_model.py").unlink()
+    elsewhere = tmp_path / "policies" / "not_imported_by_the_fleet.py"  # a policy the experiments never run
+    elsewhere.write_text("X = 1\n")
+    assert provenance.code_hash(tmp_path) == base
+    (tmp_path / "policies" / "routing.py").write_text(  # a hashed module now imports it
+        (REPO / "policies" / "routing.py").read_text() + "\nfrom policies import not_imported_by_the_fleet\n"
+    )
+    assert "policies/not_imported_by_the_fleet.py" in provenance.hashed_files(tmp_path)
+    elsewhere.write_text("X = 2\n")
+    changed = provenance.code_hash(tmp_path)
+    elsewhere.write_text("X = 1\n")
+    assert provenance.code_hash(tmp_path) != changed
+    shutil.copyfile(REPO / "policies" / "routing.py", tmp_path / "policies" / "routing.py")
+    elsewhere.unlink()
+    assert provenance.code_hash(tmp_path) == base
     assert provenance.code_hash(tmp_path, provenance.defaults_json().replace("0.99", "0.98")) != base
     (tmp_path / "loadgen" / "scenario.py").unlink()
     with pytest.raises(FileNotFoundError, match=r"scenario\.py"):

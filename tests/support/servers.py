@@ -75,24 +75,29 @@ SERVE_PROTOCOL = "service.runtime.http_protocol:CoalescingHttpToolsProtocol"
 
 
 class ThreadedServer:
-    """Runs an ASGI app under uvicorn in a daemon thread (real HTTP on 127.0.0.1), with the HTTP protocol the
-    gateway serves with (``http``: another uvicorn protocol, e.g. ``"httptools"``)."""
+    """Runs an ASGI app under uvicorn in a daemon thread (real HTTP on ``host``, default 127.0.0.1; any
+    127.0.0.0/8 address works on Linux), with the HTTP protocol the gateway serves with (``http``: another
+    uvicorn protocol, e.g. ``"httptools"``)."""
 
     def __init__(
-        self, app: Any, port: int | None = None, startup_timeout_s: float = 120.0, http: str = SERVE_PROTOCOL
+        self,
+        app: Any,
+        port: int | None = None,
+        startup_timeout_s: float = 120.0,
+        http: str = SERVE_PROTOCOL,
+        host: str = "127.0.0.1",
     ) -> None:
         self.port = port or free_port()
+        self.host = host
         self.startup_timeout_s = startup_timeout_s
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", http=http
-        )
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on", http=http)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def url(self) -> str:
         """Base URL."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> ThreadedServer:
         self.thread.start()

@@ -178,6 +178,31 @@ def test_requests_reach_their_models_workers_only_with_exact_quotas(
     assert labels == {SMALL, LLAMA}
 
 
+def model_label_values(http: httpx.Client) -> set[str]:
+    """Every ``model`` label value on the gateway's ``/metrics``."""
+    return {
+        s.labels["model"]
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        for s in family.samples
+        if "model" in s.labels
+    }
+
+
+def test_model_labels_stay_the_served_ids_whatever_clients_send(http: httpx.Client) -> None:
+    # the model label's values are the registry's ids: a client naming 300 models the gateway does not
+    # serve (404, nothing charged) or an alias adds no series; the bound is the operator's model count
+    tenant, auth = new_key(http, quotas={"requests_per_min": 1000})
+    assert http.post("/v1/chat/completions", json=chat("small-latest"), headers=auth).status_code == 200
+    before = model_label_values(http)
+    for i in range(300):
+        resp = http.post("/v1/chat/completions", json=chat(f"made-up-{i}"), headers=auth)
+        assert_openai_error(resp, 404, "model_not_found")
+    assert http.post("/v1/chat/completions", json=chat("llama"), headers=auth).status_code == 200
+    after = model_label_values(http)
+    assert after <= {SMALL, LLAMA} and SMALL in before
+    assert http.get(f"/admin/tenants/{tenant}/usage", headers=ADMIN).json()["requests"] == 2
+
+
 def gateway_count(resp: httpx.Response) -> int:
     """The gateway's own prompt count, from a 413's message ("... (prompt P + max_tokens M) ...")."""
     err = assert_openai_error(resp, 413, "request_exceeds_burst")
