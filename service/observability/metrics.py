@@ -30,6 +30,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from service.observability.class_metrics import ClassMetrics
+
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -205,6 +207,8 @@ class GatewayMetrics:
         self.tenant = TenantLabels(
             max_tenant_labels, multiproc_dir / "tenant-labels" if multiproc_dir is not None else None
         )
+        #: per-class SLO series (TTFT, TPOT, E2E, outcomes, goodput), :mod:`.class_metrics`
+        self.classes = ClassMetrics(registry)
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(

@@ -443,7 +443,9 @@ class Dispatcher:
         latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
         # one round trip for buckets and usage; retried in the background if Redis is short
         await self._settler.settle(item)
-        record_request(self._metrics, prepared, reservation, outcome, charged, latency)
+        record_request(
+            self._metrics, prepared, reservation, outcome, charged, latency, self._goal_s(prepared)
+        )
 
     def _settle_with_others(
         self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
@@ -452,9 +454,16 @@ class Dispatcher:
         linger (:meth:`service.pipeline.settlement.Settler.submit`), nothing awaited."""
         item, charged = settlement_of(prepared, reservation, outcome)
         self._settler.submit(item)
+        latency = time.perf_counter() - prepared.arrival
         record_request(
-            self._metrics, prepared, reservation, outcome, charged, time.perf_counter() - prepared.arrival
+            self._metrics, prepared, reservation, outcome, charged, latency, self._goal_s(prepared)
         )
+
+    def _goal_s(self, prepared: PreparedRequest) -> float | None:
+        """The TTFT goal of ``prepared``'s class for its model, s (None: a class the model does not have)."""
+        lane = self._models.lane(prepared.model_id) if prepared.model_id else None
+        cls = lane.model.classes.get(prepared.priority_class) if lane is not None else None
+        return cls.ttft_goal_ms / 1000.0 if cls is not None else None
 
     def _failed(self, outcome: Outcome, err: GatewayError) -> None:
         """Record ``err`` on ``outcome``: its HTTP status, its code (the first one, when several came), and

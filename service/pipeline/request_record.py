@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import structlog
 
+from service.observability.class_metrics import ClassRequest
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.prepare import PreparedRequest
 from service.pipeline.settlement import Settlement
@@ -49,10 +50,24 @@ def record_request(
     outcome: Outcome,
     charged: bool,
     latency: float,
+    goal_s: float | None = None,
 ) -> None:
-    """Count a finished request in ``metrics`` and log its ``request`` line (``latency`` in s)."""
+    """Count a finished request in ``metrics`` (per tenant, and per class against ``goal_s``, its class's
+    TTFT goal for its model, s) and log its ``request`` line (``latency`` in s)."""
     slot = outcome.slot
     model = prepared.model_id or prepared.model  # the canonical id: aliases fold into it
+    metrics.classes.record(
+        ClassRequest(
+            prepared.priority_class,
+            model,
+            outcome.status,
+            outcome.shed_reason is not None or outcome.expired_after_s is not None,
+            outcome.ttft_s,
+            latency,
+            outcome.completion_tokens,
+            goal_s,
+        )
+    )
     m = metrics.request_series(metrics.tenant(prepared.tenant.id), model, outcome.status)
     m.requests.inc()
     m.e2e.observe(latency)

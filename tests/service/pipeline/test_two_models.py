@@ -343,6 +343,26 @@ def test_per_model_goals_shape_admission(goal_gateway: tuple[str, FakeWorker, Fa
     assert_openai_error(next(a for a in answers[:2] if a.status_code == 503), 503, "queue_timeout")
     assert [a.status_code for a in answers[2:]] == [200, 200], [a.text for a in answers]
     assert (len(tight.received), len(loose.received)) == (1, 2)
+    # the class metrics say the same per model: outcomes, goodput against each model's own goal
+    with httpx.Client(base_url=url, timeout=30) as http:
+        samples = [
+            s
+            for family in text_string_to_metric_families(http.get("/metrics").text)
+            for s in family.samples
+            if s.name.startswith("radixgate_class_")
+        ]
+
+    def value(name: str, model: str, **labels: str) -> float:
+        want = {"class": "standard", "model": model, **labels}
+        return sum(s.value for s in samples if s.name == name and want.items() <= s.labels.items())
+
+    assert value("radixgate_class_requests_total", "tight", outcome="served") == 1
+    assert value("radixgate_class_requests_total", "tight", outcome="shed") == 1
+    assert value("radixgate_class_requests_total", "loose", outcome="served") == 2
+    assert value("radixgate_class_requests_total", "loose", outcome="shed") == 0
+    assert value("radixgate_class_goodput_total", "loose") == 2  # within 5 s, the second after 1 s waiting
+    assert value("radixgate_class_e2e_seconds_count", "loose") == 2
+    assert value("radixgate_class_e2e_seconds_bucket", "loose", le="0.75") == 0  # each took >= 1 s
 
 
 @pytest.mark.parametrize(
