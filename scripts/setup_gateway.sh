@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the gateway and the test suite need: Debian's redis-server, wrk (the load tool of
-# `python -m loadgen bench-gateway`) and a light virtualenv (.venv) with radixgate and its dev tools.
+# `python -m loadgen bench-gateway`), Debian's prometheus (prometheus, promtool) and
+# prometheus-alertmanager (prometheus-alertmanager, amtool) for the deploy/prometheus tests, and a light
+# virtualenv (.venv) with radixgate and its dev tools.
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +10,8 @@ cd "$(dirname "$0")/.."
 missing=""
 command -v redis-server >/dev/null 2>&1 || missing="$missing redis-server"
 command -v wrk >/dev/null 2>&1 || missing="$missing wrk"
+command -v promtool >/dev/null 2>&1 || missing="$missing prometheus"
+command -v amtool >/dev/null 2>&1 || missing="$missing prometheus-alertmanager"
 if [ -n "$missing" ]; then
   echo "[setup] installing$missing (Debian packages)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
