@@ -16,6 +16,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from service.observability.breakdown import RequestTiming
 from service.runtime.http_protocol import ABORT_EXTENSION
 
 log = structlog.get_logger("radixgate.api")
@@ -87,15 +88,22 @@ class SendBoundedStreamingResponse(StreamingResponse):
         content: the SSE body (an async generator: it is closed when the client stalls).
         send_timeout_s: longest wait for one write, s.
         request_id: logged with the warning.
+        timing: the request's breakdown: each write's time is added to its ``client_write`` phase.
     """
 
     def __init__(
-        self, content: AsyncGenerator[bytes, None], send_timeout_s: float, request_id: str, **kwargs: object
+        self,
+        content: AsyncGenerator[bytes, None],
+        send_timeout_s: float,
+        request_id: str,
+        timing: RequestTiming | None = None,
+        **kwargs: object,
     ) -> None:
         super().__init__(content, **kwargs)  # type: ignore[arg-type]
         self._content = content
         self._send_timeout_s = send_timeout_s
         self._request_id = request_id
+        self._timing = timing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stream until the body ends or the client disconnects (then the body's task is cancelled: abort at
@@ -119,12 +127,16 @@ class SendBoundedStreamingResponse(StreamingResponse):
         assert task is not None
         watchdog = _WriteWatchdog(task, self._send_timeout_s)
 
+        timing = self._timing
+
         async def timed_send(message: Message) -> None:
-            watchdog.writing_since = watchdog.loop.time()
+            began = watchdog.writing_since = watchdog.loop.time()
             try:
                 await send(message)
             finally:
                 watchdog.writing_since = None
+                if timing is not None:
+                    timing.wrote(watchdog.loop.time() - began)
 
         try:
             await super().stream_response(timed_send)

@@ -7,7 +7,6 @@ calls them straight from its ASGI entry (:data:`COMPLETION_ROUTES`); FastAPI kee
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -27,6 +26,7 @@ from service.api.deps import (
 from service.api.errors import FastJSONResponse, validation_error
 from service.api.openapi_bodies import json_body
 from service.errors import GatewayError, NotFound
+from service.observability.breakdown import RequestTiming
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
 from service.pipeline.prepare import PreparedRequest, may_use
@@ -56,21 +56,24 @@ async def _serve(
     tenant: Tenant,
     req: ChatCompletionRequest | CompletionRequest,
     body_bytes: int,
+    timing: RequestTiming,
     shaper: Callable[[PreparedRequest], Shaper] | None = None,
 ) -> Response:
-    """Prepare, admit and serve a request (of a ``body_bytes`` body); ``shaper`` makes the response format
-    (default: chat or text completion)."""
-    arrival = time.perf_counter()
+    """Prepare, admit and serve a request (of a ``body_bytes`` body, arrived at ``timing.start``);
+    ``shaper`` makes the response format (default: chat or text completion). The answer carries the
+    request's phases so far in a ``Server-Timing`` header (:mod:`service.observability.breakdown`)."""
     dispatcher = state.dispatcher
     if body_bytes > state.settings.api.offload_body_bytes:
         try:  # a client that leaves while its long prompt waits for a slot gives up its place
-            offloaded = dispatcher.prepare_offloaded(tenant, req, request_id(request), arrival)
+            offloaded = dispatcher.prepare_offloaded(tenant, req, request_id(request), timing)
             prepared = await until_disconnect(request, offloaded)
         except ClientDisconnected:
             return Response(status_code=499)
     else:
-        prepared = dispatcher.prepare(tenant, req, request_id(request), arrival)
+        prepared = dispatcher.prepare(tenant, req, request_id(request), timing)
+    timing.mark("prepare")
     reservation = await dispatcher.admit(prepared)
+    timing.mark("quota")
     request.scope["state"]["admitted"] = True  # the dispatcher's settle logs and counts it from here
     shape = shaper(prepared) if shaper is not None else None
     key_id = request.scope["state"].get("key_id", "")
@@ -80,7 +83,7 @@ async def _serve(
             result = await until_disconnect(request, work)
         except ClientDisconnected:
             return Response(status_code=499)
-        return FastJSONResponse(result)
+        return FastJSONResponse(result, headers={"Server-Timing": timing.server_timing()})
     events = dispatcher.stream(prepared, reservation, shape, key_id)
     try:
         # The first event arrives with the first token: errors before it get a real HTTP status.
@@ -100,38 +103,49 @@ async def _serve(
         rest(),
         send_timeout_s=state.settings.api.stream_send_timeout_s,
         request_id=prepared.rid,
+        timing=timing,
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers={
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            "Server-Timing": timing.server_timing(),
+        },
     )
 
 
 @router.post("/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
+    timing = RequestTiming()
     state = gateway_state(request)
     tenant = await authenticate(request, state)
+    timing.mark("auth")
     raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     req = parse(ChatCompletionRequest, screen_chat(json_object(raw)))
     check_chat_references(req.messages)
-    return await _serve(request, state, tenant, req, len(raw))
+    return await _serve(request, state, tenant, req, len(raw), timing)
 
 
 @router.post("/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     """``POST /v1/completions`` (one prompt; stream and non-stream)."""
+    timing = RequestTiming()
     state = gateway_state(request)
     tenant = await authenticate(request, state)
+    timing.mark("auth")
     raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     req = parse(CompletionRequest, screen_completion(json_object(raw)))
-    return await _serve(request, state, tenant, req, len(raw))
+    return await _serve(request, state, tenant, req, len(raw), timing)
 
 
 @router.post("/responses", openapi_extra=json_body(ResponsesRequest))
 async def responses(request: Request) -> Response:
     """``POST /v1/responses`` (stateless Responses API, stream and non-stream; see
     :mod:`service.protocol.responses`)."""
+    timing = RequestTiming()
     state = gateway_state(request)
     tenant = await authenticate(request, state)
+    timing.mark("auth")
     raw = await read_body(request, state.settings.api.max_body_bytes, state.settings.api.body_timeout_s)
     req = parse_responses(json_object(raw))
     check_responses_references(req)
@@ -142,7 +156,7 @@ async def responses(request: Request) -> Response:
         return ResponsesShaper(prepared.rid, prepared.model, now_s(), echo)
 
     try:
-        return await _serve(request, state, tenant, to_chat(req), len(raw), shaper)
+        return await _serve(request, state, tenant, to_chat(req), len(raw), timing, shaper)
     except GatewayError as err:  # raised on the chat form: name the Responses parameter
         chat_param, err.param = err.param, responses_param(err.param)
         if chat_param and err.param and chat_param != err.param and "." not in chat_param:

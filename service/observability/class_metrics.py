@@ -22,15 +22,9 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-ClassOutcome = Literal["served", "shed", "rejected", "cancelled", "error"]
+from service.observability.buckets import SLO_BUCKETS_S, observe_tally
 
-SLO_BUCKETS_S = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
-)  # fmt: skip
-"""Per-class latency buckets, s, 1 ms to 120 s: TTFT goals (0.5 / 2 / 30 s by default) and per-token times
-(a few ms on a GPU, tens to hundreds on a CPU) both fall between two close bounds, so
-``histogram_quantile`` over them stays within about 30% of the true value."""
+ClassOutcome = Literal["served", "shed", "rejected", "cancelled", "error"]
 
 
 def outcome_of(status: int, shed: bool) -> ClassOutcome:
@@ -62,6 +56,10 @@ class ClassRequest:
         status: its HTTP status. shed: admission control shed it (or it expired in the queue).
         ttft_s: arrival to its first token, s (None when unknown). e2e_s: arrival to its end, s.
         completion_tokens: tokens generated. goal_s: its class's TTFT goal for its model, s.
+        decode_s: its first token to its last, s, when known (then TPOT is ``decode_s / (tokens - 1)``;
+            else it is estimated as ``(e2e - ttft) / (tokens - 1)``).
+        itl: a stream's inter-token gaps as :data:`SLO_BUCKETS_S` bucket counts (``+Inf`` last) and their
+            sum, s (:meth:`service.observability.breakdown.RequestTiming.gap_tally`); None otherwise.
     """
 
     band: str
@@ -72,6 +70,8 @@ class ClassRequest:
     e2e_s: float
     completion_tokens: int
     goal_s: float | None
+    decode_s: float | None = None
+    itl: tuple[list[int], float] | None = None
 
 
 class ClassMetrics:
@@ -80,8 +80,8 @@ class ClassMetrics:
     ``radixgate_class_requests_total{class,model,outcome}``, ``radixgate_class_goodput_total{class,model}``
     (served with TTFT <= the goal; a non-streamed answer without a TTFT counts when its end-to-end time
     is within the goal, which bounds its TTFT), ``radixgate_class_ttft_seconds``,
-    ``radixgate_class_tpot_seconds`` and ``radixgate_class_e2e_seconds`` (``{class,model}``, served
-    requests, :data:`SLO_BUCKETS_S`).
+    ``radixgate_class_tpot_seconds``, ``radixgate_class_e2e_seconds`` and ``radixgate_class_itl_seconds``
+    (``{class,model}``, served requests, :data:`SLO_BUCKETS_S`; ITL: every gap of a stream).
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -120,7 +120,14 @@ class ClassMetrics:
             buckets=SLO_BUCKETS_S,
             registry=registry,
         )
-        self._served: dict[tuple[str, str], tuple[Counter, Histogram, Histogram, Histogram]] = {}
+        self.itl = Histogram(
+            "radixgate_class_itl_seconds",
+            "Inter-token latency of streamed requests per class (each gap between two chunks), s.",
+            labels,
+            buckets=SLO_BUCKETS_S,
+            registry=registry,
+        )
+        self._served: dict[tuple[str, str], tuple[Counter, Histogram, Histogram, Histogram, Histogram]] = {}
         self._outcomes: dict[tuple[str, str, str], Counter] = {}
 
     def record(self, req: ClassRequest) -> None:
@@ -141,14 +148,20 @@ class ClassMetrics:
                 self.ttft.labels(*pair),
                 self.tpot.labels(*pair),
                 self.e2e.labels(*pair),
+                self.itl.labels(*pair),
             )
-        goodput, ttft, tpot, e2e = series
+        goodput, ttft, tpot, e2e, itl = series
         e2e.observe(req.e2e_s)
         if req.ttft_s is not None:
             ttft.observe(req.ttft_s)
-        per_token = tpot_s(req.e2e_s, req.ttft_s, req.completion_tokens)
+        if req.decode_s is not None and req.completion_tokens >= 2:
+            per_token: float | None = req.decode_s / (req.completion_tokens - 1)
+        else:
+            per_token = tpot_s(req.e2e_s, req.ttft_s, req.completion_tokens)
         if per_token is not None:
             tpot.observe(per_token)
+        if req.itl is not None:
+            observe_tally(itl, *req.itl)
         first = req.ttft_s if req.ttft_s is not None else req.e2e_s
         if req.goal_s is None or first <= req.goal_s:
             goodput.inc()

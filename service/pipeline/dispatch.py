@@ -39,6 +39,7 @@ from service.errors import (
     RequestTooLarge,
     Unauthenticated,
 )
+from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
 from service.openai.choices import ChoiceState
 from service.openai.shapes import ChatShaper, Shaper, TextShaper
@@ -82,6 +83,7 @@ class _Run:
             if prepared.n > 1:
                 choice.upstream_rid = part.rid
         self.outcome = self.choices[0] if prepared.n == 1 else Outcome()
+        self.choices[0].timing = prepared.timing  # the request's phases: its first choice's attempts
         tokens = renderer if prepared.output.logprobs is not None else None
         self.states = [ChoiceState(i, prepared.rid, prepared.output, tokens) for i in range(prepared.n)]
         self.revocable = revocable
@@ -162,13 +164,13 @@ class Dispatcher:
 
     # 1. validation -------------------------------------------------------------------------------
     def prepare(
-        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
+        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming
     ) -> PreparedRequest:
         """Validate and render a request (see :meth:`RequestPreparer.prepare`); charges nothing."""
-        return self._preparer.prepare(tenant, req, rid, arrival)
+        return self._preparer.prepare(tenant, req, rid, timing)
 
     async def prepare_offloaded(
-        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
+        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming
     ) -> PreparedRequest:
         """:meth:`prepare` in a worker thread, at most ``api.max_offloaded_prepares`` at once (later calls
         wait): for long prompts, whose token count would otherwise stall every request on the event loop
@@ -184,7 +186,7 @@ class Dispatcher:
             async with self._offload_slots.hold(tenant.id):
                 # cancelled, it keeps its slot until the thread is done (threads stay bounded)
                 return await finish_despite_cancel(
-                    asyncio.to_thread(self._preparer.prepare, tenant, req, rid, arrival)
+                    asyncio.to_thread(self._preparer.prepare, tenant, req, rid, timing)
                 )
         except TooManyWaiting:
             raise RateLimited(
@@ -294,7 +296,8 @@ class Dispatcher:
                         run.states[piece[0]].step(piece[1])
                 finally:
                     await finish_despite_cancel(pieces.aclose())
-            run.outcome.ttft_s = time.perf_counter() - prepared.arrival
+            # a non-streamed answer's TTFT is the worker's first token (breakdown), or unknown
+            run.outcome.ttft_s = prepared.timing.ttft_s
             return (shaper or self.shaper(prepared)).response(run.states, run.usage())
         except GatewayError as err:
             self._failed(run.outcome, err)
@@ -349,7 +352,7 @@ class Dispatcher:
                     break
                 index, chunk = piece
                 if outcome.ttft_s is None:
-                    outcome.ttft_s = time.perf_counter() - prepared.arrival
+                    outcome.ttft_s = prepared.timing.ttft_s or time.perf_counter() - prepared.arrival
                 state = run.states[index]
                 first = not state.started
                 held.extend(shaper.events(state, state.step(chunk), first))

@@ -15,6 +15,7 @@ from policies.cost import reserved_tokens
 from service.config.models import DEFAULT_CONTEXT_LENGTH, ServedModel
 from service.config.settings import Settings
 from service.errors import InvalidRequest, NotFound, PermissionDenied
+from service.observability.breakdown import RequestTiming
 from service.openai.choices import OutputSpec
 from service.openai.structured import response_schema
 from service.openai.tool_formats import FORMATS
@@ -47,6 +48,8 @@ class PreparedRequest:
         n: answers (choices) asked for; each may use ``max_tokens``.
         output: how answers are read (tool calls, logprobs).
         model_id: the canonical id of that model (its lane; the ``model`` label of metrics and logs).
+        timing: where its time goes (its phases, :mod:`service.observability.breakdown`); its ``start`` is
+            ``arrival``.
     """
 
     rid: str
@@ -64,6 +67,7 @@ class PreparedRequest:
     n: int = 1
     output: OutputSpec = field(default_factory=OutputSpec)
     model_id: str = ""
+    timing: RequestTiming = field(default_factory=RequestTiming)
 
     @property
     def reserved_tokens(self) -> int:
@@ -99,9 +103,10 @@ class RequestPreparer:
         return TokenLimits(context - 1, context).tightest(reported)
 
     def prepare(
-        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, arrival: float
+        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming
     ) -> PreparedRequest:
-        """Check a request against the served models and the tenant's limits, and render its prompt.
+        """Check a request against the served models and the tenant's limits, and render its prompt;
+        ``timing`` is the request's breakdown, started at its arrival.
 
         Raises:
             NotFound: unknown model.
@@ -165,11 +170,12 @@ class RequestPreparer:
             body=body,
             stream=req.stream,
             include_usage=req.include_usage,
-            arrival=arrival,
+            arrival=timing.start,
             session_id=f"{tenant.id}:{req.user}" if req.user else None,
             n=req.n,
             output=output,
             model_id=model.id,
+            timing=timing,
         )
 
     @staticmethod

@@ -56,6 +56,8 @@ def record_request(
     TTFT goal for its model, s) and log its ``request`` line (``latency`` in s)."""
     slot = outcome.slot
     model = prepared.model_id or prepared.model  # the canonical id: aliases fold into it
+    timing = prepared.timing
+    timing.finish()
     metrics.classes.record(
         ClassRequest(
             prepared.priority_class,
@@ -66,8 +68,11 @@ def record_request(
             latency,
             outcome.completion_tokens,
             goal_s,
+            timing.phases.get("decode") if outcome.resumes == 0 else None,
+            timing.gap_tally(),
         )
     )
+    metrics.phases.record(timing, latency)
     m = metrics.request_series(metrics.tenant(prepared.tenant.id), model, outcome.status)
     m.requests.inc()
     m.e2e.observe(latency)
@@ -97,6 +102,11 @@ def record_request(
         reserved_tokens=reservation.tokens,
         ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 1),
         latency_ms=round(latency * 1000, 1),
+        phases_ms=timing.phases_ms(),
+        tpot_ms=_ms3(timing.tpot_s(outcome.completion_tokens) if outcome.resumes == 0 else None),
+        itl_ms=_ms3(timing.itl_mean_s()),
+        retractions=timing.retractions,
+        overhead_ms=round(timing.overhead_s(latency) * 1000, 3),
         queued_ms=_ms(outcome.expired_after_s if slot is None else slot.queued_s),
         predicted_ttft_ms=_ms(outcome.shed_predicted_ttft_s if slot is None else slot.predicted_ttft_s),
         shed_reason=outcome.shed_reason,
@@ -105,3 +115,7 @@ def record_request(
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _ms3(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)

@@ -39,6 +39,7 @@ from service.errors import (
     QueueTimeout,
     ShuttingDown,
 )
+from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
@@ -177,8 +178,9 @@ class Scheduler:
         """The core's per-worker state."""
         return self._core.snapshot(self._clock())
 
-    async def acquire(self, req: SchedulingRequest) -> Slot:
-        """Wait for a worker slot.
+    async def acquire(self, req: SchedulingRequest, timing: RequestTiming | None = None) -> Slot:
+        """Wait for a worker slot; ``timing`` (the request's breakdown) gets the decision's time
+        (``route``) and the wait after it (``queue``), s.
 
         Raises:
             Overloaded: shed at arrival (predicted to miss its TTFT goal, queue full) or evicted later.
@@ -186,6 +188,7 @@ class Scheduler:
             NoWorkerAvailable: no eligible worker.
             asyncio.CancelledError: the caller was cancelled; the request left the queue.
         """
+        began = time.perf_counter()
         now = self._clock()
         self._sync_workers(now)
         waiter: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
@@ -212,6 +215,7 @@ class Scheduler:
             )
         )
         m, label = self._metrics, self._metrics.tenant(req.tenant)
+        decided = time.perf_counter()
         try:
             slot = await waiter
         except asyncio.CancelledError:
@@ -228,6 +232,8 @@ class Scheduler:
         finally:
             self._tenants.pop(req.rid, None)
             self._gauge_depth(req.band)
+        if timing is not None:
+            timing.queued(decided - began, time.perf_counter() - decided)
         m.child(m.queue_wait, req.band).observe(max(0.0, self._clock() - now))
         m.child(m.scheduler_outcomes, req.band, label, "admitted").inc()
         return slot

@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.config.settings import Settings
 from service.errors import GatewayError, NoWorkerAvailable, UpstreamFailed
+from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.prepare import PreparedRequest
 from service.pipeline.prompting import PromptRenderer
@@ -63,6 +65,7 @@ class Outcome:
     shed_reason: str | None = None  # shed by admission control: the core's reason (policies.admission_types)
     shed_predicted_ttft_s: float | None = None  # ... and the predicted TTFT that refused (or expired) it
     expired_after_s: float | None = None  # left the gateway's queue unserved (queue_timeout) after this long
+    timing: RequestTiming | None = None  # the request's phases, kept by its first choice (breakdown)
 
 
 @dataclass(slots=True)
@@ -122,7 +125,8 @@ class UpstreamCaller:
                 prepared.session_id,
                 prepared.stream or prepared.n > 1,  # n > 1 choices stream from the worker either way
                 prepared.n,
-            )
+            ),
+            prepared.timing,
         )
 
     async def _next_worker(
@@ -148,6 +152,8 @@ class UpstreamCaller:
         assert worker is not None
         tried.add(worker)
         outcome.worker, outcome.attempts = worker, outcome.attempts + 1
+        if outcome.timing is not None:
+            outcome.timing.attempt(time.perf_counter())
         return worker
 
     def _failed(self, exc: UpstreamError, outcome: Outcome, prepared: PreparedRequest) -> GatewayError:
@@ -212,6 +218,8 @@ class UpstreamCaller:
                 continue
             self._pool.record(worker, "request_ok")
             self._count(outcome, chunk, 0)
+            if outcome.timing is not None:
+                outcome.timing.answered(time.perf_counter(), chunk.meta)
             outcome.finished = True
             return chunk
 
@@ -252,12 +260,22 @@ class UpstreamCaller:
         last_error: GatewayError | None = None
         progress = _Progress()
         body = prepared.body
+        timing = outcome.timing
+        on_headers = timing.headers if timing is not None else None
         while True:
             worker = await self._next_worker(prepared, outcome, tried, last_error)
             first = True
             outcome.dispatched = True
             try:
-                async for chunk in self._client.stream(worker, body):
+                async for chunk in self._client.stream(worker, body, on_headers):
+                    if timing is not None:
+                        now = time.perf_counter()
+                        if timing.first_token_at is None:
+                            timing.first_chunk(now, chunk.meta)
+                        else:
+                            timing.token(now)
+                        if chunk.finish_reason:
+                            timing.stream_ended(now, chunk.meta)
                     if first and outcome.slot is not None:  # teaches the scheduler this worker's TTFT
                         first = False
                         self._scheduler.first_token(

@@ -130,6 +130,7 @@ def chunk_of(
         output_ids=output_ids,
         logprobs=logprobs,
         more_ready=more_ready,
+        meta=meta or None,
     )
 
 

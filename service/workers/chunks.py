@@ -6,7 +6,9 @@ Its own module so that the client (:mod:`service.workers.client`), the errors th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 WorkerLogprob = tuple[float, int, tuple[tuple[float, int], ...]]
 """One generated token's log probability as a worker reports it: (logprob, token id, the top alternatives
@@ -26,6 +28,8 @@ class UpstreamChunk:
             (``return_logprob``); None otherwise.
         more_ready: another chunk of this stream came in the same read and follows at once (no wait),
             so its events may go to the client in one write with this one's.
+        meta: the worker's ``meta_info`` of this chunk, as sent (its timing fields feed the request's
+            breakdown, :mod:`service.observability.breakdown`); None when it sent none.
     """
 
     text: str
@@ -36,3 +40,4 @@ class UpstreamChunk:
     output_ids: tuple[int, ...] | None = None
     logprobs: tuple[WorkerLogprob, ...] | None = None
     more_ready: bool = False
+    meta: Mapping[str, Any] | None = None

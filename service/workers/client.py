@@ -12,7 +12,8 @@ may change its flags).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -162,7 +163,9 @@ class SGLangClient:
             raise abort_error(worker, meta, chunk)
         return chunk
 
-    async def stream(self, worker: str, body: dict[str, Any]) -> AsyncIterator[UpstreamChunk]:
+    async def stream(
+        self, worker: str, body: dict[str, Any], on_headers: Callable[[float], None] | None = None
+    ) -> AsyncIterator[UpstreamChunk]:
         """Streamed ``/generate``: yields deltas (see :class:`service.workers.answers.StreamDeltas`). Raises
         :class:`UpstreamError`
         (also mid-stream, and after ``stream_idle_timeout_s`` of silence once a token came: a
@@ -173,7 +176,10 @@ class SGLangClient:
         finish (:func:`joined`): SGLang 0.5.23 streams the first token of a grammar that admits none
         (an empty text) before it aborts the request with "Grammar accept_token failed", and an answer
         must not start (a 200, a charge) on a token the worker then takes back; that abort now comes
-        before anything is yielded (a 400 with nothing charged, :mod:`service.workers.upstream_errors`)."""
+        before anything is yielded (a 400 with nothing charged, :mod:`service.workers.upstream_errors`).
+
+        ``on_headers`` is called with ``time.perf_counter()`` when the answer's status line and headers
+        have been read (the request's ``upstream_connect`` phase ends there)."""
         info = self._info.get(worker) or await self.learn(worker)
         deltas = StreamDeltas(info.incremental_streaming if info else None)
         done = finished = False
@@ -184,6 +190,8 @@ class SGLangClient:
                 async with await self._http.stream(
                     worker, "/generate", compact_json({**body, "stream": True})
                 ) as resp:
+                    if on_headers is not None:
+                        on_headers(time.perf_counter())
                     if resp.status != 200:
                         raise http_error(worker, resp.status, await resp.body())
                     batches = resp.line_batches()
