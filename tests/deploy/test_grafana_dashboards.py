@@ -11,6 +11,7 @@ from typing import Any
 
 import promql_parser
 import pytest
+import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
@@ -27,6 +28,7 @@ from service.observability.dashboards.queries import (
     variables_in,
 )
 from tests.support.grafana import GRAFANA, committed
+from tests.support.prometheus import run_tool, tool
 
 BOARDS = committed()
 EXPECTED = {"radixgate-service", "radixgate-tenants", "radixgate-workers", "radixgate-hardware"}
@@ -142,3 +144,20 @@ def test_the_hardware_dashboard_keeps_compute_bandwidth_and_network_apart() -> N
     assert "compute bound" in described["SM active"]
     assert "memory-bandwidth bound" in described["DRAM active"]
     assert "interconnect is the bottleneck" in described["NVLink throughput"]
+
+
+def test_prometheus_itself_parses_every_query(tmp_path: Path) -> None:
+    """Prometheus's own parser (``promtool check rules`` on every concrete query as a recording rule)
+    accepts each query: stricter than the Rust parser on types (a range vector where an instant one is
+    due, a function's arguments)."""
+    rules = [
+        {"record": f"grafana:{board['uid'].replace('-', '_')}:q{i}", "expr": concrete(expr, board)}
+        for board in BOARDS.values()
+        for i, expr in enumerate(
+            [q.expr for q in panel_queries(board)] + list(variable_selectors(board).values())
+        )
+    ]
+    path = tmp_path / "panels.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    out = run_tool(tool("promtool"), "check", "rules", path)
+    assert f"SUCCESS: {len(rules)} rules found" in out, out
