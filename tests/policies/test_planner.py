@@ -1,0 +1,200 @@
+"""Desired workers of a model's pool (policies.planner): pure, time injected, table-driven."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from policies.forecast import ForecastConfig
+from policies.planner import (
+    ClassDemand,
+    EngineModel,
+    Planner,
+    PlannerConfig,
+    PlannerInputs,
+    batch_limit,
+    worker_seconds,
+)
+
+# a forecast that follows the last sample at once and keeps no trend: the hysteresis is then alone
+INSTANT = ForecastConfig(median_samples=1, level_tau_s=1e-6, trend_tau_s=1e9)
+# one request of 100 output tokens costs 1 s of a worker (a = 0.1 s per step of 10): capacity 1 request/s
+FLAT = EngineModel(step_base_s=0.1, step_per_seq_s=0.0, prefill_s_per_token=0.0, max_batch=10)
+
+
+def _inputs(
+    rps: float, workers: int = 1, queued: int = 0, engine: EngineModel | None = FLAT
+) -> PlannerInputs:
+    return PlannerInputs(workers, {"standard": ClassDemand(rps, 100.0, 100.0, queued, 10.0)}, engine)
+
+
+def _config(**kw: float) -> PlannerConfig:
+    base = {"interval_s": 10.0, "cold_start_s": 0.0, "scale_down_window_s": 0.0, "forecast": INSTANT}
+    return PlannerConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_worker_seconds_adds_the_uncached_prefill_and_each_tokens_share_of_a_step() -> None:
+    engine = EngineModel(0.01, 0.001, 0.0001, 64, cache_hit_rate=0.5)
+    demand = ClassDemand(1.0, 1000.0, 100.0, 0, 1.0)
+    # prefill 1000 x 0.5 x 0.1 ms = 0.05 s; decode 100 x (10 ms + 10 x 1 ms) / 10 = 0.2 s
+    assert worker_seconds(engine, demand, 10.0) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    ("engine", "goal_s", "rps", "expected"),
+    [
+        (EngineModel(0.01, 0.001, 0.0001, 8), 10.0, 1.0, 8.0),  # the window
+        (EngineModel(0.01, 0.001, 0.0001, 512, batch=10.0, kv_usage=0.5), 10.0, 1.0, 16.0),  # KV to 0.8
+        # the goal: 0.5 x 1 s - 0.1 s of prefill = 0.4 s for two steps: (0.2 - 0.01) / 0.001 = 190
+        (EngineModel(0.01, 0.001, 0.0001, 512), 1.0, 1.0, 190.0),
+        (EngineModel(0.01, 0.001, 0.0001, 512), 1.0, 0.0, 512.0),  # an idle class does not limit
+        (EngineModel(0.01, 0.001, 0.0001, 512), 0.05, 1.0, 1.0),  # an unreachable goal: at least 1
+    ],
+)
+def test_batch_limit(engine: EngineModel, goal_s: float, rps: float, expected: float) -> None:
+    classes = {"c": ClassDemand(rps, 1000.0, 100.0, 0, goal_s)}
+    assert batch_limit(engine, classes, PlannerConfig()) == pytest.approx(expected)
+
+
+def test_from_capacity_gives_back_the_measured_capacity_at_the_measured_length() -> None:
+    engine = EngineModel.from_capacity(capacity_rps=4.0, window=32, output_tokens=200.0)
+    demand = ClassDemand(1.0, 500.0, 200.0, 0, 1.0)
+    batch = batch_limit(engine, {"c": demand}, PlannerConfig())
+    assert batch == 32.0
+    assert worker_seconds(engine, demand, batch) == pytest.approx(0.25)
+    longer = ClassDemand(1.0, 500.0, 400.0, 0, 1.0)
+    assert worker_seconds(engine, longer, batch) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        EngineModel.from_capacity(0.0, 32, 200.0)
+
+
+@pytest.mark.parametrize(
+    ("rps", "queued", "expected"),
+    [
+        (4.5, 0, 5),  # need 4.5 workers / 0.9 = 5
+        (4.6, 0, 6),  # 5.11 -> 6
+        (0.0, 0, 1),  # the floor
+        (1000.0, 0, 64),  # the ceiling
+        (4.5, 9, 6),  # 9 queued within a 10 s goal: 0.9 more workers -> 5.4 / 0.9 = 6
+    ],
+)
+def test_a_first_decision_is_the_demand_over_the_target_utilization(
+    rps: float, queued: int, expected: int
+) -> None:
+    planner = Planner(_config(), initial=1)
+    assert planner.decide(_inputs(rps, queued=queued), 10.0).desired == expected
+
+
+@pytest.mark.parametrize(("rps", "reason"), [(0.0, "floor"), (1000.0, "ceiling"), (4.5, "up")])
+def test_reasons_at_the_bounds(rps: float, reason: str) -> None:
+    planner = Planner(_config(min_workers=2, max_workers=8), initial=3)
+    assert planner.decide(_inputs(rps), 10.0).reason == reason
+
+
+def test_up_at_once_down_only_after_the_scale_down_window() -> None:
+    planner = Planner(_config(scale_down_window_s=120.0), initial=1)
+    assert planner.decide(_inputs(8.0), 10.0).desired == 9  # 1 -> 9 in one call
+    t, trail = 10.0, []
+    while t < 300.0:
+        t += 10.0
+        trail.append((t, planner.decide(_inputs(0.5), t)))
+    down_at = next(at for at, d in trail if d.desired < 9)
+    assert down_at == 140.0  # the raw 9 of t = 10 leaves the 120 s window at t = 140
+    assert all(d.reason == "stabilizing" for at, d in trail if at < down_at)
+    assert trail[-1][1].desired == 1
+
+
+@pytest.mark.parametrize(
+    ("rps", "expected", "reason"),
+    [
+        # 0.85 workers of need: raw 1, but one worker would then run at 85% > 0.9 x 0.9: keep 2
+        (0.85, 2, "stabilizing"),
+        (0.80, 1, "down"),  # 80% <= 81%: remove one
+        (1.5, 2, "hold"),
+    ],
+)
+def test_the_load_is_projected_onto_n_minus_1_before_removing_one(
+    rps: float, expected: int, reason: str
+) -> None:
+    planner = Planner(_config(min_workers=0), initial=2)  # no floor: the projection alone
+    d = planner.decide(_inputs(rps, workers=2), 10.0)
+    assert (d.desired, d.reason) == (expected, reason)
+
+
+@pytest.mark.parametrize(
+    ("margin", "window_s", "most_changes"),
+    [
+        (0.9, 60.0, 1),  # the planner: one step up, then stays
+        (0.9, 0.0, 1),  # the N-1 projection alone holds it: 0.84 on one worker > 0.81
+        (1.0, 0.0, 20),  # neither: 2 -> 1 -> 2 every 30 s (the flap Dynamo's PR #9294 fixed)
+    ],
+)
+def test_demand_around_a_boundary_does_not_flap_between_two_and_one(
+    margin: float, window_s: float, most_changes: int
+) -> None:
+    planner = Planner(_config(scale_down_window_s=window_s, scale_down_margin=margin), initial=1)
+    desired = [1]
+    for k in range(120):
+        rps = 0.95 if k % 6 < 3 else 0.84  # raw 2 (0.95 / 0.9 > 1), then raw 1, every 30 s
+        desired.append(planner.decide(_inputs(rps, workers=planner.desired), 10.0 * (k + 1)).desired)
+    changes = sum(1 for a, b in itertools.pairwise(desired) if a != b)
+    if most_changes == 1:
+        assert changes == 1 and desired[-1] == 2
+    else:
+        assert changes >= most_changes
+
+
+def test_without_a_measured_engine_it_holds_what_runs() -> None:
+    planner = Planner(_config(), initial=2)
+    d = planner.decide(_inputs(50.0, workers=3, engine=None), 10.0)
+    assert (d.desired, d.reason, d.batch) == (3, "unmeasured", None)
+
+
+def test_the_forecast_asks_for_workers_a_cold_start_ahead_of_a_ramp() -> None:
+    slope = 0.01  # requests/s per s: 1 request/s more every 100 s
+    ahead = Planner(PlannerConfig(cold_start_s=300.0, scale_down_window_s=0.0), initial=1)
+    now_only = Planner(PlannerConfig(cold_start_s=0.0, interval_s=10.0, scale_down_window_s=0.0), initial=1)
+    for k in range(1, 80):
+        rps = 2.0 + slope * 10.0 * k
+        a = ahead.decide(_inputs(rps), 10.0 * k)
+        b = now_only.decide(_inputs(rps), 10.0 * k)
+    assert a.needed_forecast > a.needed_now
+    assert a.desired > b.desired
+    # the forecast is not the fitted trend extrapolated blindly: it is within the next 300 s of the ramp
+    assert a.needed_forecast < (2.0 + slope * (790.0 + 310.0)) * 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_workers": -1},
+        {"max_workers": 0},
+        {"min_workers": 5, "max_workers": 4},
+        {"interval_s": 0.0},
+        {"target_utilization": 0.0},
+        {"scale_down_margin": 1.5},
+        {"kv_target": 0.0},
+    ],
+)
+def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        PlannerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_decision_reports_each_classes_part() -> None:
+    planner = Planner(_config(), initial=1)
+    inputs = PlannerInputs(
+        1,
+        {
+            "interactive": ClassDemand(2.0, 100.0, 100.0, 0, 1.0),
+            "batch": ClassDemand(1.0, 100.0, 300.0, 0, 60.0),
+        },
+        FLAT,
+    )
+    d = planner.decide(inputs, 10.0)
+    assert d.classes["interactive"].worker_s == pytest.approx(1.0)
+    assert d.classes["batch"].capacity_rps == pytest.approx(1.0 / 3.0)
+    assert d.needed_now == pytest.approx(5.0) and d.desired == math.ceil(5.0 / 0.9)
+    assert d.projected_utilization == pytest.approx(5.0 / 6)
