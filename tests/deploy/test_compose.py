@@ -138,7 +138,9 @@ def bind_sources(data: Mapping[str, Any]) -> dict[tuple[str, str], str]:
 )
 def test_the_model_mount_is_where_make_engine_puts_the_model(env: dict[str, str]) -> None:
     sources = bind_sources(resolved({**env, **SECRETS}))
-    assert set(sources) == {("worker", "/model"), ("gateway", "/model")}  # the only bind mounts
+    model_mounts = {k for k in sources if k[1] == "/model"}
+    assert model_mounts == {(s, "/model") for s in ("worker", "worker-cpu", "gateway-1", "gateway-2")}
+    sources = {k: v for k, v in sources.items() if k in model_mounts}  # the others are deploy/ config files
     expected = env.get("RADIXGATE_MODEL_DIR") or shell_model_dir(env)
     assert set(sources.values()) == {expected}
     if "RADIXGATE_MODEL_DIR" not in env:  # the gateway's own default model path, too
@@ -152,8 +154,15 @@ def test_the_documented_command_names_every_variable_compose_requires() -> None:
         resolved({"HOME": "/home/op"})
     required = set(re.findall(r"\$\{([A-Z_]+):?\?", text))
     assert required == set(SECRETS)
-    documented = next(line for line in text.splitlines() if "docker compose up" in line)
-    assert all(f"{name}=" in documented for name in required), documented
+    documented = [line for line in text.splitlines() if "docker compose --profile" in line]
+    assert {p for line in documented for p in ("gpu", "cpu", "sim") if f"--profile {p} " in line} == {
+        "gpu",
+        "cpu",
+        "sim",
+    }
+    for line in documented:  # the sim line continues the one before it
+        context = text[: text.index(line) + len(line)].splitlines()[-2:]
+        assert all(any(f"{name}=" in part for part in context) for name in required), line
     assert "make engine" in text  # the step that creates the model folder
     for name in variables(text) - {"HOME"}:  # each a gateway setting, or a Compose-only one that is named
         assert not unknown_settings(Settings, {name: "x"}) or name in OTHER_VARIABLES, name
@@ -176,11 +185,12 @@ def test_every_image_is_pinned_and_sglang_matches_the_engine_pin() -> None:
             assert tag and tag != "latest" and ":" in line, line
 
 
-def test_the_gateway_service_sets_only_real_settings_and_finds_the_worker(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("gateway", ["gateway-1", "gateway-2"])
+def test_the_gateway_services_set_only_real_settings_and_find_the_workers(
+    gateway: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = resolved({"HOME": "/home/op", **SECRETS})
-    env = {k: str(v) for k, v in data["services"]["gateway"]["environment"].items()}
+    env = {k: str(v) for k, v in data["services"][gateway]["environment"].items()}
     assert unknown_settings(Settings, env) == []
     for name in list(os.environ):
         if name.upper().startswith("RADIXGATE_"):
@@ -189,14 +199,16 @@ def test_the_gateway_service_sets_only_real_settings_and_finds_the_worker(
         monkeypatch.setenv(name, value)
     settings = Settings()
     worker = data["services"]["worker"]
-    assert settings.upstream.workers == ["http://worker:30000"]
+    assert settings.upstream.workers == []  # found by DNS: every worker service's network alias
+    for name in ("worker", "worker-cpu", "sim-worker"):
+        assert data["services"][name]["networks"]["default"]["aliases"] == [settings.discovery.dns_name]
     assert settings.tokenizer_path == Path("/model")  # the mount's target
     assert settings.admin_token.get_secret_value() == SECRETS["RADIXGATE_ADMIN_TOKEN"]
     command = " ".join(worker["command"].split())
     assert f"--served-model-name {settings.engine.served_model_name}" in command  # the gateway's model id
-    assert "--port 30000" in command and "--enable-priority-scheduling" in command  # send_priority is on
+    assert f"--port {settings.discovery.port}" in command and "--enable-priority-scheduling" in command
     assert "--enable-metrics" in command  # the scheduler polls the worker's load from /metrics
-    assert data["services"]["gateway"]["command"] == ["python", "-m", "service", "serve"]
+    assert data["services"][gateway]["command"] == ["python", "-m", "service", "serve"]
 
 
 def dockerignore() -> list[str]:
