@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: setup engine demo up up-two-models test lint unit clean
+.PHONY: setup engine demo up up-two-models up-sim test lint unit clean
 
 setup:            ## gateway virtualenv (.venv) + Debian redis-server
 	bash scripts/setup_gateway.sh
@@ -18,6 +18,9 @@ up: setup engine    ## like demo, but keeps the stack running until Ctrl-C
 
 up-two-models: setup engine  ## like up, with two models: SmolLM2 on the CPU worker and a simulated sim-llama-3.1-8b (docs/models.md)
 	$(PY) scripts/two_models.py --keep $(ARGS)
+
+up-sim: setup      ## compose.yaml's sim topology as local processes: Redis, 2 gateway processes, 3 simulated workers, Prometheus (docs/scaling.md); until Ctrl-C
+	$(PY) scripts/up_sim.py --keep $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .
