@@ -16,6 +16,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.app import create_app
+from service.observability.breakdown import parse_server_timing
 from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.support.fake_worker import WORDS, FakeWorker
 from tests.support.servers import ThreadedServer, free_port
@@ -90,6 +91,8 @@ def test_chat_non_stream_returns_openai_shape_and_records_usage(
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert resp.headers["x-request-id"] and body["object"] == "chat.completion"
+    timing = parse_server_timing(resp.headers["server-timing"])  # where its time went (W3C Server Timing)
+    assert {"auth", "prepare", "quota", "route", "queue"} <= set(timing) and "ttft" not in timing
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "alpha beta gamma"}
     assert body["choices"][0]["finish_reason"] == "length"
     sent = worker.received[-1]
@@ -108,7 +111,11 @@ def test_chat_stream_sends_deltas_and_final_usage_chunk(http: httpx.Client, work
     with http.stream("POST", "/v1/chat/completions", json=req, headers=auth(key)) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
+        # the headers go out with the first token: every phase up to it, and the TTFT
+        timing = parse_server_timing(resp.headers["server-timing"])
         lines = [ln[6:] for ln in resp.iter_lines() if ln.startswith("data: ")]
+    assert {"auth", "prepare", "quota", "route", "queue", "upstream_connect", "ttft"} <= set(timing)
+    assert sum(v for k, v in timing.items() if k != "ttft") <= timing["ttft"]
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(ln) for ln in lines[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}

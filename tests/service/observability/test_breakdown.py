@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 
 from service.observability.breakdown import RequestTiming, engine_phases, parse_server_timing
+from service.observability.buckets import SLO_BUCKETS_S, observe_tally
 
 SGLANG_META = {  # the fields SGLang 0.5.23 reports with --enable-metrics (req_time_stats.py)
     "request_received_ts": 1000.000,
@@ -96,3 +100,27 @@ def test_retries_count_from_the_first_attempt_and_resumes_change_nothing() -> No
 def test_server_timing_parse_refuses_malformed_entries(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_server_timing(bad)
+
+
+def test_a_streams_gap_tally_adds_what_observing_each_gap_adds() -> None:
+    gaps = [0.0005, 0.004, 0.004, 0.03, 0.2, 150.0, 0.01]
+    t = RequestTiming(start=0.0)
+    t.first_chunk(1.0, None)
+    times = [1.0]
+    for gap in gaps:
+        times.append(times[-1] + gap)
+        t.token(times[-1])
+    gaps = [b - a for a, b in itertools.pairwise(times)]  # as the clock gives them
+    tally = t.gap_tally()
+    assert tally is not None
+    registry = CollectorRegistry()
+    bulk = Histogram("bulk_seconds", "", buckets=SLO_BUCKETS_S, registry=registry)
+    each = Histogram("each_seconds", "", buckets=SLO_BUCKETS_S, registry=registry)
+    observe_tally(bulk, *tally)
+    for gap in gaps:
+        each.observe(gap)
+    samples = {
+        m.name: {(s.name.replace(m.name, ""), tuple(s.labels.items())): s.value for s in m.samples}
+        for m in registry.collect()
+    }
+    assert samples["bulk_seconds"] == pytest.approx(samples["each_seconds"])
