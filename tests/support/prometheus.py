@@ -221,12 +221,18 @@ class SimStack:
         """Stop simulated worker ``index`` (its port closes: health checks and scrapes fail)."""
         self.worker_servers[index].__exit__(None, None, None)
 
-    def new_key(self, http: httpx.Client, priority_class: str = "interactive") -> str:
-        """A new tenant (allowed up to ``priority_class``) and an API key of it."""
+    def new_key(
+        self, http: httpx.Client, priority_class: str = "interactive", quotas: dict[str, float] | None = None
+    ) -> str:
+        """A new tenant (allowed up to ``priority_class``, with ``quotas``: tenancy.models.Quotas) and an
+        API key of it."""
         tenant = f"prom{next(_stack_ids)}"
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        body = {"id": tenant, "name": tenant, "max_priority_class": priority_class}
-        assert http.post("/admin/tenants", json=body, headers=admin).status_code == 201
+        body: dict[str, Any] = {"id": tenant, "name": tenant, "max_priority_class": priority_class}
+        if quotas:
+            body["quotas"] = quotas
+        created = http.post("/admin/tenants", json=body, headers=admin)
+        assert created.status_code == 201, created.text
         issued = http.post(f"/admin/tenants/{tenant}/keys", json={"name": "k"}, headers=admin)
         assert issued.status_code == 201, issued.text
         return str(issued.json()["api_key"])
