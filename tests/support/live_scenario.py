@@ -5,8 +5,9 @@ docs/img`` runs it once and renders the dashboards' panels over it (the docs' ``
 
 Phases (wall-clock seconds on this machine; the rules run at :data:`FACTOR`, 5 m -> 5 s):
 
-1. ``light``: 3 clients (2 interactive, 1 batch) for :data:`LIGHT_S`; a quota-limited tenant gets one 413
-   (a request over its token burst) and 429s (past its request burst). No alert should fire.
+1. ``light``: 3 clients (2 interactive, 1 batch) for :data:`LIGHT_S`; a quota-limited tenant sends a request
+   every :data:`LIMITED_EVERY_S` and gets 413s (every 4th asks more than its token burst) and 429s (past its
+   request burst of 2). No alert should fire.
 2. ``overload``: 24 interactive and 16 batch clients against workers with a fixed window of 4 requests each,
    until RadixgateShedRateHigh (band interactive) and RadixgateTTFTBudgetBurnFast (class batch) have both
    reached the webhook (at most :data:`ALERT_TIMEOUT_S`). Admission control sheds (503) the interactive
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import tempfile
 import time
 from collections import Counter
@@ -60,6 +62,8 @@ WINDOW = 4
 LIGHT_S = 6.0
 ALERT_TIMEOUT_S = 60.0
 HOLD_S = 2.0
+LIMITED_EVERY_S = 0.5
+"""Pause between the quota-limited tenant's requests in the light phase, s."""
 KILLED = 2
 """Index of the worker the kill phase stops."""
 CRASH_S = 1.5
@@ -121,11 +125,18 @@ def run(stack: SimStack, hook: Webhook) -> Timeline:
         start = time.time()
         loads = _loads(stack, key, interactive=2, batch=1)
         auth = {"Authorization": f"Bearer {limited}"}
-        asked = [stack.chat("too long", max_tokens=1000)] + [stack.chat(f"hello {i}") for i in range(5)]
-        timeline.statuses["limited"] = Counter(
-            http.post("/v1/chat/completions", json=body, headers=auth).status_code for body in asked
-        )
-        time.sleep(LIGHT_S)
+        limited_statuses: Counter[int] = Counter()
+        timeline.statuses["limited"] = limited_statuses
+        deadline = start + LIGHT_S
+        for i in itertools.count():
+            # every 4th asks for more tokens than its burst (413), the rest pass until the request burst is
+            # spent (429 after): spread over the phase, so that the refusal counters rise between scrapes
+            body = stack.chat("too long", max_tokens=1000) if i % 4 == 0 else stack.chat(f"hello {i}")
+            limited_statuses[http.post("/v1/chat/completions", json=body, headers=auth).status_code] += 1
+            if time.time() + LIMITED_EVERY_S > deadline:
+                break
+            time.sleep(LIMITED_EVERY_S)
+        time.sleep(max(0.0, deadline - time.time()))
         timeline.statuses["light"] = _stop(loads)
         timeline.phases["light"] = (start, time.time())
 

@@ -168,6 +168,7 @@ class LivePrometheus:
             yaml.safe_dump(alertmanager_config(webhook), sort_keys=False)
         )
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._targets = 1 + len(workers)
 
     @property
     def url(self) -> str:
@@ -211,6 +212,9 @@ class LivePrometheus:
             "prometheus.log",
             f"{self.url}/-/ready",
         )
+        # Prometheus's discovery manager hands the scrape manager its targets up to 5 s after the start
+        # (it batches updates every 5 s): wait for a scrape of each, or a run's first seconds go unseen
+        self.wait_until(f"count(up == 1) == {self._targets}", timeout_s=30)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -152,7 +152,8 @@ def draw(
         ax.grid(True, alpha=0.3)
     if empty:
         fig.text(0.01, 0.005, "No data in this run: " + "; ".join(empty), fontsize=7, wrap=True)
-    fig.tight_layout(rect=(0, 0.03 if empty else 0, 1, 1))
+    height = 3.1 * rows + 1.0
+    fig.tight_layout(rect=(0, 0.35 / height if empty else 0, 1, 1 - 0.55 / height))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=72)
     return path
@@ -187,6 +188,12 @@ def builtin_ranges(scale: float, start: float, end: float, step_s: float) -> dic
     }
 
 
+def scale_text(scale: float) -> str:
+    """``1/60`` for a scale whose inverse is a whole number, else the number (``0.25``... ``1``)."""
+    inverse = 1 / scale
+    return f"1/{round(inverse)}" if scale < 1 and abs(inverse - round(inverse)) < 1e-6 else f"{scale:g}"
+
+
 def image_name(dashboard_file: str) -> str:
     """``radixgate-service.json`` -> ``ops-service.png``."""
     return "ops-" + Path(dashboard_file).stem.removeprefix("radixgate-") + ".png"
@@ -205,7 +212,7 @@ def render_all(
     """One PNG per dashboard of ``dashboards`` into ``out``, from ``prometheus`` over ``[start, end]``."""
     fetch = prometheus_fetch(prometheus, start, end, step_s)
     ranges = builtin_ranges(scale, start, end, step_s)
-    note = f"{end - start:.0f} s of a live run; rules and rate windows at {scale:g} of real time"
+    note = f"{end - start:.0f} s of a live run; rules and rate windows at {scale_text(scale)} of real time"
     written = []
     for path in sorted(dashboards.glob("*.json")):
         board = json.loads(path.read_text())
