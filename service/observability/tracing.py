@@ -115,8 +115,9 @@ class RequestTrace:
 
     @property
     def sampled(self) -> bool:
-        """Whether this request's spans are recorded (and exported)."""
-        return self.span.is_recording()
+        """Whether this request's spans are recorded (and exported): the sampled flag of its context
+        (``is_recording`` turns false once the span has ended)."""
+        return self.span.get_span_context().trace_flags.sampled
 
     @property
     def trace_id(self) -> str:
