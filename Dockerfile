@@ -6,6 +6,6 @@ COPY service ./service
 COPY tenancy ./tenancy
 COPY policies ./policies
 COPY loadgen ./loadgen
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[otel]"
 EXPOSE 8000
 CMD ["python", "-m", "service", "serve"]

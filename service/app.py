@@ -23,6 +23,7 @@ from service.api.deps import new_request_id
 from service.api.errors import http_status, install_error_handlers, response_for
 from service.api.openai_routes import COMPLETION_ROUTES
 from service.api.openapi_bodies import install_body_schemas
+from service.api.request_ids import client_request_id, id_headers
 from service.config.settings import RedisSettings, Settings
 from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
@@ -69,11 +70,14 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send)
             return
         rid = new_request_id()
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        state["client_request_id"] = client = client_request_id(scope["headers"])
+        ids = id_headers(rid, client)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+                message.setdefault("headers", []).extend(ids)
             await send(message)
 
         await self.app(scope, receive, send_with_id)
@@ -127,9 +131,11 @@ class GatewayApp(FastAPI):
         replica when a balancer is in front)."""
         rid = new_request_id()
         scope["app"] = self
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        state["client_request_id"] = client = client_request_id(scope["headers"])
         response = await response_for(Request(scope, receive, send), shutting_down())
-        response.raw_headers += [(b"x-request-id", rid.encode()), (b"connection", b"close")]
+        response.raw_headers += [*id_headers(rid, client), (b"connection", b"close")]
         await response(scope, receive, send)
 
     async def _serve_completion(
@@ -141,13 +147,15 @@ class GatewayApp(FastAPI):
     ) -> None:
         rid = new_request_id()
         scope["app"] = self
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        state["client_request_id"] = client = client_request_id(scope["headers"])
         request = Request(scope, receive, send)
         try:
             response = await handler(request)
         except Exception as exc:
             response = await response_for(request, exc)
-        response.raw_headers.append((b"x-request-id", rid.encode()))
+        response.raw_headers.extend(id_headers(rid, client))
         await response(scope, receive, send)
 
 
@@ -381,6 +389,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         for supervisor in supervisors:  # before stopping the workers, so none is restarted
             await supervisor.stop()
         await client.aclose()
+        if app.state.tracing is not None:  # the spans still batched go out (off the event loop)
+            await asyncio.to_thread(app.state.tracing.shutdown)
         await redis.aclose()
         await subscriber.aclose()
         await pinger.aclose()
@@ -429,6 +439,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     obs = settings.observability
     app.state.metrics = GatewayMetrics(CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir)
+    traces = settings.tracing  # off: no provider at all (service/observability/tracing.py)
+    app.state.tracing = None
+    if traces.enabled:  # the SDK is the optional extra "otel"
+        from service.observability.tracing import Tracing
+
+        app.state.tracing = Tracing.otlp(traces.otlp_endpoint, traces.service_name, traces.sample_ratio)
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)

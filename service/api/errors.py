@@ -172,6 +172,7 @@ def refused(request: Request, err: APIError) -> Response:
         (log.warning if err.status >= 500 else log.info)(
             "request_rejected",
             request_id=state.get("request_id"),
+            client_request_id=state.get("client_request_id"),
             method=request.method,
             path=request.url.path[:200],
             status=err.status,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from redis.exceptions import RedisError
 
 from service.api.deps import StateDep
@@ -43,6 +44,12 @@ async def readyz(state: StateDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(state: StateDep) -> Response:
-    """Prometheus exposition of this replica's metrics."""
+async def metrics(request: Request, state: StateDep) -> Response:
+    """Prometheus exposition of this replica's metrics: the OpenMetrics text format (with the latency
+    histograms' exemplars, when tracing is on) to a scraper whose ``Accept`` names
+    ``application/openmetrics-text`` (Prometheus does, and keeps exemplars with
+    ``--enable-feature=exemplar-storage``), else the classic text format."""
+    if "application/openmetrics-text" in request.headers.get("accept", ""):
+        body = state.metrics.scrape(state.pool.workers, openmetrics=True)
+        return Response(body, media_type=OPENMETRICS_TYPE)
     return Response(state.metrics.scrape(state.pool.workers), media_type=CONTENT_TYPE_LATEST)

@@ -30,6 +30,7 @@ from service.observability.breakdown import RequestTiming
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
 from service.pipeline.prepare import PreparedRequest, may_use
+from service.pipeline.request_trace import begin_trace
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest, now_s
 from service.protocol.conversation import check_chat_references, check_responses_references
 from service.protocol.fields import screen_chat, screen_completion
@@ -74,9 +75,13 @@ async def _serve(
     timing.mark("prepare")
     reservation = await dispatcher.admit(prepared)
     timing.mark("quota")
-    request.scope["state"]["admitted"] = True  # the dispatcher's settle logs and counts it from here
+    scope_state = request.scope["state"]
+    scope_state["admitted"] = True  # the dispatcher's settle logs and counts it from here
+    timing.client_request_id = scope_state.get("client_request_id")
+    if (tracing := request.app.state.tracing) is not None:  # its span ends with its log line
+        begin_trace(tracing, prepared, request.scope)
     shape = shaper(prepared) if shaper is not None else None
-    key_id = request.scope["state"].get("key_id", "")
+    key_id = scope_state.get("key_id", "")
     if not prepared.stream:
         try:
             work = dispatcher.complete(prepared, reservation, shape, key_id)

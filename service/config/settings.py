@@ -38,6 +38,7 @@ from service.config.policies import (
 )
 from service.config.shutdown import ShutdownSettings
 from service.config.sources import ConfigFileSource
+from service.config.tracing import TracingSettings
 
 __all__ = [
     "ApiSettings",
@@ -364,6 +365,7 @@ class Settings(HomeSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "

@@ -118,6 +118,8 @@ class RequestTiming:
         upstream_end: when the worker's answer ended (its last chunk), perf_counter s.
         retractions: times the engine retracted the request (``meta_info.num_retractions``), if reported.
         client_write_s: the stream's waits on the client so far, s.
+        client_request_id: the caller's own ``X-Request-Id`` (sanitized), for its log line and span.
+        trace: its :class:`service.observability.tracing.RequestTrace` when tracing is on (else None).
     """
 
     __slots__ = (
@@ -125,6 +127,7 @@ class RequestTiming:
         "_gaps",
         "_mark",
         "attempt_at",
+        "client_request_id",
         "client_write_s",
         "first_attempt_at",
         "first_token_at",
@@ -133,6 +136,7 @@ class RequestTiming:
         "phases",
         "retractions",
         "start",
+        "trace",
         "ttft_s",
         "upstream_end",
     )
@@ -150,6 +154,8 @@ class RequestTiming:
         self.upstream_end: float | None = None
         self.retractions: int | None = None
         self.client_write_s = 0.0
+        self.client_request_id: str | None = None
+        self.trace: object | None = None  # a RequestTrace (not imported: tracing imports this module)
         self._gaps: list[int] | None = None
         self._gap_sum = 0.0
 

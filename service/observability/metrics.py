@@ -28,6 +28,7 @@ from prometheus_client import values as prometheus_values
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.registry import Collector
 
 from service.observability.class_metrics import ClassMetrics
@@ -394,12 +395,16 @@ class GatewayMetrics:
             self.child(self.worker_healthy, worker.url).set(1 if worker.healthy else 0)
             self.child(self.worker_in_flight, worker.url).set(worker.in_flight)
 
-    def scrape(self, workers: Iterable[PoolWorkerGauges]) -> bytes:
-        """The Prometheus text exposition for ``/metrics``: the pool gauges set from ``workers`` now, and
-        workers that left the pool left out of the per-worker gauges (:class:`LiveWorkerGauges`)."""
+    def scrape(self, workers: Iterable[PoolWorkerGauges], openmetrics: bool = False) -> bytes:
+        """The Prometheus text exposition for ``/metrics`` (``openmetrics``: the OpenMetrics text format,
+        which carries exemplars): the pool gauges set from ``workers`` now, and workers that left the pool
+        left out of the per-worker gauges (:class:`LiveWorkerGauges`)."""
         workers = list(workers)
         self.record_pool(workers)
         self._live_view.live = frozenset(w.url for w in workers)
+        if openmetrics:
+            text: bytes = generate_openmetrics(self._scrape_registry)  # type: ignore[no-untyped-call]
+            return text
         return generate_latest(self._scrape_registry)
 
     def child(self, family: _Family, *labels: str) -> _Family:

@@ -9,6 +9,7 @@ import structlog
 from service.observability.class_metrics import ClassRequest
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.prepare import PreparedRequest
+from service.pipeline.request_trace import end_trace
 from service.pipeline.settlement import Settlement
 from service.pipeline.upstream import Outcome
 from tenancy.quota import Reservation
@@ -58,6 +59,8 @@ def record_request(
     model = prepared.model_id or prepared.model  # the canonical id: aliases fold into it
     timing = prepared.timing
     timing.finish()
+    # traced: the span ends here, and its trace id is the latency observations' exemplar
+    exemplar = None if timing.trace is None else end_trace(prepared, outcome, latency)
     metrics.classes.record(
         ClassRequest(
             prepared.priority_class,
@@ -75,9 +78,9 @@ def record_request(
     metrics.phases.record(timing, latency)
     m = metrics.request_series(metrics.tenant(prepared.tenant.id), model, outcome.status)
     m.requests.inc()
-    m.e2e.observe(latency)
+    m.e2e.observe(latency, exemplar)
     if outcome.ttft_s is not None:
-        m.ttft.observe(outcome.ttft_s)
+        m.ttft.observe(outcome.ttft_s, exemplar)
     if charged:
         m.prompt_tokens.inc(outcome.prompt_tokens)
         m.completion_tokens.inc(outcome.completion_tokens)
@@ -85,6 +88,7 @@ def record_request(
     log.info(
         "request",
         request_id=prepared.rid,
+        client_request_id=timing.client_request_id,
         tenant=prepared.tenant.id,
         model=model,
         priority_class=prepared.priority_class,
