@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
@@ -130,13 +131,16 @@ class SendBoundedStreamingResponse(StreamingResponse):
         timing = self._timing
 
         async def timed_send(message: Message) -> None:
-            began = watchdog.writing_since = watchdog.loop.time()
+            # the watchdog reads the loop's clock; the phase reads perf_counter: uvloop's loop.time() is
+            # libuv's cached millisecond clock, which rounded each write to 0 or whole ms
+            watchdog.writing_since = watchdog.loop.time()
+            began = time.perf_counter()
             try:
                 await send(message)
             finally:
                 watchdog.writing_since = None
                 if timing is not None:
-                    timing.wrote(watchdog.loop.time() - began)
+                    timing.wrote(time.perf_counter() - began)
 
         try:
             await super().stream_response(timed_send)
