@@ -13,14 +13,18 @@ from typing import Any
 import kubernetes_validate
 import promql_parser
 import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
 from service.api.health_routes import router
 from service.config.settings import Settings
 from service.config.sources import unknown_settings
+from service.observability.metrics import GatewayMetrics
 from service.runtime.drain import SERVED_WHILE_DRAINING
 from tests.support.k8s_schemas import CustomResources
 from tests.support.kustomize import Unsupported, apply_json6902, build
 from tests.support.paths import REPO
+from tests.support.prometheus import exposed_names, selector_names
 
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").exists())
@@ -224,7 +228,18 @@ def test_the_gateway_tier_scales_on_cpu_and_keeps_replicas_through_disruptions(o
         "kind": "Deployment",
         "name": "radixgate-gateway",
     }
-    assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
+    cpu, in_flight = hpa["spec"]["metrics"]
+    assert cpu["resource"]["name"] == "cpu" and cpu["resource"]["target"]["averageUtilization"] <= 80
+    assert in_flight["type"] == "Pods"
+    name = in_flight["pods"]["metric"]["name"]
+    adapter = yaml.safe_load(one(objects, "ConfigMap", "radixgate-prometheus-adapter")["data"]["config.yaml"])
+    rule = next(
+        r for r in adapter["rules"] if r["name"]["as"] == name
+    )  # the adapter serves what the HPA reads
+    assert selector_names(rule["seriesQuery"]) == {name}
+    registry = CollectorRegistry()
+    GatewayMetrics(registry, max_tenant_labels=10)
+    assert name in exposed_names(generate_latest(registry).decode())  # a series the gateway emits
     assert hpa["spec"]["minReplicas"] >= 2
     pdb = one(objects, "PodDisruptionBudget")
     assert selects(pdb["spec"]["selector"]["matchLabels"], labels)
