@@ -31,7 +31,7 @@ unit: setup       ## tests that need no engine (Redis is started by the fixtures
 	$(PY) -m pytest -q -m "not engine"
 
 test: setup engine lint  ## everything CI runs
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 clean:
 	rm -rf .venv .run .pytest_cache .mypy_cache .ruff_cache
