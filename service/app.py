@@ -27,7 +27,9 @@ from service.api.request_ids import client_request_id, id_headers
 from service.config.settings import RedisSettings, Settings
 from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
+from service.observability.pool_gauges import scrape_engines
 from service.observability.redis_watch import RedisReachability, watch_redis
+from service.observability.runtime_metrics import watch_loop_lag
 from service.pipeline.dispatch import Dispatcher
 from service.pipeline.revocation import RevocationRegistry, store_checks
 from service.pipeline.served_models import ServedModels
@@ -273,6 +275,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 hint="a full Redis may drop tenants, API keys, quota buckets and settle markers; "
                 "set maxmemory-policy noeviction (a full Redis then answers 503 and loses nothing)",
             )
+        obs = settings.observability
+        if obs.loop_lag_interval_s:
+            background.append(
+                asyncio.create_task(
+                    watch_loop_lag(metrics.runtime.loop_lag, obs.loop_lag_interval_s), name="loop-lag"
+                )
+            )
+        if obs.engine_scrape_s:
+            background.append(
+                asyncio.create_task(
+                    scrape_engines(metrics.pool, client, lambda: pool.workers, obs.engine_scrape_s),
+                    name="engine-gauges",
+                )
+            )
         prefix = settings.redis.key_prefix
         auth_cache = AuthCache(settings.redis.auth_cache_ttl_s, settings.redis.auth_cache_entries)
         tenants = TenantStore(redis, prefix, settings.key_pepper.get_secret_value().encode(), auth_cache)
@@ -307,9 +323,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         usage = UsageRecorder(redis, prefix)
+        tenants.observe_call = quota.observe_call = usage.observe_call = metrics.runtime.observe_store_call
         # one tokenizer and one admission core per model: a request is placed among its model's workers
         models = ServedModels(settings, pool, client, metrics, revocations.end_request, registry)
         scheduler = models.default.scheduler
+        metrics.pool.queued_of = lambda: {snap.url: snap.queued for snap in models.snapshot()}
         await models.start()
         dispatcher = Dispatcher(
             settings,
@@ -438,7 +456,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan, redirect_slashes=False)
     app.state.settings = settings
     obs = settings.observability
-    app.state.metrics = GatewayMetrics(CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir)
+    app.state.metrics = GatewayMetrics(
+        CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir, obs.engine_scrape_s
+    )
     traces = settings.tracing  # off: no provider at all (service/observability/tracing.py)
     app.state.tracing = None
     if traces.enabled:  # the SDK is the optional extra "otel"

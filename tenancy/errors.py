@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeAlias, TypeVar
 
 import redis.exceptions
 
@@ -54,14 +55,38 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+CallObserver: TypeAlias = Callable[[str, float], None]
+"""Told ``(operation, seconds)`` after each timed store call (``radixgate_store_call_seconds``)."""
+
+
 def store_operation(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Decorate an async store method so that an unavailable Redis raises :class:`StoreUnavailable`."""
+    """Decorate an async store method so that an unavailable Redis raises :class:`StoreUnavailable`.
+
+    When the store (the method's ``self``) has an ``observe_call`` hook (:data:`CallObserver`, None:
+    off), each call is timed (``time.perf_counter``, s) from its start to its answer or failure and
+    reported under the method's qualified name, the ``operation`` of :class:`StoreUnavailable`."""
+    return _guarded(fn, timed=True)
+
+
+def cached_store_operation(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """:func:`store_operation` for a method that may answer from a local cache with no Redis call: not
+    timed here (its cache hits would bury the Redis calls' latency); it times its own Redis reads."""
+    return _guarded(fn, timed=False)
+
+
+def _guarded(fn: Callable[P, Awaitable[R]], timed: bool) -> Callable[P, Coroutine[Any, Any, R]]:
+    operation = fn.__qualname__
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        observe: CallObserver | None = getattr(args[0], "observe_call", None) if timed and args else None
+        start = time.perf_counter() if observe is not None else 0.0
         try:
             return await fn(*args, **kwargs)
         except _UNAVAILABLE as exc:
-            raise StoreUnavailable(fn.__qualname__, exc) from exc
+            raise StoreUnavailable(operation, exc) from exc
+        finally:
+            if observe is not None:
+                observe(operation, time.perf_counter() - start)
 
     return wrapper

@@ -19,7 +19,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from tenancy.errors import TenantNotFoundError, store_operation
+from tenancy.errors import CallObserver, TenantNotFoundError, store_operation
 from tenancy.layout import BucketName, KeyLayout, lua
 from tenancy.models import USAGE_FIELDS, Quotas
 from tenancy.script_batch import ScriptBatcher
@@ -79,7 +79,11 @@ class QuotaLimiter:
             (:class:`tenancy.script_batch.ScriptBatcher`).
 
     Methods that take ``epoch`` check the tenant record first when it is not None (see the module).
+    ``observe_call``: told each call's latency (:func:`tenancy.errors.store_operation`; a settle's
+    linger included).
     """
+
+    observe_call: CallObserver | None = None
 
     def __init__(self, redis: Redis, prefix: str, settle_linger_s: float = 0.0) -> None:
         self._layout = KeyLayout(prefix)

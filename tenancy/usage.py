@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from tenancy.errors import store_operation
+from tenancy.errors import CallObserver, store_operation
 from tenancy.layout import KeyLayout, lua
 from tenancy.models import USAGE_FIELDS, Usage
 
@@ -21,7 +21,11 @@ class UsageRecorder:
     Args:
         redis: async client (``decode_responses=True``).
         prefix: Redis key prefix; counters live at ``<prefix>usage:<tenant>``.
+
+    ``observe_call``: told each call's latency (:func:`tenancy.errors.store_operation`).
     """
+
+    observe_call: CallObserver | None = None
 
     def __init__(self, redis: Redis, prefix: str) -> None:
         self._redis = redis

@@ -309,6 +309,19 @@ class ObservabilitySettings(BaseModel):
         description="With metrics_multiproc_dir: how often each process writes the gauges it otherwise "
         "sets at scrape time (worker_in_flight_requests, worker_healthy), s.",
     )
+    engine_scrape_s: float = Field(
+        5.0,
+        ge=0,
+        description="Period of the gateway's scrape of every pool worker's /metrics behind the "
+        "radixgate_engine_* gauges (running, queued, KV usage, cache hit rate, throughput, speculative "
+        "accept length), s; 0: off.",
+    )
+    loop_lag_interval_s: float = Field(
+        0.5,
+        ge=0,
+        description="Sleep of the task that measures event-loop lag (radixgate_event_loop_lag_seconds: "
+        "each sleep's overrun), s; 0: off.",
+    )
 
 
 class Settings(HomeSettings):

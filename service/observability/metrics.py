@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -33,6 +33,8 @@ from prometheus_client.registry import Collector
 
 from service.observability.class_metrics import ClassMetrics
 from service.observability.phase_metrics import PhaseMetrics
+from service.observability.pool_gauges import QUEUED_GAUGE, PoolGauges
+from service.observability.runtime_metrics import RuntimeMetrics
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -53,13 +55,20 @@ class PoolWorkerGauges(Protocol):
     def healthy(self) -> bool: ...
     @property
     def in_flight(self) -> int: ...
+    @property
+    def model(self) -> str | None: ...
 
 
 _Family = TypeVar("_Family", bound=MetricWrapperBase)
 
 #: gauges that describe a pool worker now: a worker that left the pool drops out of them
 _WORKER_GAUGES = frozenset(
-    {"radixgate_worker_healthy", "radixgate_worker_in_flight_requests", "radixgate_worker_window_requests"}
+    {
+        "radixgate_worker_healthy",
+        "radixgate_worker_in_flight_requests",
+        "radixgate_worker_window_requests",
+        QUEUED_GAUGE,
+    }
 )
 
 
@@ -69,19 +78,27 @@ class LiveWorkerGauges(Collector):
     prometheus_client cannot remove a label set in multiprocess mode (its mmap files keep every value a
     process wrote), so a worker removed over the admin API would stay in ``worker_healthy`` (1, or 0: an
     alert firing forever) and its in-flight and window gauges; the scrape leaves them out instead. Counters
-    (errors, breaker transitions, restarts) keep the worker's label: their history stays valid.
+    (errors, breaker transitions, restarts) keep the worker's label: their history stays valid. A sample
+    with a ``model`` label is kept only under the worker's model now (a worker whose model became known
+    leaves its ``unknown`` series behind).
     """
 
     def __init__(self, source: CollectorRegistry) -> None:
         self.source = source
-        #: URLs of the workers in this replica's pool at the current scrape
-        self.live: frozenset[str] = frozenset()
+        #: URL -> model label of the workers in this replica's pool at the current scrape
+        self.live: Mapping[str, str] = {}
 
     def collect(self) -> Iterable[Metric]:
         """Every family of ``source``; the worker gauges' samples only for the ``live`` workers."""
+        live = self.live
         for family in self.source.collect():
             if family.name in _WORKER_GAUGES:
-                family.samples = [s for s in family.samples if s.labels.get("worker") in self.live]
+                family.samples = [
+                    s
+                    for s in family.samples
+                    if s.labels.get("worker") in live
+                    and s.labels.get("model", live[s.labels["worker"]]) == live[s.labels["worker"]]
+                ]
             yield family
 
 
@@ -171,6 +188,8 @@ class GatewayMetrics:
         registry: where to register the families (one per app).
         max_tenant_labels: the tenant label cap.
         multiproc_dir: prometheus_client's multiprocess directory, or None for in-memory values.
+        engine_scrape_s: period of the workers' ``/metrics`` scrape behind the ``radixgate_engine_*``
+            gauges (:mod:`.pool_gauges`), s; 0: none.
 
     Raises:
         ValueError: ``multiproc_dir`` is set but is not a directory, or prometheus_client is not in
@@ -180,7 +199,11 @@ class GatewayMetrics:
     """
 
     def __init__(
-        self, registry: CollectorRegistry, max_tenant_labels: int, multiproc_dir: Path | None = None
+        self,
+        registry: CollectorRegistry,
+        max_tenant_labels: int,
+        multiproc_dir: Path | None = None,
+        engine_scrape_s: float = 0.0,
     ) -> None:
         self.registry = registry
         #: what ``/metrics`` serves: ``registry`` itself, or every process's files summed
@@ -205,6 +228,11 @@ class GatewayMetrics:
         self._live_view = LiveWorkerGauges(self.exposition)
         self._scrape_registry = CollectorRegistry(auto_describe=False)
         self._scrape_registry.register(self._live_view)
+        #: per-worker {worker, model} series: the gateway's queue per worker, the scraped engine gauges
+        self.pool = PoolGauges(registry, engine_scrape_s)
+        self._scrape_registry.register(self.pool)  # yielded at scrape time, never in multiprocess files
+        #: event-loop lag and store-call latency, :mod:`.runtime_metrics`
+        self.runtime = RuntimeMetrics(registry)
         # the multiprocess directory holds only *.db files for prometheus_client; this one is the host's
         self.tenant = TenantLabels(
             max_tenant_labels, multiproc_dir / "tenant-labels" if multiproc_dir is not None else None
@@ -390,10 +418,13 @@ class GatewayMetrics:
         )
 
     def record_pool(self, workers: Iterable[PoolWorkerGauges]) -> None:
-        """Set ``worker_healthy`` and ``worker_in_flight_requests`` from the pool's workers now."""
+        """Set ``worker_healthy``, ``worker_in_flight_requests`` and ``worker_queued_requests`` from the
+        pool's workers now."""
+        workers = list(workers)
         for worker in workers:
             self.child(self.worker_healthy, worker.url).set(1 if worker.healthy else 0)
             self.child(self.worker_in_flight, worker.url).set(worker.in_flight)
+        self.pool.record(workers)
 
     def scrape(self, workers: Iterable[PoolWorkerGauges], openmetrics: bool = False) -> bytes:
         """The Prometheus text exposition for ``/metrics`` (``openmetrics``: the OpenMetrics text format,
@@ -401,7 +432,7 @@ class GatewayMetrics:
         left out of the per-worker gauges (:class:`LiveWorkerGauges`)."""
         workers = list(workers)
         self.record_pool(workers)
-        self._live_view.live = frozenset(w.url for w in workers)
+        self._live_view.live = self.pool.live
         if openmetrics:
             text: bytes = generate_openmetrics(self._scrape_registry)  # type: ignore[no-untyped-call]
             return text

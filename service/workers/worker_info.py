@@ -110,30 +110,73 @@ def _named(value: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class WorkerLoad:
-    """Load a worker reports on ``/metrics`` (summed over its DP ranks and priorities).
+    """Load a worker reports on ``/metrics`` (summed over its DP ranks; SGLang 0.5.23's scheduler gauges,
+    ``python/sglang/srt/observability/metrics_collector.py``).
 
     Attributes:
         running: ``sglang:num_running_reqs``, requests.
         queued: ``sglang:num_queue_reqs``, requests waiting inside the engine.
-        kv_usage: ``sglang:token_usage``, fraction of the KV cache in use (0..1).
+        kv_usage: ``sglang:token_usage``, fraction of the KV cache in use (0..1; the fullest rank).
+        cache_hit_rate: ``sglang:cache_hit_rate``, prefix-cache hit rate 0..1 (mean over ranks); None
+            when not reported.
+        gen_throughput: ``sglang:gen_throughput``, generated tokens/s (summed over ranks); None when not
+            reported.
+        spec_accept_length: ``sglang:spec_accept_length``, mean tokens accepted per speculative verify
+            step (mean over ranks); None without speculative decoding.
+        spec_accept_rate: ``sglang:spec_accept_rate``, accepted drafts / proposed drafts, 0..1 (mean over
+            ranks); None without speculative decoding.
     """
 
     running: int
     queued: int
     kv_usage: float
+    cache_hit_rate: float | None = None
+    gen_throughput: float | None = None
+    spec_accept_length: float | None = None
+    spec_accept_rate: float | None = None
+
+
+_SUMMED = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput")
+_MAXED = ("sglang:token_usage",)
+_MEANED = ("sglang:cache_hit_rate", "sglang:spec_accept_length", "sglang:spec_accept_rate")
+_READ = _SUMMED + _MAXED + _MEANED
+# a sample line starts with its name, then its labels or a space (https://prometheus.io/docs/instrumenting/
+# exposition_formats/#text-format-details); the rest of SGLang's text (about 100 families, histograms
+# included) is skipped before parsing
+_PREFIXES = tuple(f"{name}{end}" for name in _READ for end in ("{", " "))
 
 
 def parse_load(metrics_text: str) -> WorkerLoad:
-    """Read running/queued requests and KV usage from SGLang's Prometheus text."""
-    totals = {"sglang:num_running_reqs": 0.0, "sglang:num_queue_reqs": 0.0}
-    kv = 0.0
-    for family in text_string_to_metric_families(metrics_text):
+    """Read the load gauges (:class:`WorkerLoad`) from SGLang's Prometheus text.
+
+    Only the lines of those gauges are parsed. With ``--enable-priority-scheduling`` SGLang adds a
+    ``priority`` label: the total under ``priority=""`` and a breakdown under ``priority="<n>"``; only
+    the totals are read (summing both counted every request twice). Ranks (``dp_rank``) are summed,
+    the KV usage is the fullest rank's, rates are averaged.
+    """
+    lines = [line for line in metrics_text.splitlines() if line.startswith(_PREFIXES)]
+    values: dict[str, list[float]] = {name: [] for name in _READ}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
         for sample in family.samples:
-            if sample.name in totals:
-                totals[sample.name] += sample.value
-            elif sample.name == "sglang:token_usage":
-                kv = max(kv, sample.value)
-    return WorkerLoad(int(totals["sglang:num_running_reqs"]), int(totals["sglang:num_queue_reqs"]), kv)
+            if sample.name in values and not sample.labels.get("priority"):
+                values[sample.name].append(sample.value)
+
+    def total(name: str) -> float:
+        return sum(values[name])
+
+    def mean(name: str) -> float | None:
+        found = values[name]
+        return sum(found) / len(found) if found else None
+
+    return WorkerLoad(
+        int(total("sglang:num_running_reqs")),
+        int(total("sglang:num_queue_reqs")),
+        max(values["sglang:token_usage"], default=0.0),
+        cache_hit_rate=mean("sglang:cache_hit_rate"),
+        gen_throughput=total("sglang:gen_throughput") if values["sglang:gen_throughput"] else None,
+        spec_accept_length=mean("sglang:spec_accept_length"),
+        spec_accept_rate=mean("sglang:spec_accept_rate"),
+    )
 
 
 def engine_max_running(info: Any) -> int | None:

@@ -4,7 +4,9 @@ TTFT, TPOT and end-to-end quantiles, goodput, shedding, and the 429/413 refusals
 recording rules of ``deploy/prometheus/rules/recording.yml`` (per class, every model: the numbers the
 alerts fire on); the per-model row computes the same quantiles from the histograms of
 :mod:`service.observability.class_metrics` (``{class, model}``, buckets 1 ms to 120 s) so one model can be
-looked at alone.
+looked at alone. A row of the gateway's own time (ITL, overhead, event-loop lag, store calls, request
+phases: :mod:`service.observability.phase_metrics`, :mod:`service.observability.runtime_metrics`) reads
+their P99 recording rules.
 """
 
 from __future__ import annotations
@@ -154,6 +156,58 @@ def build() -> Board:
             Query(f"class:radixgate_goodput_slo_errors:ratio_rate5m{{{CLASS}}}", "5m {{class}}"),
             Query(f"class:radixgate_goodput_slo_errors:ratio_rate1h{{{CLASS}}}", "1h {{class}}"),
             width=8,
+        )
+    )
+
+    board.row("Where the time goes: the gateway's own time (recording rules)")
+    board.panel(
+        timeseries(
+            "ITL P50 and P99",
+            "Inter-token latency per class: the gaps between a stream's tokens as the gateway relays "
+            "them (recording rules over radixgate_class_itl_seconds).",
+            "s",
+            *_recorded("radixgate_class_itl_seconds"),
+            width=8,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Gateway overhead P99",
+            "The gateway's own time per request (neither its queue, nor a worker, nor the client) at "
+            "P99, per replica. Above 50 ms for 10 m: the gateway-overhead alert.",
+            "s",
+            Query("instance:radixgate_gateway_overhead_seconds:p99_5m", "{{instance}}"),
+            width=8,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Event-loop lag P99",
+            "How late each replica's event loop wakes a sleeping task, P99: every callback on the "
+            "process waits as long. Above 100 ms for 5 m: the event-loop-lag alert.",
+            "s",
+            Query("instance:radixgate_event_loop_lag_seconds:p99_5m", "{{instance}}"),
+            width=8,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Store call latency P99",
+            "Each quota-store (Redis) call's latency at P99 per replica and operation (reserve, settle, "
+            "authenticate...), the pool and pipeline waits included. Above 50 ms for 10 m: the "
+            "Redis-slow alert.",
+            "s",
+            Query("instance_op:radixgate_store_call_seconds:p99_5m", "{{instance}} {{op}}"),
+        )
+    )
+    board.panel(
+        timeseries(
+            "Request phases P99",
+            "P99 of each phase of a request (auth, prepare, quota, route, queue, upstream_connect, the "
+            "engine's tokenize, queue and prefill, decode, client_write), every replica: the phase whose "
+            "P99 rises with the TTFT is where the tail comes from.",
+            "s",
+            Query("phase:radixgate_request_phase_seconds:p99_5m", "{{phase}}"),
         )
     )
 

@@ -4,7 +4,10 @@ reports on its own ``/metrics`` (``sglang:*``: running and queued requests, KV p
 cache).
 
 Two label sets: the gateway's series name a worker by its URL (``worker``), SGLang's by the Prometheus
-target that scraped it (``instance``, host:port of the same worker), hence two variables.
+target that scraped it (``instance``, host:port of the same worker), hence two variables. The engine's
+gauges also come re-exported by the gateway under the worker's URL and model (``radixgate_engine_*``,
+:mod:`service.observability.pool_gauges`): the row "Engine as the gateway scrapes it" reads those, so a
+worker's engine queue and KV usage line up with the gateway's own series for it without relabelling.
 """
 
 from __future__ import annotations
@@ -210,6 +213,89 @@ def build() -> Board:
             "(absent otherwise).",
             "short",
             Query(f"avg by (instance) (sglang:spec_accept_length{{{INSTANCE}}})", "{{instance}}"),
+        )
+    )
+
+    board.row("Engine as the gateway scrapes it (per worker URL and model)")
+    board.panel(
+        timeseries(
+            "Gateway queue against engine queue, per worker",
+            "Per worker: requests the gateway's admission core holds for it (every replica summed) and "
+            "requests waiting in its engine's own queue (radixgate_engine_queued_requests, the gateway's "
+            "scrape of sglang:num_queue_reqs every observability.engine_scrape_s). A long engine queue "
+            "behind an empty gateway queue: the window admits more than the engine runs.",
+            "short",
+            Query(
+                f"sum by (worker, model) (radixgate_worker_queued_requests{{{WORKER}}})",
+                "{{worker}} gateway",
+            ),
+            Query(f"worker:radixgate_engine_queued_requests:max{{{WORKER}}}", "{{worker}} engine"),
+            width=8,
+        )
+    )
+    board.panel(
+        timeseries(
+            "KV cache usage per worker",
+            "Used share of each worker's KV pool as its engine reports it (sglang:token_usage, scraped "
+            "by the gateway; labelled by worker URL and model, so it lines up with the gateway's own "
+            "series). Near 1: the engine retracts running requests and admits new ones late.",
+            "percentunit",
+            Query(f"worker:radixgate_engine_token_usage:max{{{WORKER}}}", "{{worker}} {{model}}"),
+            width=8,
+            max_val=1,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Engine running against window",
+            "Requests each engine runs (its batch) against the worker's concurrency window in the "
+            "gateway. Running well under the window with requests queued in the engine: the engine is "
+            "bounded by its KV pool or max_running_requests, not by the gateway.",
+            "short",
+            Query(f"max by (worker) (radixgate_engine_running_requests{{{WORKER}}})", "{{worker}} running"),
+            Query(f"sum by (worker) (radixgate_worker_window_requests{{{WORKER}}})", "{{worker}} window"),
+            width=8,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Cache hit rate per worker: router's prediction against engine-reported",
+            "The router's predicted prefix-cache hit over every worker (characters it expected cached) "
+            "against each engine's own hit-rate gauge (sglang:cache_hit_rate as the gateway scrapes it). "
+            "One worker far below the prediction: its cache was evicted or flushed behind the router.",
+            "percentunit",
+            Query("radixgate:routing_predicted_cache_hit:ratio_rate5m", "gateway: router's prediction"),
+            Query(f"worker:radixgate_engine_cache_hit_rate:avg{{{WORKER}}}", "engine {{worker}}"),
+            max_val=1,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Engine generation throughput",
+            "Tokens per second each engine reports generating (sglang:gen_throughput, scraped by the "
+            "gateway), and the fleet's total (recording rule radixgate:engine_gen_throughput:sum).",
+            TOKENS_PER_S,
+            Query(f"max by (worker) (radixgate_engine_gen_throughput{{{WORKER}}})", "{{worker}}"),
+            Query("radixgate:engine_gen_throughput:sum", "every worker"),
+            width=6,
+        )
+    )
+    board.panel(
+        timeseries(
+            "Speculative decoding per worker",
+            "Mean tokens accepted per verify step and the accepted share of draft tokens, from workers "
+            "that run speculative decoding (absent otherwise). A falling accept length: each step "
+            "yields fewer tokens and TPOT rises.",
+            "short",
+            Query(
+                f"max by (worker) (radixgate_engine_spec_accept_length{{{WORKER}}})",
+                "{{worker}} accept length",
+            ),
+            Query(
+                f"max by (worker) (radixgate_engine_spec_accept_rate{{{WORKER}}})",
+                "{{worker}} accept rate",
+            ),
+            width=6,
         )
     )
 
