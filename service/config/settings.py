@@ -27,6 +27,7 @@ from service.config.engine import (
     default_home,
     home_engine_paths,
 )
+from service.config.fleet import PlannerSettings, ReplicaSettings
 from service.config.models import ModelRegistry, ModelSettings, build_registry
 from service.config.policies import (
     DEFAULT_CLASS,
@@ -215,6 +216,12 @@ class UpstreamSettings(BaseModel):
     send_priority: bool = Field(
         True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."
     )
+    drain_deadline_s: float | None = Field(
+        None,
+        ge=0,
+        description="A draining worker's streams still running this long after its drain began resume on "
+        "another worker (as after a broken stream), s; unset: they finish where they run.",
+    )
 
 
 class ApiSettings(BaseModel):
@@ -364,6 +371,8 @@ class Settings(HomeSettings):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from service.observability.class_metrics import ClassMetrics
 from service.observability.phase_metrics import PhaseMetrics
+from service.observability.planner_metrics import PlannerMetrics
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -211,6 +212,7 @@ class GatewayMetrics:
         #: per-class SLO series (TTFT, TPOT, E2E, outcomes, goodput), :mod:`.class_metrics`
         self.classes = ClassMetrics(registry)
         self.phases = PhaseMetrics(registry)
+        self.planner = PlannerMetrics(registry)  #: radixgate_desired_workers and why, :mod:`.planner_metrics`
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(
