@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
+from policies.forecast import ForecastConfig
 from policies.planner import PlannerConfig
 from service.config.policies import FINITE
 
@@ -84,6 +85,15 @@ class PlannerSettings(BaseModel):
     goal_fraction: float = Field(
         0.5, gt=0, le=1, description="Share of a class's TTFT goal the planned batch's steps may take."
     )
+    forecast_median_samples: int = Field(
+        7,
+        ge=1,
+        le=1000,
+        description="Arrival-rate samples in the forecast's running median (bursts "
+        "shorter than half of them x interval_s are ignored).",
+    )
+    forecast_level_tau_s: float = Field(20.0, gt=0, description="Time constant of the forecast's level, s.")
+    forecast_trend_tau_s: float = Field(60.0, gt=0, description="Time constant of the forecast's trend, s.")
     prior_capacity_rps: float | None = Field(
         None,
         gt=0,
@@ -109,6 +119,11 @@ class PlannerSettings(BaseModel):
             scale_down_window_s=self.scale_down_window_s,
             kv_target=self.kv_target,
             goal_fraction=self.goal_fraction,
+            forecast=ForecastConfig(
+                median_samples=self.forecast_median_samples,
+                level_tau_s=self.forecast_level_tau_s,
+                trend_tau_s=self.forecast_trend_tau_s,
+            ),
         )
 
 
