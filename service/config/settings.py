@@ -216,12 +216,6 @@ class UpstreamSettings(BaseModel):
     send_priority: bool = Field(
         True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."
     )
-    drain_deadline_s: float | None = Field(
-        None,
-        ge=0,
-        description="A draining worker's streams still running this long after its drain began resume on "
-        "another worker (as after a broken stream), s; unset: they finish where they run.",
-    )
 
 
 class ApiSettings(BaseModel):
