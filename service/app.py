@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +32,7 @@ from service.observability.pool_gauges import scrape_engines
 from service.observability.redis_watch import RedisReachability, watch_redis
 from service.observability.runtime_metrics import watch_loop_lag
 from service.pipeline.dispatch import Dispatcher
+from service.pipeline.planner_task import PlannerTask
 from service.pipeline.revocation import RevocationRegistry, store_checks
 from service.pipeline.served_models import ServedModels
 from service.pipeline.settlement import Settler
@@ -51,8 +53,10 @@ from service.workers.discovery import DnsDiscovery
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry, sync_loop, sync_once
+from service.workers.replicas import ReplicaRegistry
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
+from tenancy.errors import StoreUnavailable
 from tenancy.quota import QuotaLimiter
 from tenancy.quota_lease import LeasedQuota
 from tenancy.store import TenantStore, eviction_policy
@@ -218,6 +222,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     launched: list[WorkerProcess] = []
     supervisors: list[WorkerSupervisor] = []
     registry = settings.model_registry()
+    replicas = ReplicaRegistry(redis, settings.redis.key_prefix, settings.replicas.ttl_s)
     try:
         if settings.engine.launch:
             await launch_workers(settings, launched)
@@ -325,7 +330,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         usage = UsageRecorder(redis, prefix)
         tenants.observe_call = quota.observe_call = usage.observe_call = metrics.runtime.observe_store_call
         # one tokenizer and one admission core per model: a request is placed among its model's workers
-        models = ServedModels(settings, pool, client, metrics, revocations.end_request, registry)
+        # every replica's heartbeat: the live ones split each worker's window (service/workers/replicas.py)
+        with contextlib.suppress(StoreUnavailable):
+            await replicas.beat()
+        background.append(asyncio.create_task(replicas.run(settings.replicas.heartbeat_s), name="replicas"))
+        share = replicas.share if settings.replicas.share_windows else None
+        models = ServedModels(
+            settings, pool, client, metrics, revocations.end_request, registry, window_share=share
+        )
         scheduler = models.default.scheduler
         metrics.pool.queued_of = lambda: {snap.url: snap.queued for snap in models.snapshot()}
         await models.start()
@@ -355,6 +367,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 sync_loop(pool, worker_registry, up.health_interval_s, managed), name="worker-registry"
             )
         )
+        if settings.planner.enabled:  # radixgate_desired_workers{model} (service/pipeline/planner_task.py)
+            planner = PlannerTask(settings.planner, models, pool, metrics.planner, replicas)
+            background.append(asyncio.create_task(planner.run(), name="planner"))
         drain = Drain(settings.shutdown, revocations.end_all)
         app.state.radixgate = GatewayState(
             settings,
@@ -402,6 +417,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await leased.close()
     finally:
         await stop_tasks(background)  # each may be in a Redis call, which can swallow one cancel
+        await replicas.leave()  # its window share goes back to the other replicas at once
         if revocations is not None:
             await revocations.stop()
         for supervisor in supervisors:  # before stopping the workers, so none is restarted

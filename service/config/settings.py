@@ -27,6 +27,7 @@ from service.config.engine import (
     default_home,
     home_engine_paths,
 )
+from service.config.fleet import PlannerSettings, ReplicaSettings
 from service.config.models import ModelRegistry, ModelSettings, build_registry
 from service.config.policies import (
     DEFAULT_CLASS,
@@ -379,6 +380,8 @@ class Settings(HomeSettings):
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "

@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from service.observability.class_metrics import ClassMetrics
 from service.observability.phase_metrics import PhaseMetrics
+from service.observability.planner_metrics import PlannerMetrics
 from service.observability.pool_gauges import QUEUED_GAUGE, PoolGauges
 from service.observability.runtime_metrics import RuntimeMetrics
 
@@ -240,6 +241,7 @@ class GatewayMetrics:
         #: per-class SLO series (TTFT, TPOT, E2E, outcomes, goodput), :mod:`.class_metrics`
         self.classes = ClassMetrics(registry)
         self.phases = PhaseMetrics(registry)
+        self.planner = PlannerMetrics(registry)  #: radixgate_desired_workers and why, :mod:`.planner_metrics`
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(

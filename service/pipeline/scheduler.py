@@ -41,6 +41,7 @@ from service.errors import (
 )
 from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
+from service.pipeline.demand import DemandMeter
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 
@@ -123,6 +124,8 @@ class Scheduler:
             default model over every worker of the pool.
         total_depth: requests of a band queued for every model (the ``queue_depth`` gauge); None: this
             scheduler's own.
+        window_share: this replica's share of an engine's ``max_running_requests``
+            (:meth:`service.workers.replicas.ReplicaRegistry.share`); None: all of it.
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class Scheduler:
         end_request: EndRequest | None = None,
         model: ServedModel | None = None,
         total_depth: Callable[[str], int] | None = None,
+        window_share: Callable[[int], int] | None = None,
     ) -> None:
         self._settings = settings
         self._end_request = end_request
@@ -154,6 +158,11 @@ class Scheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._share = window_share
+        #: arrivals per class and cache hits, for the planner (service/pipeline/planner_task.py)
+        self.demand = DemandMeter()
+        #: each eligible worker's last load report (running, queued, KV usage; its max_running unshared)
+        self.loads: dict[str, LoadReport] = {}
 
     # -- public API ----------------------------------------------------------------------------------
     @property
@@ -195,6 +204,7 @@ class Scheduler:
         self._waiters[req.rid] = waiter
         cost = req.prompt_tokens + req.max_tokens
         self._costs[req.rid] = cost
+        self.demand.arrive(req.band, req.prompt_tokens, req.max_tokens)
         self._tenants[req.rid] = self._metrics.tenant(req.tenant)
         self._apply(
             self._core.arrive(
@@ -255,6 +265,8 @@ class Scheduler:
         slot.released = True
         self._pool.release(slot.worker, slot.cost)
         self._costs.pop(slot.rid, None)
+        if ok:
+            self.demand.answered(prompt_tokens, cached_tokens)
         self._apply(
             self._core.finish(
                 slot.rid, self._clock(), ok=ok, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
@@ -279,6 +291,7 @@ class Scheduler:
         """Forget a worker (it left the pool); its queued requests are placed elsewhere or shed."""
         self._eligible.pop(url, None)
         self._max_running.pop(url, None)
+        self.loads.pop(url, None)
         self._apply(self._core.remove_worker(url, self._clock()))
 
     async def start(self) -> None:
@@ -394,7 +407,7 @@ class Scheduler:
         for url, eligible in pairs:
             was = known.get(url)
             if was is None:
-                self._core.add_worker(url, self._max_running.get(url))
+                self._core.add_worker(url, self._shared(self._max_running.get(url)))
                 known[url] = was = True
             if was != eligible:
                 known[url] = eligible
@@ -406,6 +419,7 @@ class Scheduler:
         seen = {url for url, _ in pairs}
         for url in [u for u in known if u not in seen]:
             self._eligible.pop(url)
+            self.loads.pop(url, None)
             decisions += self._core.remove_worker(url, now)
         if decisions:
             self._apply(decisions)
@@ -431,13 +445,21 @@ class Scheduler:
         for url, load in zip(urls, loads, strict=True):
             if load is None:
                 continue
-            report = LoadReport(load.running, load.queued, load.kv_usage, self._max_running.get(url))
+            engine_max = self._max_running.get(url)
+            self.loads[url] = LoadReport(load.running, load.queued, load.kv_usage, engine_max)
+            report = LoadReport(load.running, load.queued, load.kv_usage, self._shared(engine_max))
             self._apply(self._core.load(url, report, now))
             window = self._core.window(url)
             if window is not None:
                 self._metrics.worker_window.labels(url).set(window.size)
         for band in self._model.classes:
             self._gauge_depth(band)
+
+    def _shared(self, max_running: int | None) -> int | None:
+        """This replica's part of an engine's ``max_running_requests`` (all of it without sharing)."""
+        if max_running is None or self._share is None:
+            return max_running
+        return self._share(max_running)
 
 
 def _shed_message(d: Shed) -> str:

@@ -10,7 +10,7 @@ with the same tokenizer folder share one renderer (and its caches).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +52,7 @@ class ServedModels:
         end_request: passed to each model's scheduler.
         registry: the models; default: the settings'.
         renderers: renderers already loaded, by tokenizer folder (tests); the others are loaded here.
+        window_share: this replica's share of a worker's window, passed to each scheduler.
 
     Raises:
         FileNotFoundError: a model's tokenizer folder has no ``tokenizer.json``.
@@ -66,6 +67,7 @@ class ServedModels:
         end_request: EndRequest | None = None,
         registry: ModelRegistry | None = None,
         renderers: Mapping[Path, PromptRenderer] | None = None,
+        window_share: Callable[[int], int] | None = None,
     ) -> None:
         self.registry = registry or settings.model_registry()
         self._pool = pool
@@ -77,7 +79,14 @@ class ServedModels:
             if path not in loaded:
                 loaded[path] = PromptRenderer(path, settings.api.prompt_cache_chars)
             scheduler = Scheduler(
-                settings, pool, client, metrics, end_request=end_request, model=model, total_depth=self.depth
+                settings,
+                pool,
+                client,
+                metrics,
+                end_request=end_request,
+                model=model,
+                total_depth=self.depth,
+                window_share=window_share,
             )
             self._lanes[model.id] = ModelLane(model, loaded[path], scheduler)
         self._by_name = {name: self._lanes[m.id] for m in self.registry.models for name in m.names}

@@ -1,0 +1,130 @@
+"""The fleet parts of the Settings tree: replicas sharing workers (``replicas.*``) and the planner's
+autoscaling signal (``planner.*``).
+
+Split from :mod:`service.config.settings`, which assembles the tree. What is done with these is in
+:mod:`service.workers.replicas` (heartbeats, window shares) and :mod:`service.pipeline.planner_task`
+(``radixgate_desired_workers``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, model_validator
+
+from policies.forecast import ForecastConfig
+from policies.planner import PlannerConfig
+from service.config.policies import FINITE
+
+
+class ReplicaSettings(BaseModel):
+    """Gateway replicas that front the same workers, found through Redis.
+
+    Every replica (each gateway process) writes a heartbeat into Redis every ``heartbeat_s``; those heard
+    from within ``ttl_s`` are live. With ``share_windows`` each replica lets into a worker only its share
+    of the engine's ``max_running_requests``: the window split over the live replicas (floor, the remainder
+    to the first replicas in id order, at least 1 each), so that all replicas together never offer a worker
+    more than it runs. Off: each replica takes the whole window (one replica, or engines left to queue).
+    """
+
+    model_config = FINITE
+
+    share_windows: bool = Field(
+        True,
+        description="Split each worker's window (its max_running_requests) over the live gateway "
+        "replicas, so that together they never send it more than it runs.",
+    )
+    heartbeat_s: float = Field(
+        2.0, gt=0, le=600, description="How often a replica writes its heartbeat into Redis, s."
+    )
+    ttl_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="A replica not heard from for this long is gone (its window share goes back to the "
+        "others), s; more than heartbeat_s.",
+    )
+
+    @model_validator(mode="after")
+    def _ttl_above_period(self) -> ReplicaSettings:
+        if self.ttl_s <= self.heartbeat_s:
+            raise ValueError("replicas.ttl_s must be more than replicas.heartbeat_s")
+        return self
+
+
+class PlannerSettings(BaseModel):
+    """``radixgate_desired_workers{model}``: how many workers each model needs
+    (:class:`policies.planner.Planner`, docs/scaling.md). The gateway only publishes the number; KEDA (or
+    an operator) acts on it. On by default: it costs one decision per model every ``interval_s``.
+    """
+
+    model_config = FINITE
+
+    enabled: bool = Field(True, description="Publish radixgate_desired_workers{model} (the planner).")
+    interval_s: float = Field(10.0, gt=0, le=3600, description="How often the planner decides, s.")
+    min_workers: int = Field(1, ge=0, description="Floor of the decision, workers.")
+    max_workers: int = Field(64, ge=1, description="Ceiling of the decision, workers.")
+    target_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of a worker's capacity the decision plans to fill."
+    )
+    cold_start_s: float = Field(
+        300.0,
+        ge=0,
+        description="From asking for a worker to its first answer, s (the forecast's horizon; 300 s: a "
+        "70B TP-8 worker, docs/scaling.md).",
+    )
+    scale_down_window_s: float = Field(
+        120.0, ge=0, description="The decision falls no lower than the highest need of this past window, s."
+    )
+    scale_down_margin: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="A scale-down to n workers needs the load over n to stay within this share of "
+        "target_utilization (the dead band against flapping).",
+    )
+    kv_target: float = Field(0.8, gt=0, le=1, description="KV cache usage the planned batch may reach.")
+    goal_fraction: float = Field(
+        0.5, gt=0, le=1, description="Share of a class's TTFT goal the planned batch's steps may take."
+    )
+    forecast_median_samples: int = Field(
+        7,
+        ge=1,
+        le=1000,
+        description="Arrival-rate samples in the forecast's running median (bursts "
+        "shorter than half of them x interval_s are ignored).",
+    )
+    forecast_level_tau_s: float = Field(20.0, gt=0, description="Time constant of the forecast's level, s.")
+    forecast_trend_tau_s: float = Field(60.0, gt=0, description="Time constant of the forecast's trend, s.")
+    prior_capacity_rps: float | None = Field(
+        None,
+        gt=0,
+        description="A worker's capacity, requests/s at a full window, from a profiling run: used until "
+        "a worker is measured running full (unset: the decision holds until then).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PlannerSettings:
+        if self.max_workers < max(1, self.min_workers):
+            raise ValueError("planner.max_workers must be at least planner.min_workers")
+        return self
+
+    def config(self) -> PlannerConfig:
+        """The pure planner's configuration."""
+        return PlannerConfig(
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            interval_s=self.interval_s,
+            cold_start_s=self.cold_start_s,
+            target_utilization=self.target_utilization,
+            scale_down_margin=self.scale_down_margin,
+            scale_down_window_s=self.scale_down_window_s,
+            kv_target=self.kv_target,
+            goal_fraction=self.goal_fraction,
+            forecast=ForecastConfig(
+                median_samples=self.forecast_median_samples,
+                level_tau_s=self.forecast_level_tau_s,
+                trend_tau_s=self.forecast_trend_tau_s,
+            ),
+        )
+
+
+__all__ = ["PlannerSettings", "ReplicaSettings"]
