@@ -68,10 +68,23 @@ def store_operation(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any,
     return _guarded(fn, timed=True)
 
 
-def cached_store_operation(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """:func:`store_operation` for a method that may answer from a local cache with no Redis call: not
-    timed here (its cache hits would bury the Redis calls' latency); it times its own Redis reads."""
+def untimed_store_operation(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """:func:`store_operation` for a method that may answer with no Redis call (from a local cache, or
+    with nothing to write): not timed here (its answers in microseconds would bury the Redis calls'
+    latency); it times its own Redis calls (:func:`timed_call`)."""
     return _guarded(fn, timed=False)
+
+
+async def timed_call(observe: CallObserver | None, operation: str, call: Awaitable[R]) -> R:
+    """``await call``, told to ``observe`` (when set) as one call of ``operation`` that took the time
+    from here to its answer or failure (``time.perf_counter``, s)."""
+    if observe is None:
+        return await call
+    start = time.perf_counter()
+    try:
+        return await call
+    finally:
+        observe(operation, time.perf_counter() - start)
 
 
 def _guarded(fn: Callable[P, Awaitable[R]], timed: bool) -> Callable[P, Coroutine[Any, Any, R]]:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from tenancy.errors import CallObserver, TenantNotFoundError, store_operation
+from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untimed_store_operation
 from tenancy.layout import BucketName, KeyLayout, lua
 from tenancy.models import USAGE_FIELDS, Quotas
 from tenancy.script_batch import ScriptBatcher
@@ -79,8 +79,8 @@ class QuotaLimiter:
             (:class:`tenancy.script_batch.ScriptBatcher`).
 
     Methods that take ``epoch`` check the tenant record first when it is not None (see the module).
-    ``observe_call``: told each call's latency (:func:`tenancy.errors.store_operation`; a settle's
-    linger included).
+    ``observe_call``: told each script call's latency (reserve, adjust, settle; a settle's linger
+    included), not that of a call with no bucket to touch (answered without Redis).
     """
 
     observe_call: CallObserver | None = None
@@ -120,6 +120,7 @@ class QuotaLimiter:
         buckets: list[tuple[BucketName, str, float, float, float]],
         now_ms: float | None,
         tail: list[str | float] | None = None,
+        operation: str = "QuotaLimiter.reserve",
     ) -> list[str | int]:
         keys = [self._layout.tenant(tenant_id), *(b[1] for b in buckets)]
         args: list[str | float] = [
@@ -132,10 +133,12 @@ class QuotaLimiter:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
         if tail:
             args.extend(tail)
-        result: list[str | int] = await self._batch.run(self._script, keys, args)
+        result: list[str | int] = await timed_call(
+            self.observe_call, operation, self._batch.run(self._script, keys, args)
+        )
         return result
 
-    @store_operation
+    @untimed_store_operation
     async def reserve(
         self,
         tenant_id: str,
@@ -191,7 +194,7 @@ class QuotaLimiter:
         )
         return QuotaDecision(True, False, 0.0, None, remaining, granted)
 
-    @store_operation
+    @untimed_store_operation
     async def adjust(
         self,
         tenant_id: str,
@@ -209,7 +212,7 @@ class QuotaLimiter:
         buckets = [b for b in self._buckets(tenant_id, quotas, requests, tokens) if b[4] != 0]
         if not buckets:
             return {}
-        result = await self._run(tenant_id, epoch, "adjust", buckets, now_ms)
+        result = await self._run(tenant_id, epoch, "adjust", buckets, now_ms, operation="QuotaLimiter.adjust")
         if int(result[0]) == -2:
             return {}
         return {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
@@ -224,7 +227,7 @@ class QuotaLimiter:
         r = reservation
         await self.adjust(r.tenant_id, r.quotas, 0, r.tokens - used_tokens, epoch=r.epoch)
 
-    @store_operation
+    @untimed_store_operation
     async def settle(
         self,
         reservation: Reservation,
@@ -279,5 +282,8 @@ class QuotaLimiter:
             args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
         for field, value in counts:
             args.extend([field, value])
-        result = await self._batch.run(self._settle, keys, args, self._settle_linger_s if r.linger else 0.0)
+        linger = self._settle_linger_s if r.linger else 0.0
+        result = await timed_call(
+            self.observe_call, "QuotaLimiter.settle", self._batch.run(self._settle, keys, args, linger)
+        )
         return int(result[0]) != -2

@@ -23,8 +23,8 @@ from tenancy.errors import (
     KeyNotFoundError,
     TenantExistsError,
     TenantNotFoundError,
-    cached_store_operation,
     store_operation,
+    untimed_store_operation,
 )
 from tenancy.keys import digest_matches, generate_key, key_digest, parse_key, tokens_equal
 from tenancy.layout import BUCKETS, KeyLayout, lua
@@ -332,7 +332,7 @@ class TenantStore:
         except RedisError as exc:
             log.warning("auth_invalidation_not_published", message=message, error=str(exc))
 
-    @cached_store_operation
+    @untimed_store_operation
     async def authenticate(self, presented: str) -> Tenant | None:
         """Resolve a presented API key to its tenant.
 

@@ -9,14 +9,15 @@ a garbage collection, another process on its core). The technique of Node's
 and of aiomonitor-style watchdogs; the loop's own timer resolution (about 1 ms on Linux with the default
 selector) is the floor of what it can see.
 
-Store calls: every call of a method decorated with :func:`tenancy.errors.store_operation` on a store whose
-``observe_call`` hook is set (:class:`tenancy.store.TenantStore`, :class:`tenancy.quota.QuotaLimiter`,
-:class:`tenancy.usage.UsageRecorder`) is timed from the call to its answer or failure, queueing in the
-connection pool and the script pipeline (:mod:`tenancy.script_batch`) included: the latency the request
-path waits for. ``op`` is the method's qualified name (``QuotaLimiter.reserve``, ``QuotaLimiter.settle``,
+Store calls: every Redis call of a store whose ``observe_call`` hook is set (the tenant store, the quota
+limiter and the usage recorder of :mod:`tenancy`; timed by :func:`tenancy.errors.store_operation` or, where
+a method may answer without Redis, by :func:`tenancy.errors.timed_call` around the call itself) is timed
+from the call to its answer or failure, queueing in the connection pool and the script pipeline
+(:mod:`tenancy.script_batch`) included: the latency the request path waits for. ``op`` is the method's
+qualified name (``QuotaLimiter.reserve``, ``QuotaLimiter.adjust``, ``QuotaLimiter.settle``,
 ``TenantStore.authenticate``...), the values ``radixgate_store_unavailable_total{operation}`` uses, bounded
-by the decorated methods. An authentication answered from the auth cache makes no Redis call and is not
-observed (only the key read of a cache miss is).
+by the store methods. An authentication answered from the auth cache, and a quota call for a tenant with no
+limits, make no Redis call and are not observed.
 """
 
 from __future__ import annotations

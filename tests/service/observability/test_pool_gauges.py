@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +28,8 @@ from service.observability.metrics import GatewayMetrics
 from service.observability.pool_gauges import ENGINE_SERIES, PoolGauges, scrape_engines
 from service.workers.client import SGLangClient
 from service.workers.worker_info import WorkerLoad, parse_load
+from tests.conftest import ADMIN_TOKEN
+from tests.support.prometheus import SimStack
 from tests.support.servers import ThreadedServer
 
 # what SGLang 0.5.23 writes with --enable-priority-scheduling, two DP ranks, speculative decoding: each
@@ -215,3 +219,51 @@ def test_queued_follows_the_cores_and_a_model_change_leaves_no_stale_series() ->
     assert ("http://a", "unknown") in samples(generate_latest(registry).decode(), queued_now)
     # no engine scrape configured: no engine families at all
     assert "radixgate_engine_" not in text
+
+
+def test_a_gateway_exports_its_workers_engines_and_its_own_health(
+    redis_url: str, stub_model_dir: Path
+) -> None:
+    """The app wires it all: a gateway in front of two simulated workers shows each worker's engine
+    gauges under its URL and model, its queue per worker, event-loop lag, and the store calls a request
+    with quotas makes."""
+    obs = {"engine_scrape_s": 0.1, "loop_lag_interval_s": 0.02}
+    with (
+        SimStack(redis_url, stub_model_dir, observability=obs) as stack,
+        httpx.Client(base_url=stack.url, timeout=30) as http,
+    ):
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        limits = {"requests_per_min": 1000, "tokens_per_min": 1_000_000}
+        body = {"id": "gauged", "name": "g", "priority_class": "standard", "quotas": limits}
+        assert http.post("/admin/tenants", json=body, headers=admin).status_code == 201
+        issued = http.post("/admin/tenants/gauged/keys", json={"name": "k"}, headers=admin).json()
+        auth = {"Authorization": f"Bearer {issued['api_key']}"}
+        for i in range(2):
+            resp = http.post("/v1/chat/completions", json=stack.chat(f"q{i}"), headers=auth)
+            assert resp.status_code == 200, resp.text
+        workers = {(s.url, SimStack.MODEL) for s in stack.worker_servers}
+        text = ""
+        for _ in range(100):
+            text = http.get("/metrics").text
+            engines = set(samples(text, "radixgate_engine_token_usage"))
+            if engines == workers and "QuotaLimiter.settle" in text:
+                break
+            time.sleep(0.05)
+    for series in ENGINE_SERIES[:5]:  # the simulation has no speculative decoding
+        assert set(samples(text, series.name)) == workers, series.name
+    assert set(samples(text, "radixgate_worker_queued_requests")) == workers
+    calls = {
+        s.labels["op"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "radixgate_store_call_seconds_count"
+    }
+    assert calls.get("QuotaLimiter.reserve", 0) >= 1 and calls.get("QuotaLimiter.settle", 0) >= 1, calls
+    assert calls.get("TenantStore.authenticate", 0) >= 1, calls
+    lag = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "radixgate_event_loop_lag_seconds_count"
+    ]
+    assert lag and lag[0] > 0

@@ -94,6 +94,12 @@ async def test_store_calls_are_timed_per_operation(redis_client: aioredis.Redis)
         await broken.reserve("acme", limits, 10)
     assert count(registry, name, op="QuotaLimiter.reserve") == 4
 
+    # a tenant with no limits: answered with no Redis call, not counted
+    assert (await quota.reserve("acme", Quotas(), 10)).allowed
+    assert count(registry, name, op="QuotaLimiter.reserve") == 4
+    await quota.refund(reservation)
+    assert count(registry, name, op="QuotaLimiter.adjust") == 1
+
     # a store with no hook set is not timed
     plain = QuotaLimiter(redis_client, "sc1:")
     await plain.reserve("acme", limits, 10)
