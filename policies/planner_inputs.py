@@ -12,8 +12,13 @@ gateway's would:
    (:meth:`policies.estimates.WorkerEstimates.capacity`, requests/s at a full window), kept only from
    moments it ran full (its window at least :data:`FULL_FRACTION` used, or requests waiting for it: below
    saturation Little's law reads a short step and overstates it), scaled from this core's window share to
-   the engine's whole window; the engines' running batch and KV usage (their load reports); while no worker
-   has been measured full, ``prior_capacity_rps``, a profiled figure;
+   the engine's whole window; the engines' running batch and KV usage (their load reports). With
+   ``prior_capacity_rps``, a worker's capacity at the classes' goals from a profiling run (what Dynamo's
+   SLA planner profiles before deployment: throughput per replica at the TTFT target), the measured
+   capacity counts only where it is lower (a slower engine, a heavier mix): at a full window a worker
+   completes more than it serves within the goals (the fleet experiment's mix: 36-40 requests/s measured
+   running full, 25 within the goals), so a higher measure is throughput past the goals, not capacity
+   at them. Without a prior, the measured capacity alone (the planner holds until there is one);
 2. :func:`combine`: several gateway replicas' measures of one model as one (arrivals, queues and cache
    tokens add up; capacity, batch and KV usage average: every replica sees the same engines);
 3. :meth:`PlannerMeter.inputs`: the combined measure as the planner's inputs, the worker model from the
@@ -80,8 +85,9 @@ class PlannerMeter:
     """One model's measures between the planner's decisions (module docstring, steps 1 and 3).
 
     Args:
-        prior_capacity_rps: a worker's capacity from a profiling run, requests/s at a full window; used
-            while no eligible worker has been measured running full (None: the planner holds until then).
+        prior_capacity_rps: a worker's capacity at the classes' goals from a profiling run, requests/s:
+            the planner plans with it, or with the capacity measured running full where that is lower
+            (None: with the measured one alone, and holds until a worker has been measured).
     """
 
     def __init__(self, prior_capacity_rps: float | None = None) -> None:
@@ -136,7 +142,9 @@ class PlannerMeter:
             saturated = snap.in_flight >= FULL_FRACTION * snap.window or snap.queued > 0
             if snap.capacity_rps and saturated and snap.window > 0:
                 full[snap.url] = snap.capacity_rps * engine_window / snap.window
-        capacity = _mean(full.values()) if full else self.prior_capacity_rps
+        measured = _mean(full.values()) if full else None
+        prior = self.prior_capacity_rps
+        capacity = prior if measured is None else measured if prior is None else min(prior, measured)
         return {
             "classes": classes,
             "capacity": capacity,

@@ -86,6 +86,9 @@ class WorkerTally:
         prompt_tokens, cached_tokens, completion_tokens: tokens of its finished requests.
         window_sizes: its AIMD window after each load poll, requests.
         busy_s: virtual seconds it had requests in flight.
+        started_s: when it was asked for (0 for the workers a run starts with), s.
+        ready_s: when it could take requests (``started_s`` + the cold start; None if it never did).
+        stopped_s: when it was gone: drained, or cancelled while starting (None while it lives).
     """
 
     requests: int = 0
@@ -94,6 +97,9 @@ class WorkerTally:
     completion_tokens: int = 0
     window_sizes: list[int] = field(default_factory=list)
     busy_s: float = 0.0
+    started_s: float = 0.0
+    ready_s: float | None = 0.0
+    stopped_s: float | None = None
 
 
 @dataclass(slots=True)

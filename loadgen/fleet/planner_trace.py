@@ -1,0 +1,208 @@
+"""The planner experiment's day-shaped trace (:mod:`loadgen.fleet.experiments_planner`), in time-lapse.
+
+A day at ``scale`` workers' worth of load per 1x (one worker's capacity at the goals times ``scale``):
+``low`` (0.3x) for ``low_s``, a half-cosine ramp to ``high`` (2x) over ``ramp_s``, ``high`` for ``peak_s``
+with a ``burst_s`` (30 s) burst at ``burst`` (3x) ``burst_at_s`` into it, a half-cosine ramp back to
+``low`` over ``ramp_s``, and ``low`` for ``tail_s``. Durations are the day's (real seconds).
+
+**Time-lapse.** The simulation runs the day ``speed`` times faster: every duration of the day, the workers'
+cold start and every period of the scaling controllers (the planner's interval, windows and forecast time
+constants, the HPA's sync period and stabilization, the WVA's interval) is divided by ``speed``; the
+requests themselves are not (their TTFT goals, prompt and output lengths, the engines' step times and
+the admission core's own estimates are real-time). What the scaling decides depends on the ratio of the
+cold start to the ramps and to the controllers' periods, which the time-lapse keeps; the requests live
+seconds, far below every scaled period (a 300 s cold start becomes 60 s at 5x, a request ~2-5 s). Reports
+give times in the day's seconds (virtual seconds x ``speed``).
+
+Classes: ``interactive`` (chat: short prompts) and ``standard`` (API calls with documents: longer prompts),
+each a Poisson stream (:mod:`loadgen.scenario`, time-rescaled by the day's rate) from a tenant of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from loadgen.fleet.bridge import fleet_requests, tenant_specs
+from loadgen.fleet.config import FleetRequest, TenantSpec
+from loadgen.scenario import Scenario, generate_requests, parse_scenario
+
+
+@dataclass(frozen=True, slots=True)
+class ClassMix:
+    """One class of the trace: its share of the arrivals, its prompts and outputs (uniform, words and
+    tokens) and its TTFT goal (the class's SLO; the gateway's default goal), ms."""
+
+    name: str
+    share: float
+    prompt_words: tuple[int, int]
+    output_tokens: tuple[int, int]
+    goal_ms: float
+    goodput_goal: float
+
+
+MIX: tuple[ClassMix, ...] = (
+    ClassMix("interactive", 0.4, (150, 250), (50, 150), 500.0, 0.99),
+    ClassMix("standard", 0.6, (600, 1000), (50, 150), 2000.0, 0.95),
+)
+"""Chat turns and API calls carrying a document; goodput goals 99% and 95% of the sent requests within their
+TTFT goal (issue 29)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DayShape:
+    """The day (module docstring). Times in the day's seconds; ``speed`` is the time-lapse factor."""
+
+    scale: float = 20.0
+    low: float = 0.3
+    high: float = 2.0
+    burst: float = 3.0
+    low_s: float = 600.0
+    ramp_s: float = 1200.0
+    peak_s: float = 900.0
+    tail_s: float = 900.0
+    burst_at_s: float = 450.0
+    burst_s: float = 30.0
+    step_s: float = 10.0
+    speed: float = 5.0
+
+    def __post_init__(self) -> None:
+        if min(self.scale, self.low, self.high, self.speed, self.step_s) <= 0:
+            raise ValueError("scale, low, high, speed and step_s must be > 0")
+        if not 0 <= self.burst_at_s <= self.peak_s - self.burst_s:
+            raise ValueError("the burst must lie inside the peak")
+
+    @property
+    def day_s(self) -> float:
+        """The day's length, s."""
+        return self.low_s + 2 * self.ramp_s + self.peak_s + self.tail_s
+
+    @property
+    def burst_window(self) -> tuple[float, float]:
+        """The burst's start and end, day s."""
+        start = self.low_s + self.ramp_s + self.burst_at_s
+        return start, start + self.burst_s
+
+    def multiple(self, t: float) -> float:
+        """The rate at day time ``t`` (s), in multiples of ``scale`` workers' capacity; the burst included."""
+        b0, b1 = self.burst_window
+        if b0 <= t < b1:
+            return self.burst
+        return self.base(t)
+
+    def base(self, t: float) -> float:
+        """The rate at day time ``t`` without the burst, multiples."""
+        lo, hi = self.low, self.high
+        up = self.low_s
+        top = up + self.ramp_s
+        down = top + self.peak_s
+        end = down + self.ramp_s
+        if t < up or t >= end:
+            return lo
+        if t < top:
+            return lo + (hi - lo) * (1 - math.cos(math.pi * (t - up) / self.ramp_s)) / 2
+        if t < down:
+            return hi
+        return hi - (hi - lo) * (1 - math.cos(math.pi * (t - down) / self.ramp_s)) / 2
+
+    def steady(self) -> list[tuple[float, float]]:
+        """The stretches of steady load (the plateaus, the burst included), day s."""
+        top = self.low_s + self.ramp_s
+        end = top + self.peak_s + self.ramp_s
+        return [(0.0, self.low_s), (top, top + self.peak_s), (end, end + self.tail_s)]
+
+    def schedule(self, unit_rps: float, share: float) -> list[dict[str, float]]:
+        """The arrival rate as ``loadgen.scenario`` steps (virtual s, requests/s), every ``step_s`` of the day
+        (its mean over the step) and at the burst's edges; ``unit_rps``: one worker's capacity."""
+        points = {round(k * self.step_s, 9) for k in range(int(self.day_s // self.step_s) + 1)}
+        points |= set(self.burst_window)
+        edges = [*sorted(p for p in points if p < self.day_s), self.day_s]
+        steps = []
+        for a, b in itertools.pairwise(edges):
+            n = 8
+            mean = sum(self.multiple(a + (i + 0.5) * (b - a) / n) for i in range(n)) / n
+            rate = mean * self.scale * unit_rps * share
+            steps.append({"at_s": a / self.speed, "rate_rps": rate})
+        return steps
+
+
+def class_scenario(c: ClassMix, day: DayShape, unit_rps: float, seed: int) -> Scenario:
+    """One class's Poisson stream over the day (virtual time), from tenant ``c.name``."""
+    steps = day.schedule(unit_rps, c.share)
+    return parse_scenario(
+        {
+            "name": f"planner-day-{c.name}",
+            "seed": seed,
+            "duration_s": day.day_s / day.speed,
+            "warmup_s": 0.0,
+            "tenants": [{"id": c.name, "priority_class": c.name}],
+            "slo": {c.name: {"ttft_ms": c.goal_ms}},
+            "arrival": {"rate_rps": steps[0]["rate_rps"], "schedule": steps},
+            "prompts": _prompts(c),
+        }
+    )
+
+
+def _prompts(c: ClassMix) -> dict[str, Any]:
+    return {
+        "system_prompts": {"count": 0},
+        "user_turn": {"kind": "uniform", "low": c.prompt_words[0], "high": c.prompt_words[1]},
+        "output": {"kind": "uniform", "low": c.output_tokens[0], "high": c.output_tokens[1]},
+    }
+
+
+def steady_scenario(c: ClassMix, rate_rps: float, duration_s: float, seed: int) -> Scenario:
+    """One class's Poisson stream at a constant rate (for the capacity search)."""
+    return parse_scenario(
+        {
+            "name": f"planner-steady-{c.name}",
+            "seed": seed,
+            "duration_s": duration_s,
+            "warmup_s": 0.0,
+            "tenants": [{"id": c.name, "priority_class": c.name}],
+            "slo": {c.name: {"ttft_ms": c.goal_ms}},
+            "arrival": {"rate_rps": rate_rps},
+            "prompts": _prompts(c),
+        }
+    )
+
+
+def merged_requests(scenarios: list[Scenario]) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
+    """The classes' requests as one stream (rids prefixed with the tenant) and the tenants."""
+    out: list[FleetRequest] = []
+    tenants: dict[str, TenantSpec] = {}
+    for sc in scenarios:
+        tenants.update(tenant_specs(sc))
+        prefix = sc.tenants[0].id
+        out += [replace(r, rid=f"{prefix}/{r.rid}") for r in fleet_requests(generate_requests(sc))]
+    out.sort(key=lambda r: (r.arrival_s, r.rid))
+    return out, tenants
+
+
+def day_requests(
+    day: DayShape, unit_rps: float, mix: tuple[ClassMix, ...] = MIX, seed: int = 1
+) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
+    """The day's requests (virtual time) and tenants."""
+    return merged_requests([class_scenario(c, day, unit_rps, seed + k) for k, c in enumerate(mix)])
+
+
+def steady_requests(
+    rate_rps: float, duration_s: float, mix: tuple[ClassMix, ...] = MIX, seed: int = 1
+) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
+    """Constant-rate requests of the mix (virtual time) and tenants."""
+    return merged_requests(
+        [steady_scenario(c, rate_rps * c.share, duration_s, seed + k) for k, c in enumerate(mix)]
+    )
+
+
+__all__ = [
+    "MIX",
+    "ClassMix",
+    "DayShape",
+    "class_scenario",
+    "day_requests",
+    "merged_requests",
+    "steady_requests",
+]
