@@ -119,15 +119,16 @@ class QueueRule:
     def decide(self, view: LaneView, now: float) -> int:
         """One HPA sync (module docstring)."""
         current = self._current
-        if current is None:
+        recs = self._recommendations
+        if current is None:  # as if it had held the workers it finds for a whole window
             current = view.count("ready") + view.count("starting")
+            recs.append((now, current))
         waiting = sum(view.waiting().values())
         ratio = waiting / (self.target * current) if current else math.inf
         rec = current if abs(ratio - 1.0) <= self.tolerance else math.ceil(waiting / self.target)
         rec = min(self.max_workers, max(self.min_workers, rec))
-        recs = self._recommendations
         recs.append((now, rec))
-        while recs and recs[0][0] < now - self.down_window_s:
+        while len(recs) > 1 and recs[0][0] < now - self.down_window_s:
             recs.popleft()
         if rec > current:
             desired = min(rec, max(2 * current, current + 4))
