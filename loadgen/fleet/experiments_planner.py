@@ -203,7 +203,9 @@ def meets_goals(records: Sequence[RequestRecord], mix: Sequence[ClassMix], warmu
     return all((goodput(kept, c) or 0.0) >= c.goodput_goal for c in mix)
 
 
-def _probe(per_worker: float, workers: int, duration_s: float, warmup_s: float, mix: tuple[ClassMix, ...]) -> bool:
+def _probe(
+    per_worker: float, workers: int, duration_s: float, warmup_s: float, mix: tuple[ClassMix, ...]
+) -> bool:
     requests, tenants = steady_requests(per_worker * workers, duration_s, mix)
     setup = Setup(mix=mix)
     result = simulate(setup.fleet(workers, tenants), requests)
@@ -242,7 +244,8 @@ def verdicts(rows: dict[str, dict[str, Any]], mix: Sequence[ClassMix]) -> dict[s
         # at the same goodput: a rule that reaches the planner's goodput must cost more; one that does
         # not reach the goals is beaten by a planner that does
         same = all(
-            (r["goodput_outside"][c.name] or 0.0) >= (p["goodput_outside"][c.name] or 0.0) - 0.005 for c in mix
+            (r["goodput_outside"][c.name] or 0.0) >= (p["goodput_outside"][c.name] or 0.0) - 0.005
+            for c in mix
         )
         rules[name] = {
             "same_goodput": same,

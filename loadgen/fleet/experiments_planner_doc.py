@@ -1,4 +1,5 @@
-"""Experiment 6's section of ``docs/experiments.md`` and its plot (:mod:`loadgen.fleet.experiments_planner`)."""
+"""Experiment 6's section of ``docs/experiments.md`` and its plot
+(:mod:`loadgen.fleet.experiments_planner`)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def workers_plot(path: Path, figures: dict[str, Any], setup: Setup) -> Path:
             ax.step(minutes, rows[name]["held"], where="mid", label=LABELS[name], linewidth=1.4)
         ax.set_xlabel("minute of the day")
         ax.set_ylabel("workers held (8 H100 each)")
-        ax.set_title(f"Workers over the day ({day.speed:g}x time-lapse, cold start {setup.cold_start_s:.0f} s)")
+        ax.set_title(
+            f"Workers over the day ({day.speed:g}x time-lapse, cold start {setup.cold_start_s:.0f} s)"
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
         fig.tight_layout()
@@ -109,9 +112,7 @@ def write_planner(doc: Path, figures: dict[str, Any], setup: Setup) -> None:
             "same goodput, more GPU-hours"
             if r["same_goodput"]
             else "the rule misses the goodput goals"
-            if not all(
-                (rows[name]["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in setup.mix
-            )
+            if not all((rows[name]["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in setup.mix)
             else "the rule's goodput is higher"
         )
         goals.append(
@@ -152,8 +153,8 @@ the simulation: every duration of the day, the cold start and every controller's
 The scaling problem keeps its proportions (the cold start against the ramps and the controllers'
 periods); requests live a few seconds, far below every scaled period. Times here are the day's.
 
-**Policies.** *Planner*: the gateway's defaults (every {pc.interval_s:.0f} s; forecast {pc.cold_start_s
-+ pc.interval_s:.0f} s ahead, the cold start plus one interval; target utilization
+**Policies.** *Planner*: the gateway's defaults (every {pc.interval_s:.0f} s; forecast {
+        pc.cold_start_s + pc.interval_s:.0f} s ahead, the cold start plus one interval; target utilization
 {pc.target_utilization:g}; down only to the highest need of the last {pc.scale_down_window_s:.0f} s and
 only while the load projected onto N-1 workers stays under {pc.scale_down_margin:g} x the target), with the
 profiling run's capacity as `planner.prior_capacity_rps`. *Oracle*: per minute, the fewest workers that
@@ -177,8 +178,8 @@ GPU-hours are the day's ({GPUS_PER_WORKER} GPUs per worker, from the request to 
 Goodput: share of the sent requests whose first token came within the class's goal (shed requests count
 as misses); outside the burst leaves out the arrivals from the burst's start to one standard goal after
 its end. Direction changes: reversals of the policy's decision (a rise followed by a fall or the reverse)
-within the steady stretches (the three plateaus, burst included: {sum(b - a for a, b in day.steady()) / 60:.0f}
-minutes). The planner's decisions by reason: {reasons}.
+within the steady stretches (the three plateaus, burst included:
+{sum(b - a for a, b in day.steady()) / 60:.0f} minutes). The planner's decisions by reason: {reasons}.
 
 {table(["goal (issue 29)", "figure", "verdict"], goals)}
 
