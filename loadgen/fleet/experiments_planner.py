@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loadgen.fleet.config import FleetConfig, TenantSpec
 from loadgen.fleet.controllers import (
@@ -62,6 +62,11 @@ class Setup:
         planner: the planner's settings in the day's seconds (the gateway's defaults unless changed).
         mix: the classes.
         seed: the trace's seed.
+        miss_policy: where the cache-aware router sends a cache miss (``CacheAwareConfig.miss_policy``).
+            ``least_load`` here: with the gateway's default, ``smallest_tree``, a worker that joins has the
+            smallest tree and takes every miss until its tree has caught up with the others', so that with
+            prompts that share no prefix, each scale-up sends all new traffic to the new workers while the
+            others idle (the section shows the oracle's goodput both ways).
     """
 
     day: DayShape = field(default_factory=DayShape)
@@ -70,6 +75,7 @@ class Setup:
     planner: PlannerConfig = field(default_factory=lambda: PlannerSettings().config())
     mix: tuple[ClassMix, ...] = MIX
     seed: int = 1
+    miss_policy: Literal["smallest_tree", "least_load"] = "least_load"
 
     @property
     def speed(self) -> float:
@@ -93,7 +99,8 @@ class Setup:
         """The fleet: ``workers`` serving at time 0, the mix's goals, the time-lapsed cold start."""
         slo = {c.name: c.goal_ms for c in self.mix}
         config = FleetConfig(profile=PROFILE, workers=workers, cold_start_s=self.virtual(self.cold_start_s))
-        return replace(config, tenants=tenants).with_core(classes=goals(slo))
+        routing = replace(config.core.cache_aware, miss_policy=self.miss_policy)
+        return replace(config, tenants=tenants).with_core(classes=goals(slo), cache_aware=routing)
 
 
 def lapsed_planner(config: PlannerConfig, speed: float, cold_start_s: float) -> PlannerConfig:

@@ -15,19 +15,24 @@ seconds, far below every scaled period (a 300 s cold start becomes 60 s at 5x, a
 give times in the day's seconds (virtual seconds x ``speed``).
 
 Classes: ``interactive`` (chat: short prompts) and ``standard`` (API calls with documents: longer prompts),
-each a Poisson stream (:mod:`loadgen.scenario`, time-rescaled by the day's rate) from a tenant of its own.
+each a Poisson stream (time-rescaled by the day's rate, :func:`loadgen.scenario.arrival_times`) from a
+tenant of its own. Prompts are cut from a seeded pool of :data:`loadgen.scenario.WORDS` (the scenario
+planner draws every word, which took a minute of CPU per run of the day's half-million requests).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+import random
+from dataclasses import dataclass
 
-from loadgen.fleet.bridge import fleet_requests, tenant_specs
+from loadgen.fleet.bridge import render_chatml
 from loadgen.fleet.config import FleetRequest, TenantSpec
-from loadgen.scenario import Scenario, generate_requests, parse_scenario
+from loadgen.scenario import WORDS, Arrival, ChatMessage, RateStep, arrival_times
+
+_POOL = 50_000
+"""Words in each class's seeded pool that prompts are cut from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +64,14 @@ class DayShape:
     low: float = 0.3
     high: float = 2.0
     burst: float = 3.0
-    low_s: float = 600.0
-    ramp_s: float = 1200.0
-    peak_s: float = 900.0
-    tail_s: float = 900.0
-    burst_at_s: float = 450.0
+    low_s: float = 360.0
+    ramp_s: float = 900.0
+    peak_s: float = 720.0
+    tail_s: float = 720.0
+    burst_at_s: float = 360.0
     burst_s: float = 30.0
     step_s: float = 10.0
-    speed: float = 5.0
+    speed: float = 8.0
 
     def __post_init__(self) -> None:
         if min(self.scale, self.low, self.high, self.speed, self.step_s) <= 0:
@@ -128,80 +133,65 @@ class DayShape:
         return steps
 
 
-def class_scenario(c: ClassMix, day: DayShape, unit_rps: float, seed: int) -> Scenario:
-    """One class's Poisson stream over the day (virtual time), from tenant ``c.name``."""
-    steps = day.schedule(unit_rps, c.share)
-    return parse_scenario(
-        {
-            "name": f"planner-day-{c.name}",
-            "seed": seed,
-            "duration_s": day.day_s / day.speed,
-            "warmup_s": 0.0,
-            "tenants": [{"id": c.name, "priority_class": c.name}],
-            "slo": {c.name: {"ttft_ms": c.goal_ms}},
-            "arrival": {"rate_rps": steps[0]["rate_rps"], "schedule": steps},
-            "prompts": _prompts(c),
-        }
-    )
+def _arrivals(steps: list[dict[str, float]], horizon_s: float, rng: random.Random) -> list[float]:
+    """Poisson arrival times (s) under a piecewise-constant rate (``loadgen.scenario``'s time rescaling)."""
+    arrival = Arrival(rate_rps=steps[0]["rate_rps"], schedule=[RateStep(**st) for st in steps])
+    return arrival_times(arrival, horizon_s, rng)
 
 
-def _prompts(c: ClassMix) -> dict[str, Any]:
-    return {
-        "system_prompts": {"count": 0},
-        "user_turn": {"kind": "uniform", "low": c.prompt_words[0], "high": c.prompt_words[1]},
-        "output": {"kind": "uniform", "low": c.output_tokens[0], "high": c.output_tokens[1]},
-    }
+def class_requests(
+    c: ClassMix, steps: list[dict[str, float]], horizon_s: float, seed: int
+) -> list[FleetRequest]:
+    """One class's requests: Poisson arrivals at ``steps``' rate (virtual s) over ``[0, horizon_s)``; each
+    prompt the ChatML rendering of ``Question CLASS-N:`` and a run of words from a seeded pool (no two
+    prompts share more than their template's first tokens, as in a stream of independent calls), its
+    ``max_tokens`` uniform in the class's range. Rids ``CLASS/N``; the tenant is the class."""
+    rng = random.Random(f"radixgate-planner-trace:{seed}:{c.name}")
+    pool = rng.choices(WORDS, k=_POOL)
+    out = []
+    for i, t in enumerate(_arrivals(steps, horizon_s, rng)):
+        n = rng.randint(*c.prompt_words)
+        start = rng.randrange(_POOL - n)
+        text = f"Question {c.name}-{i}: " + " ".join(pool[start : start + n])
+        prompt = render_chatml([ChatMessage("user", text)])
+        tokens = rng.randint(*c.output_tokens)
+        out.append(FleetRequest(f"{c.name}/{i}", t, c.name, prompt, tokens, priority_class=c.name))
+    return out
 
 
-def steady_scenario(c: ClassMix, rate_rps: float, duration_s: float, seed: int) -> Scenario:
-    """One class's Poisson stream at a constant rate (for the capacity search)."""
-    return parse_scenario(
-        {
-            "name": f"planner-steady-{c.name}",
-            "seed": seed,
-            "duration_s": duration_s,
-            "warmup_s": 0.0,
-            "tenants": [{"id": c.name, "priority_class": c.name}],
-            "slo": {c.name: {"ttft_ms": c.goal_ms}},
-            "arrival": {"rate_rps": rate_rps},
-            "prompts": _prompts(c),
-        }
-    )
-
-
-def merged_requests(scenarios: list[Scenario]) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
-    """The classes' requests as one stream (rids prefixed with the tenant) and the tenants."""
-    out: list[FleetRequest] = []
-    tenants: dict[str, TenantSpec] = {}
-    for sc in scenarios:
-        tenants.update(tenant_specs(sc))
-        prefix = sc.tenants[0].id
-        out += [replace(r, rid=f"{prefix}/{r.rid}") for r in fleet_requests(generate_requests(sc))]
+def merged_requests(
+    parts: list[list[FleetRequest]], mix: tuple[ClassMix, ...]
+) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
+    """The classes' requests as one stream, in arrival order, and one tenant per class."""
+    out = [r for part in parts for r in part]
     out.sort(key=lambda r: (r.arrival_s, r.rid))
-    return out, tenants
+    return out, {c.name: TenantSpec(c.name, priority_class=c.name) for c in mix}
 
 
 def day_requests(
     day: DayShape, unit_rps: float, mix: tuple[ClassMix, ...] = MIX, seed: int = 1
 ) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
     """The day's requests (virtual time) and tenants."""
-    return merged_requests([class_scenario(c, day, unit_rps, seed + k) for k, c in enumerate(mix)])
+    horizon = day.day_s / day.speed
+    parts = [class_requests(c, day.schedule(unit_rps, c.share), horizon, seed) for c in mix]
+    return merged_requests(parts, mix)
 
 
 def steady_requests(
     rate_rps: float, duration_s: float, mix: tuple[ClassMix, ...] = MIX, seed: int = 1
 ) -> tuple[list[FleetRequest], dict[str, TenantSpec]]:
     """Constant-rate requests of the mix (virtual time) and tenants."""
-    return merged_requests(
-        [steady_scenario(c, rate_rps * c.share, duration_s, seed + k) for k, c in enumerate(mix)]
-    )
+    parts = [
+        class_requests(c, [{"at_s": 0.0, "rate_rps": rate_rps * c.share}], duration_s, seed) for c in mix
+    ]
+    return merged_requests(parts, mix)
 
 
 __all__ = [
     "MIX",
     "ClassMix",
     "DayShape",
-    "class_scenario",
+    "class_requests",
     "day_requests",
     "merged_requests",
     "steady_requests",
