@@ -1,9 +1,10 @@
 """How many workers a model needs: the autoscaling signal ``radixgate_desired_workers{model}`` (pure).
 
-The gateway (``service/pipeline/planner_task.py``) and the fleet simulation (``loadgen/fleet/scaling.py``)
-call :meth:`Planner.decide` every :attr:`PlannerConfig.interval_s` with what the admission core measured
-(:meth:`EngineModel.from_capacity`) or, in the simulator, the workers' step-time profile; it returns the
-worker count to run and why. No clock, no I/O.
+The gateway (``service/pipeline/planner_task.py``) and the fleet simulation
+(``loadgen/fleet/controllers.py``, driven by ``loadgen/fleet/scaling.py``) call :meth:`Planner.decide`
+every :attr:`PlannerConfig.interval_s` with what the admission core measured, built the same way by both
+(:mod:`policies.planner_inputs`, :meth:`EngineModel.from_capacity`); it returns the worker count to run and
+why. No clock, no I/O.
 
 **Per-worker capacity** (the work one request costs a worker, s). An aggregated SGLang worker runs
 prefill and decode in the same steps (continuous batching); a step over a batch of ``B`` decoding
