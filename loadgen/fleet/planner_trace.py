@@ -64,14 +64,14 @@ class DayShape:
     low: float = 0.3
     high: float = 2.0
     burst: float = 3.0
-    low_s: float = 360.0
-    ramp_s: float = 900.0
-    peak_s: float = 720.0
-    tail_s: float = 720.0
-    burst_at_s: float = 360.0
+    low_s: float = 300.0
+    ramp_s: float = 1500.0
+    peak_s: float = 600.0
+    tail_s: float = 600.0
+    burst_at_s: float = 300.0
     burst_s: float = 30.0
     step_s: float = 10.0
-    speed: float = 8.0
+    speed: float = 10.0
 
     def __post_init__(self) -> None:
         if min(self.scale, self.low, self.high, self.speed, self.step_s) <= 0:
