@@ -11,8 +11,9 @@ worker, but:
 - it queues, routes, sheds and expires only the requests the load balancer gave it, and its estimates
   (capacity, engine TTFT, calibration) and its router's prefix tree learn only from what it dispatched;
 - its load reports are the engine's own (``num_running_reqs``, ``num_queue_reqs``, ``token_usage``: every
-  replica's requests together), with ``max_running_requests`` replaced by its share, as the gateway's
-  scheduler reports them to its core.
+  replica's requests together), with ``max_running_requests`` replaced by its share and ``replica_share``
+  set to that share over the engine's (:class:`policies.windows.LoadReport`), as the gateway's scheduler
+  reports them to its core.
 
 :class:`GatewayReplicas` holds one model's N cores and offers the part of the core's interface the
 simulation drives, so :class:`loadgen.fleet.sim.FleetSim` runs N replicas as it runs one. The load balancer
@@ -122,10 +123,20 @@ class GatewayReplicas:
             return max_running
         return window_share(max_running, self.ids, self.ids[replica])
 
+    def replica_share(self, replica: int, max_running: int) -> float:
+        """``replica``'s part of a worker's work: its window share over ``max_running`` (1 without
+        sharing: each replica then counts the engine's work as all its own, as the gateway does)."""
+        if not self.share_windows or max_running < 1:
+            return 1.0
+        return min(1.0, self.share(replica, max_running) / max_running)
+
     def add_worker(self, url: str, max_running: int | None = None) -> None:
         """Every replica adds the worker, with its share of ``max_running`` when known."""
         for i, core in enumerate(self.cores):
-            core.add_worker(url, None if max_running is None else self.share(i, max_running))
+            if max_running is None:
+                core.add_worker(url)
+            else:
+                core.add_worker(url, self.share(i, max_running), self.replica_share(i, max_running))
 
     def remove_worker(self, url: str, now: float) -> list[Decision]:
         """Every replica forgets the worker; their queues there are placed again (or shed)."""
@@ -161,6 +172,12 @@ class GatewayReplicas:
 
     def __len__(self) -> int:
         return sum(len(core) for core in self.cores)
+
+    @property
+    def holding(self) -> int:
+        """Requests some replica holds (queued or dispatched); shed, expired and finished ones are
+        forgotten."""
+        return len(self._owner)
 
     # -- events ---------------------------------------------------------------------------------------
     def arrive(self, req: AdmissionRequest, now: float) -> list[Decision]:
@@ -199,8 +216,13 @@ class GatewayReplicas:
         out: list[Decision] = []
         for i, core in enumerate(self.cores):
             mine = report
-            if report.max_running is not None and report.max_running > 0:
-                mine = replace(report, max_running=self.share(i, report.max_running))
+            engine_max = report.max_running
+            if engine_max is not None and engine_max > 0:
+                mine = replace(
+                    report,
+                    max_running=self.share(i, engine_max),
+                    replica_share=self.replica_share(i, engine_max),
+                )
             out += core.load(url, mine, now)
         return self._collect([out])
 

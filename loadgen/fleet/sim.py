@@ -289,6 +289,7 @@ class FleetSim:
         rec.dispatch_s, rec.worker, rec.route_reason = now, w.index, d.route.reason
         w.in_flight += 1
         w.tally.requests += 1
+        w.tally.peak_in_flight = max(w.tally.peak_in_flight, w.in_flight)
         if w.busy_since is None:
             w.busy_since = now
         w.jobs[rec.rid] = job
