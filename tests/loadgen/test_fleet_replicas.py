@@ -13,7 +13,6 @@ import pytest
 
 from loadgen.fleet import sim as sim_module
 from loadgen.fleet.config import FleetConfig, FleetRequest, TenantSpec
-from loadgen.fleet.experiments_common import capacity
 from loadgen.fleet.experiments_replicas import TOLERANCE, Variant, replicas_figures
 from loadgen.fleet.records import FleetResult
 from loadgen.fleet.replicas import (
@@ -170,18 +169,25 @@ def test_load_reports_reach_each_replica_with_its_share() -> None:
 
 
 # ----------------------------------------------------------------------------------------- experiment 6
+CAPACITY_2_WORKERS = 98.75
+"""What 2 workers serve with 99% of TTFTs under 500 ms (RPS): ``capacity(workers=2, lo=20, hi=200, steps=5,
+duration_s=30)``, experiment 3's bisection at a smaller scale (7 s more to find it again here). The test
+checks that the loads made of it stay below and past capacity."""
+
+
 def test_replicas_serve_as_one_does_within_five_percent() -> None:
-    """Reduced experiment 6: 2 workers for 30 s, 1-3 replicas at 80% and 120% of their capacity: each
-    class's goodput no more than 5% below one replica's, its TTFT P50 and P99 no more than 5% above. Each
-    replica counting the engine's prefill backlog as its own alone (``replica_share`` 1), the interactive
-    P99 TTFT at 120% rose 8% with 2 replicas."""
-    cap = capacity(workers=2, lo=20.0, hi=200.0, steps=5, duration_s=30.0)
+    """Reduced experiment 6: 2 workers for 60 s, 1-3 replicas at 80% and 120% of their capacity: each
+    class's goodput no more than 5% below one replica's, its TTFT P50 and P99 no more than 5% above (worst
+    here: +4.7%, +3.4% and +3.4% TTFT with arrival seeds 1, 2 and 3; at 30 s the seeds' noise alone moved
+    figures by 5-14%). Each replica counting the engine's prefill backlog as its own alone
+    (``replica_share`` 1), the interactive P99 TTFT at 120% rose 8% with 2 replicas at 30 s."""
+    cap = CAPACITY_2_WORKERS
     head, runs = replicas_figures(
-        workers=2, duration_s=30, cap=cap, replicas=(1, 2, 3), contrasts=False, beyond=()
+        workers=2, duration_s=60, cap=cap, replicas=(1, 2, 3), contrasts=False, beyond=()
     )
     assert [r["variant"] for r in runs] == [Variant(n) for n in (1, 2, 3)] * 2
     assert head["misses"] == [] and head["within_goal"]
     assert head["worst_goodput_change"] >= -TOLERANCE and head["worst_ttft_change"] <= TOLERANCE
-    overloaded = [r for r in runs if r["rate"] > cap]
-    assert len(overloaded) == 3
-    assert all(r["classes"]["standard"]["shed_rate"] > 0.05 for r in overloaded)  # 120% is past capacity
+    below, past = runs[:3], runs[3:]
+    assert all(r["classes"][c]["shed_rate"] < 0.01 for r in below for c in r["classes"])
+    assert all(r["classes"]["standard"]["shed_rate"] > 0.1 for r in past)
