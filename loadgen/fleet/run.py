@@ -1,6 +1,7 @@
 """Run a scenario through the fleet simulation and report it like an HTTP run.
 
-``python -m loadgen.fleet SCENARIO.yaml --workers 8 --routing cache_aware [--profile P] [--json out.json]``
+``python -m loadgen.fleet SCENARIO.yaml --workers 8 --routing cache_aware [--profile P] [--replicas N
+[--balance random]] [--json out.json]``
 prints the same report as ``python -m loadgen run`` (``loadgen.report``), plus the fleet's own figures
 (per-worker balance, engine preemptions, simulation speed).
 """
@@ -103,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workers", type=_positive_int, default=4)
     ap.add_argument("--profile", default="llama-3.1-70b-h100-tp8", choices=sorted(PROFILES))
     ap.add_argument("--routing", default="cache_aware", choices=["cache_aware", "round_robin", "least_load"])
+    ap.add_argument(
+        "--replicas",
+        type=_positive_int,
+        default=1,
+        help="gateway replicas, each with its own admission core and its share of each worker's window",
+    )
+    ap.add_argument("--balance", default="round_robin", choices=["round_robin", "random"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the report as JSON here")
     args = ap.parse_args(argv)
@@ -112,9 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario = load_scenario(args.scenario)
     except ScenarioError as err:
         ap.error(str(err))
-    config = FleetConfig(profile=args.profile, workers=args.workers, seed=args.seed).with_core(
-        routing=args.routing
-    )
+    config = FleetConfig(
+        profile=args.profile,
+        workers=args.workers,
+        seed=args.seed,
+        replicas=args.replicas,
+        balance=args.balance,
+    ).with_core(routing=args.routing)
     fr = run_scenario(scenario, config)
     print_report(fr.report)
     fleet = fr.report["fleet"]

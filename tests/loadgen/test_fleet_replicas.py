@@ -5,8 +5,10 @@ one replica is the simulator as it was, and N replicas serve as one does (the re
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from loadgen.fleet.replicas import (
     lane_cores,
     replica_ids,
 )
+from loadgen.fleet.run import main as fleet_main
 from loadgen.fleet.sim import FleetSim, simulate
 from loadgen.sim.profiles import get_profile
 from policies.admission_core import AdmissionCore
@@ -166,6 +169,17 @@ def test_load_reports_reach_each_replica_with_its_share() -> None:
     unshared.add_worker("w", 64)
     assert [c.window("w").size for c in unshared.cores] == [64, 64, 64]
     assert unshared.replica_share(0, 64) == 1.0
+
+
+def test_the_command_line_runs_replicas(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    args = ["loadgen/scenarios/smoke.toml", "--workers", "2", "--replicas", "3", "--balance", "random"]
+    assert fleet_main([*args, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["overall"]["sent"] == report["overall"]["ok"] > 0
+    with pytest.raises(SystemExit) as exited:
+        fleet_main(["loadgen/scenarios/smoke.toml", "--replicas", "0"])
+    assert exited.value.code == 2 and "--replicas: at least 1" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------- experiment 6
