@@ -290,11 +290,14 @@ class RequestTiming:
 
     def overhead_s(self, e2e_s: float) -> float:
         """The gateway's own time, s: ``e2e_s`` minus the queue, the retries, the answering attempt's span
-        (its start to its answer's end) and the waits on the client; 0 at least."""
+        (its start to its answer's end, or to the request's end when the request ended while the worker
+        still had it: a client that left, a revoked key, a stream cut at shutdown) and the waits on the
+        client; 0 at least."""
         p = self.phases
         worker = 0.0
-        if self.attempt_at is not None and self.upstream_end is not None:
-            worker = max(0.0, self.upstream_end - self.attempt_at)
+        if self.attempt_at is not None:
+            end = self.upstream_end if self.upstream_end is not None else self.start + e2e_s
+            worker = max(0.0, end - self.attempt_at)
         spent = p.get("queue", 0.0) + p.get("retry", 0.0) + worker + self.client_write_s
         return max(0.0, e2e_s - spent)
 
