@@ -85,6 +85,9 @@ class ShareSummary:
         share_p99: the share that 99 % of the requests reach or pass (the 1st percentile).
         share_min: the lowest share.
         tail_share_p50: the median share among the requests whose TTFT is at or above the P99 TTFT.
+        beyond_queue_p50, beyond_queue_p99: the same two quantiles of the share of the TTFT outside the
+            gateway's queue that the other phases explain (``(named - queue) / (ttft - queue)``): a queue
+            that grows under load is timed whole and lifts the plain share; this one does not.
         ttft_p50_ms, ttft_p99_ms: the TTFT's quantiles, ms.
         unexplained_p50_ms, unexplained_p99_ms: TTFT minus the named phases, ms (P99: the largest 1 %).
         phase_mean_ms: each phase's mean over the requests (0 where a request has none), ms.
@@ -96,6 +99,8 @@ class ShareSummary:
     share_p99: float = float("nan")
     share_min: float = float("nan")
     tail_share_p50: float = float("nan")
+    beyond_queue_p50: float = float("nan")
+    beyond_queue_p99: float = float("nan")
     ttft_p50_ms: float = float("nan")
     ttft_p99_ms: float = float("nan")
     unexplained_p50_ms: float = float("nan")
@@ -113,6 +118,8 @@ def summarize(entries: Iterable[Mapping[str, Any]]) -> ShareSummary:
     shares = [share for share, _ in rows]
     ttfts = [float(e["ttft_ms"]) for _, e in rows]
     unexplained = [t * (1.0 - s) for s, t in zip(shares, ttfts, strict=True)]
+    queued = [float(e["phases_ms"].get("queue", 0.0)) for _, e in rows]
+    beyond = [1.0 - u / (t - q) for u, t, q in zip(unexplained, ttfts, queued, strict=True) if t - q > 0]
     ttft_p99 = _rank(ttfts, 0.99)
     tail = [s for s, t in zip(shares, ttfts, strict=True) if t >= ttft_p99]
     means = {
@@ -125,6 +132,8 @@ def summarize(entries: Iterable[Mapping[str, Any]]) -> ShareSummary:
         share_p99=p99,
         share_min=min(shares),
         tail_share_p50=_rank(tail, 0.5),
+        beyond_queue_p50=_rank(beyond, 0.5),
+        beyond_queue_p99=_rank(beyond, 0.01),
         ttft_p50_ms=_rank(ttfts, 0.5),
         ttft_p99_ms=ttft_p99,
         unexplained_p50_ms=_rank(unexplained, 0.5),

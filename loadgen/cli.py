@@ -332,6 +332,9 @@ def breakdown_share(
             f"P50 {s.share_p50:.3f} (goal {GOAL_P50}), P99 {s.share_p99:.3f} (goal {GOAL_P99}), "
             f"min {s.share_min:.3f}; at the P99 TTFT {s.tail_share_p50:.3f}"
         )
+        console.print(
+            f"outside the gateway's queue: P50 {s.beyond_queue_p50:.3f}, P99 {s.beyond_queue_p99:.3f}"
+        )
         console.print(f"unexplained P50 {s.unexplained_p50_ms:.2f} ms, P99 {s.unexplained_p99_ms:.2f} ms")
         for name, ms in s.phase_mean_ms.items():
             console.print(f"  {name:>17}: {ms:9.3f} ms mean")

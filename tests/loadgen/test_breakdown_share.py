@@ -58,6 +58,8 @@ def test_the_summary_takes_the_median_and_the_low_tail() -> None:
     assert s.share_p99 == pytest.approx(0.92)  # the 1st percentile: 99 of 100 reach it
     assert s.share_min == pytest.approx(0.5)
     assert s.tail_share_p50 == pytest.approx(0.92)  # the request at or above the P99 TTFT (1000 ms)
+    # outside the queue: 420 of 500 ms for the long one; the others have no queue
+    assert s.beyond_queue_p50 == pytest.approx(0.99) and s.beyond_queue_p99 == pytest.approx(0.84)
     assert (s.ttft_p50_ms, s.ttft_p99_ms) == (100.0, 1000.0)
     assert s.unexplained_p50_ms == pytest.approx(1.0) and s.unexplained_p99_ms == pytest.approx(80.0)
     assert s.phase_mean_ms == {"queue": 5.0, "engine_prefill": pytest.approx((98 * 99 + 420 + 30) / 100)}
