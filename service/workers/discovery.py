@@ -22,7 +22,7 @@ import dns.resolver
 import structlog
 
 from policies.worker_discovery import plan_discovery
-from service.config.discovery import DiscoverySettings
+from service.config.discovery import DiscoverySettings, nameserver_address
 from service.workers.registry import WorkerRegistry
 from tenancy.errors import StoreUnavailable
 
@@ -34,16 +34,15 @@ class LookupFailed(Exception):
 
 
 def make_resolver(settings: DiscoverySettings) -> dns.asyncresolver.Resolver:
-    """A resolver on ``settings.nameserver`` (HOST or HOST:PORT), or on the system's configuration."""
+    """A resolver on ``settings.nameserver`` (an IP address, with a port or not), or on the system's
+    configuration."""
     if settings.nameserver is None:
         resolver = dns.asyncresolver.Resolver()
     else:
         resolver = dns.asyncresolver.Resolver(configure=False)
-        host, _, port = settings.nameserver.rpartition(":")
-        if not host or ":" in host:  # HOST alone (or an IPv6 address without a port)
-            host, port = settings.nameserver, "53"
+        host, port = nameserver_address(settings.nameserver)
         resolver.nameservers = [host]
-        resolver.port = int(port)
+        resolver.port = port
     resolver.lifetime = settings.timeout_s
     return resolver
 
