@@ -24,7 +24,7 @@ context length is the smaller of the setting and what the model's workers report
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -189,12 +189,6 @@ class ServedModel:
             estimates=s.estimate_config(),
             first_token_deadline_factor=s.first_token_deadline_factor,
         )
-
-    def effective_context_length(self, reported: Iterable[int]) -> int:
-        """The model's context length, tokens: the smaller of its setting and the workers' ``reported``
-        context lengths; :data:`DEFAULT_CONTEXT_LENGTH` only when neither says."""
-        known = [*reported, *([self.context_length] if self.context_length is not None else [])]
-        return min(known) if known else DEFAULT_CONTEXT_LENGTH
 
 
 class ModelRegistry:
