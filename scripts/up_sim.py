@@ -96,6 +96,9 @@ def start_prometheus(
         ],
     }
     (RUN / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    # a fresh TSDB: an earlier run's series (its workers' ports, unmarked as stale when it stopped) would
+    # answer queries and fire alerts for workers that are gone
+    shutil.rmtree(RUN / "prometheus-data", ignore_errors=True)
     log = open(RUN / "prometheus.log", "wb")  # noqa: SIM115 - owned by the child process
     argv = [
         binary,
