@@ -168,10 +168,11 @@ def main() -> None:
             prometheus = start_prometheus(stack.port, [port for _, port in workers])
             run_requests(stack, args.requests)
             if args.keep:
-                prom = f", Prometheus http://127.0.0.1:{prometheus[1]}" if prometheus else ""
+                prom = f"http://127.0.0.1:{prometheus[1]}" if prometheus else None
                 wait_until_stopped(
                     f"\nThe stack keeps running: gateway {stack.url} (2 processes), workers {', '.join(urls)}"
-                    f"{prom}\nadmin token {stack.admin_token}\nCtrl-C stops it."
+                    f"{f', Prometheus {prom}' if prom else ''}, Redis {stack.redis_url}\n"
+                    f"admin token {stack.admin_token}\n{stack.runbook_variables(prom)}\nCtrl-C stops it."
                 )
         except StackError as exc:
             sys.exit(str(exc))

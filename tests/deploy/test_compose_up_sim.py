@@ -16,6 +16,7 @@ import threading
 import time
 
 import httpx
+import redis
 import yaml
 
 from tests.support.paths import REPO
@@ -49,6 +50,12 @@ def rule_groups() -> set[str]:
     }
 
 
+def runbook_variables(out: list[str]) -> dict[str, str]:
+    """The ``export NAME=value`` lines a kept stack prints for docs/runbook.md, as a map."""
+    found = (re.fullmatch(r"\s*export (\w+)=(\S+).*\n?", line) for line in out)
+    return {m.group(1): m.group(2) for m in found if m}
+
+
 def ready(prom: str) -> bool:
     """Prometheus at ``prom`` answers ``/-/ready`` with 200."""
     try:
@@ -60,7 +67,8 @@ def ready(prom: str) -> bool:
 def test_up_sim_prometheus_loads_the_rules_compose_loads() -> None:
     """Its Prometheus loaded no rule files: the runbook's recording-rule queries answered nothing there and
     no alert could fire. It lists every group of deploy/prometheus/rules now, evaluates them, and a
-    recording rule the runbook queries has the workers' series. About 20-40 s."""
+    recording rule the runbook queries has the workers' series. The lines it prints for the runbook's
+    variables (random ports) reach the stack. About 20-40 s."""
     # this checkout's loadgen, not an installed one (a script's sys.path starts at scripts/)
     env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "scripts/up_sim.py", "--keep", "--port", "0", "--workers", "2", "--requests", "2"]
@@ -78,6 +86,7 @@ def test_up_sim_prometheus_loads_the_rules_compose_loads() -> None:
             with contextlib.suppress(queue.Empty):
                 out.append(lines.get(timeout=1))
         (prom,) = re.findall(r"Prometheus (http://127\.0\.0\.1:\d+)", "".join(out))
+        exported = runbook_variables(out)
         deadline = time.monotonic() + 60
         while not ready(prom):
             assert time.monotonic() < deadline, "Prometheus not ready in 60 s"
@@ -98,6 +107,15 @@ def test_up_sim_prometheus_loads_the_rules_compose_loads() -> None:
                 break
             assert time.monotonic() < deadline, (groups, healthy)
             time.sleep(1)
+        # the lines it prints for docs/runbook.md reach this stack: the runbook's commands work as written
+        assert sorted(exported) == ["GW", "PROM", "RADIXGATE_ADMIN_TOKEN", "RADIXGATE_REDIS__URL", "WORKER"]
+        assert exported["PROM"] == prom
+        admin = {"Authorization": f"Bearer {exported['RADIXGATE_ADMIN_TOKEN']}"}
+        workers = httpx.get(f"{exported['GW']}/admin/workers", headers=admin, timeout=5).json()["data"]
+        assert exported["WORKER"] in {w["url"] for w in workers}
+        assert httpx.get(f"{exported['WORKER']}/health", timeout=5).status_code == 200
+        with redis.Redis.from_url(exported["RADIXGATE_REDIS__URL"]) as store:
+            assert store.ping()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
