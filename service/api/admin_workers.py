@@ -72,12 +72,20 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
     ``limit``, 1-1000, default 100, after id ``after``), each with its source (``settings``, ``admin`` or
     ``discovery``), mode, breaker, in-flight
     and window, and what admission measured of it: capacity (req/s), engine TTFT of short prefills (ms)
-    and, per class, the calibration scale of its TTFT predictions
+    (its model's parts and prediction, below) and, per class, the calibration scale of its TTFT predictions
     (``scheduler.prediction_calibration_target``); and why it is healthy or not (``health_reason``: what
     was seen at the last change, e.g. ``"connection refused"``) since when (``health_since``, ISO 8601 UTC;
     both None until its first probe); the model it serves (``model``, the canonical id; None when it
     serves none of the gateway's) and, for a worker kept out because it reports another model, why
-    (``model_mismatch``)."""
+    (``model_mismatch``).
+
+    The engine TTFT model admission predicts with (:class:`policies.estimates.WorkerEstimates`), each None
+    while unknown: ``ttft_base_ms``, its fixed part (dispatch to first token not explained by prefill
+    tokens; not a TTFT: a few ms where prefills take hundreds), ``prefill_ms_per_1k_tokens``, its per-token
+    part, and ``idle_ttft_ms``, the engine TTFT it predicts for a request of 1,000 uncached prompt tokens
+    with nothing ahead of it (:data:`policies.admission_types.IDLE_TTFT_PROMPT_TOKENS`): what the worker can
+    do at best, to compare with a class's TTFT goal. (``engine_ttft_ms`` was ``ttft_base_ms`` under a name
+    that read as a TTFT.)"""
     entries = await state.registry.entries()
     discovered = await state.registry.discovered()
     known = dict.fromkeys([w.url for w in state.pool.workers] + list(entries))
@@ -105,13 +113,20 @@ async def list_workers(state: StateDep, limit: Limit = DEFAULT_PAGE, after: Afte
                 "window": window.size if worker and (window := state.models.window(url)) else None,
                 "queued": snap.queued if (snap := snaps.get(url)) else 0,
                 "capacity_rps": snap.capacity_rps if snap else None,
-                "engine_ttft_ms": None
-                if snap is None or snap.engine_ttft_s is None
-                else snap.engine_ttft_s * 1e3,
+                "ttft_base_ms": _ms(snap.ttft_base_s if snap else None),
+                "prefill_ms_per_1k_tokens": _ms(
+                    snap.prefill_s_per_token * 1000 if snap and snap.prefill_s_per_token is not None else None
+                ),
+                "idle_ttft_ms": _ms(snap.idle_ttft_s if snap else None),
                 "prediction_scale": dict(snap.prediction_scales) if snap else {},
             }
         )
     return list_object(data, "id", more)
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Seconds as milliseconds, to the microsecond; None stays None."""
+    return None if seconds is None else round(seconds * 1e3, 3)
 
 
 @router.post("", status_code=201)
