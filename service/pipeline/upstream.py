@@ -237,7 +237,9 @@ class UpstreamCaller:
                 if not self._may_retry(exc, outcome):
                     raise last_error from exc
                 moved = exc.moved
-                if not moved:
+                if moved:  # SGLang notices a non-streamed call's closed connection only every few seconds
+                    await self._client.abort(worker, outcome.upstream_rid or prepared.rid)
+                else:
                     self._metrics.retries.labels("before_first_token").inc()
                 continue
             self._pool.record(worker, "request_ok")
