@@ -278,6 +278,15 @@ def rolling_restart(
         float, typer.Option(min=0.05, max=2.0, help="Arrival rate as a fraction of the measured capacity.")
     ] = 0.8,
     max_tokens: Annotated[int, typer.Option(min=1, max=256, help="Tokens per stream.")] = 16,
+    worker_drain_deadline: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=60.0,
+            help="The gateway's upstream.worker_drain_deadline_s, s: the streams a drained worker still "
+            "runs then resume on another worker.",
+        ),
+    ] = 0.05,
     run_dir: Annotated[Path, typer.Option(help="Folder for the logs.")] = Path(".run/rolling-restart"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
@@ -285,7 +294,13 @@ def rolling_restart(
     load (loadgen/rolling_restart.py); exit 1 when a client saw an error or the ledger does not balance."""
     from loadgen.rolling_restart import figures_json, run_rolling_restart
 
-    figures = run_rolling_restart(run_dir, streams=streams, load=load, max_tokens=max_tokens)
+    figures = run_rolling_restart(
+        run_dir,
+        streams=streams,
+        load=load,
+        max_tokens=max_tokens,
+        worker_drain_deadline_s=worker_drain_deadline,
+    )
     out = figures_json(figures)
     if as_json:
         print(json.dumps(out))

@@ -247,8 +247,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             ).inc(),
             models=registry,
             assigned={w.url: launched_model.id for w in launched} if launched_model else None,
+            drain_deadline_s=up.worker_drain_deadline_s,
         )
-        worker_registry = WorkerRegistry(redis, settings.redis.key_prefix)
+        # the workers the settings list are shared too: a drain on one replica reaches every replica
+        worker_registry = WorkerRegistry(redis, settings.redis.key_prefix, [*up.workers, *listed])
         if settings.discovery.dns_name is not None:  # found workers registered for every replica
             discovery = DnsDiscovery(settings.discovery, worker_registry)
             await discovery.sync()
