@@ -13,7 +13,10 @@ the command line (``--network-delay-s`` ...); ``GET /sim/knobs`` reads them. Eac
   (and hold KV) while real requests run, and count as running: a larger batch, decode memory bandwidth.
 - ``uncached_share``: that share of requests miss the prefix cache (a hot-spot of prompts it has never
   seen): prefill compute, the cache hit rate's collapse.
-- ``kv_capacity_tokens``: the KV pool shrinks to this many tokens: preemption (retraction).
+- ``kv_capacity_tokens``: the KV pool shrinks to this many tokens, and ``new_token_ratio`` sets the share
+  of each request's ``max_new_tokens`` the scheduler reserves at admission (SGLang's own ratio decays to
+  0.1 while nothing is retracted): a small pool and a low ratio admit requests whose outputs later outgrow
+  it, and the engine retracts them: preemption (retraction).
 
 The engine-side knobs set :class:`loadgen.sim.engine.SimEngine`'s attributes; the network ones are applied
 by the server around each answer (:class:`DelayLine`, :func:`answer_delay`).
@@ -46,19 +49,23 @@ class PerfKnobs(BaseModel):
     extra_context_tokens: int = Field(0, ge=0, le=1_000_000, description="context of each phantom, tokens")
     uncached_share: float = Field(0.0, ge=0, le=1, description="share of requests that miss the cache")
     kv_capacity_tokens: int | None = Field(None, ge=1, description="KV pool size, tokens (None: profile's)")
+    new_token_ratio: float | None = Field(
+        None, ge=0, le=1, description="share of max_new_tokens reserved at admission (None: profile's)"
+    )
 
 
 def apply_to_engine(engine: SimEngine, profile: SimProfile, knobs: PerfKnobs) -> None:
     """Set ``engine``'s knobs from ``knobs`` (``profile``: the worker's own, whose KV pool a
-    ``kv_capacity_tokens`` of None restores)."""
+    ``kv_capacity_tokens`` or ``new_token_ratio`` of None restores)."""
     engine.prefill_slowdown = knobs.prefill_factor
     engine.decode_slowdown = knobs.decode_factor
     engine.extra_batch = knobs.extra_batch
     engine.extra_context_tokens = knobs.extra_context_tokens
     engine.uncached_share = knobs.uncached_share
     capacity = knobs.kv_capacity_tokens or profile.kv_capacity_tokens
-    if capacity != engine.profile.kv_capacity_tokens:
-        engine.profile = dataclasses.replace(engine.profile, kv_capacity_tokens=capacity)
+    ratio = profile.new_token_ratio if knobs.new_token_ratio is None else knobs.new_token_ratio
+    if (capacity, ratio) != (engine.profile.kv_capacity_tokens, engine.profile.new_token_ratio):
+        engine.profile = dataclasses.replace(engine.profile, kv_capacity_tokens=capacity, new_token_ratio=ratio)
 
 
 class DelayLine:
