@@ -107,7 +107,7 @@ def _prefill(c: RuleContext) -> tuple[Verdict, bool]:
         summary,
         [
             Evidence("engine TTFT, mean (typical worker)", e.ttft_mean, "s", e.base_ttft, "baseline median"),
-            Evidence("engine TTFT slowdown, median", e.ttft_ratio, "ratio", c.th.min_slowdown, "gate"),
+            Evidence("engine TTFT slowdown, median", e.ttft_ratio, "times", c.th.min_slowdown, "gate"),
             Evidence("prefix-cache hit rate", c.hit_now, "ratio", c.hit_before, "baseline"),
             Evidence(
                 "uncached prompt tokens per request", c.uncached_now, "count", c.uncached_before, "baseline"
@@ -132,7 +132,7 @@ def _decode(c: RuleContext) -> tuple[Verdict, bool]:
         f"in the batch and {pct(e.kv_usage)} of the KV pool used",
         [
             Evidence("engine ITL, mean (typical worker)", e.itl_mean, "s", e.base_itl, "baseline median"),
-            Evidence("engine ITL slowdown, median", e.itl_ratio, "ratio", c.th.min_slowdown, "gate"),
+            Evidence("engine ITL slowdown, median", e.itl_ratio, "times", c.th.min_slowdown, "gate"),
             Evidence("gateway TPOT, P99", g.tpot.p99, "s"),
             Evidence("running batch, mean (typical worker)", e.running, "requests"),
             Evidence("KV usage, max", e.kv_usage, "ratio"),

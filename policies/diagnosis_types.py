@@ -156,7 +156,8 @@ class Thresholds:
     min_hit_rate_drop: float = 0.3
 
 
-Unit = Literal["s", "ratio", "tokens/s", "count", "requests"]
+Unit = Literal["s", "ratio", "times", "tokens/s", "count", "requests"]
+"""``ratio``: a share, 0..1; ``times``: a factor (a slowdown)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,8 @@ class DcgmGauges:
 
     Args:
         facts: its GPUs. tp: how many (one series per GPU, labelled ``gpu`` 0..tp-1).
-        kv_pool_tokens: the KV pool of the whole worker, tokens (split over the GPUs).
+        kv_pool_tokens: the KV pool, tokens (each GPU holds its share of every token: ``kv_bytes_per_token``
+            is per GPU).
         hostname: the ``Hostname`` label.
     """
 
@@ -168,7 +169,7 @@ class DcgmGauges:
         self.nvlink_rx = Gauge(
             "DCGM_FI_PROF_NVLINK_RX_BYTES", "NVLink receive, bytes/s (simulated).", labels, registry=r
         )
-        kv_mib = kv_pool_tokens / tp * facts.kv_bytes_per_token / 2**20
+        kv_mib = kv_pool_tokens * facts.kv_bytes_per_token / 2**20  # every GPU holds every token's shard
         self.used_mib = min(facts.memory_mib, round(facts.weights_mib + kv_mib + RUNTIME_MIB))
 
     def render(self, steps: Iterable[StepRecord], now_s: float) -> bytes:

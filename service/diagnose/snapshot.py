@@ -173,7 +173,7 @@ def worker_views(src: MetricSource, names: Sequence[str], baseline: bool = False
         if baseline
         else _by_worker_url(src.gauge("radixgate_worker_healthy", ("worker",), None, "min", "min"))
     )
-    known = dict.fromkeys([*names, *(k[0] for k in (*ttft, *e2e) if k[0])])
+    known = dict.fromkeys([*names, *(k[0] for k in (*ttft, *e2e) if k[0]), *errors, *healthy])
     views = []
     for name in known:
         key = (name,)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -26,6 +26,8 @@ from service.diagnose.sources import ScrapedWindow, scrape_window
 from tests.support.delay_proxy import DelayProxy
 from tests.support.prometheus import SimStack
 from tests.support.prometheus_live import Load, running
+
+T = TypeVar("T")
 
 PROFILE = dataclasses.replace(get_profile("llama-3.1-70b-h100-tp8"), mixed_chunk=False)
 """Llama-3.1-70B on 8 H100s with SGLang's default scheduler (prefill and decode in separate steps)."""
@@ -113,25 +115,32 @@ class DiagnoseStack:
         """A closed-loop streamed load of ``concurrency`` clients (not started)."""
         return Load(self.stack.url, self.key, lambda i: body(i, max_tokens, question_tokens), concurrency)
 
-    def window(
+    def run(
         self,
-        seconds: float,
+        job: Callable[[], Awaitable[T]],
         concurrency: int = CLIENTS,
         max_tokens: int = 16,
         question_tokens: int = 200,
-        interval_s: float = 0.25,
         warm_s: float = 0.3,
-    ) -> ScrapedWindow:
+    ) -> T:
         """Run a load of ``concurrency`` clients (``max_tokens`` and ``question_tokens`` each, see
-        :func:`body`) for ``warm_s``, and then a window of ``seconds`` scraped every ``interval_s``."""
+        :func:`body`) and, after ``warm_s``, await ``job`` under it; its result."""
+
+        async def later() -> T:
+            await asyncio.sleep(warm_s)
+            return await job()
+
+        with running(self.load(concurrency, max_tokens, question_tokens)):
+            return asyncio.run(later())
+
+    def window(self, seconds: float, concurrency: int = CLIENTS, interval_s: float = 0.25) -> ScrapedWindow:
+        """A window of ``seconds`` under the normal load, scraped every ``interval_s``."""
 
         async def scrape() -> ScrapedWindow:
-            await asyncio.sleep(warm_s)
             async with httpx.AsyncClient(timeout=10) as http:
                 return await scrape_window(self.stack.url, self.worker_urls, seconds, interval_s, http)
 
-        with running(self.load(concurrency, max_tokens, question_tokens)):
-            return asyncio.run(scrape())
+        return self.run(scrape, concurrency)
 
 
 @contextlib.contextmanager
