@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ import httpx
 from loadgen.sim.knobs import PerfKnobs
 from loadgen.sim.profiles import get_profile
 from service.diagnose.sources import ScrapedWindow, scrape_window
+from tests.conftest import ADMIN_TOKEN
 from tests.support.delay_proxy import DelayProxy
 from tests.support.prometheus import SimStack
 from tests.support.prometheus_live import Load, running
@@ -41,11 +43,12 @@ SYSTEM = "You are a terse assistant of the radixgate test suite. " * 160
 """A shared system prompt (about 1,600 tokens): the prefix cache serves it after a worker's first request."""
 
 
-def body(i: int, max_tokens: int = 16, question_tokens: int = 200) -> dict[str, Any]:
-    """The ``i``-th request of the load: the shared system prompt and a question of its own (about
-    ``question_tokens`` tokens the cache has not seen), streamed."""
+def body(i: int, max_tokens: int = 16, question_tokens: int = 200, system: bool = True) -> dict[str, Any]:
+    """The ``i``-th request of the load: the shared system prompt (unless not ``system``) and a question of
+    its own (about ``question_tokens`` tokens the cache has not seen), streamed."""
     question = " ".join(f"w{i}x{j}" for j in range(question_tokens))
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{question}?"}]
+    messages = [{"role": "system", "content": SYSTEM}] if system else []
+    messages.append({"role": "user", "content": f"{question}?"})
     return {
         "model": SimStack.MODEL,
         "messages": messages,
@@ -88,6 +91,7 @@ class DiagnoseStack:
                     },
                     scheduler={"window_mode": "fixed", "window_initial": WINDOW},
                     routing={"policy": "least_load"},
+                    upstream={"breaker_cooldown_s": 0.5},
                 )
             )
             with httpx.Client(base_url=self.stack.url, timeout=30) as http:
@@ -111,9 +115,28 @@ class DiagnoseStack:
         for sim in sims:
             sim.set_knobs(PerfKnobs(**values))
 
-    def load(self, concurrency: int = CLIENTS, max_tokens: int = 16, question_tokens: int = 200) -> Load:
-        """A closed-loop streamed load of ``concurrency`` clients (not started)."""
-        return Load(self.stack.url, self.key, lambda i: body(i, max_tokens, question_tokens), concurrency)
+    def wait_healthy(self, timeout_s: float = 15.0) -> None:
+        """Wait until every worker is back in rotation with a closed breaker (after a fault)."""
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            workers = httpx.get(f"{self.stack.url}/admin/workers", headers=admin, timeout=10).json()["data"]
+            if all(w["healthy"] and w["breaker"] == "closed" for w in workers):
+                return
+            assert time.monotonic() < deadline, f"workers still out of rotation: {workers}"
+            time.sleep(0.1)
+
+    def load(
+        self,
+        concurrency: int = CLIENTS,
+        max_tokens: int = 16,
+        question_tokens: int = 200,
+        system: bool = True,
+    ) -> Load:
+        """A closed-loop streamed load of ``concurrency`` clients (not started; requests: :func:`body`)."""
+        return Load(
+            self.stack.url, self.key, lambda i: body(i, max_tokens, question_tokens, system), concurrency
+        )
 
     def run(
         self,
@@ -122,15 +145,16 @@ class DiagnoseStack:
         max_tokens: int = 16,
         question_tokens: int = 200,
         warm_s: float = 0.3,
+        system: bool = True,
     ) -> T:
-        """Run a load of ``concurrency`` clients (``max_tokens`` and ``question_tokens`` each, see
-        :func:`body`) and, after ``warm_s``, await ``job`` under it; its result."""
+        """Run a load of ``concurrency`` clients (``max_tokens``, ``question_tokens`` and ``system`` each,
+        see :func:`body`) and, after ``warm_s``, await ``job`` under it; its result."""
 
         async def later() -> T:
             await asyncio.sleep(warm_s)
             return await job()
 
-        with running(self.load(concurrency, max_tokens, question_tokens)):
+        with running(self.load(concurrency, max_tokens, question_tokens, system)):
             return asyncio.run(later())
 
     def window(self, seconds: float, concurrency: int = CLIENTS, interval_s: float = 0.25) -> ScrapedWindow:

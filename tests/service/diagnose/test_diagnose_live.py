@@ -40,8 +40,8 @@ class Case:
     Attributes:
         knobs: the simulated workers' knobs (:class:`loadgen.sim.knobs.PerfKnobs`), on ``worker`` only
             when it is set, else on every worker. fault: a :class:`loadgen.sim.server.FaultSpec` for
-            ``worker``. redis_delay_s: added to each Redis answer. clients, max_tokens, question_tokens:
-            the load (:func:`tests.support.diagnose_stack.body`).
+            ``worker``. redis_delay_s: added to each Redis answer. clients, max_tokens, question_tokens,
+            system: the load (:func:`tests.support.diagnose_stack.body`).
     """
 
     name: str
@@ -53,12 +53,14 @@ class Case:
     clients: int = CLIENTS
     max_tokens: int = 16
     question_tokens: int = 200
+    system: bool = True
 
 
 CASES = [
     Case("no fault", None),
     Case("300 ms more on the network to every worker", "network", {"network_delay_s": 0.3}),
-    Case("five times the clients", "queueing", clients=5 * CLIENTS),
+    # short prompts: 30 clients of long ones would spend this process's CPU (and slow the Redis proxy)
+    Case("five times the clients", "queueing", clients=5 * CLIENTS, question_tokens=20, system=False),
     Case("prefill 10x slower", "prefill", {"prefill_factor": 10}),
     Case("a hot-spot of uncached prompts", "prefill", {"uncached_share": 1.0}),
     Case("decode 4x slower", "decode", {"decode_factor": 4}),
@@ -97,12 +99,15 @@ def diagnosed(ds: DiagnoseStack, case: Case) -> Result:
             case.clients,
             case.max_tokens,
             case.question_tokens,
+            system=case.system,
         )
     finally:
         ds.knobs()
         for sim in ds.stack.sims:
             sim.set_fault(FaultSpec())
         ds.redis.delay_s = 0.0
+        if case.fault is not None:
+            ds.wait_healthy()
 
 
 def line(v: Verdict) -> str:
