@@ -56,6 +56,9 @@ from policies.classes import PREEMPTION_THRESHOLD
 FinishReason = Literal["length", "stop", "abort"]
 StepKind = Literal["prefill", "decode", "mixed"]
 
+STEP_HISTORY_S = 10.0
+"""How much virtual time of finished steps :attr:`SimEngine.steps` keeps (s)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
@@ -236,12 +239,37 @@ class _Req:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One forward pass the engine ran, for models of the hardware beneath it (:mod:`loadgen.sim.dcgm`).
+
+    Attributes:
+        kind: ``prefill``, ``decode`` or ``mixed``.
+        start_s, end_s: its span on the engine's clock (s).
+        prefill_ms, decode_ms: its nominal cost (the profile's step model, before slowdowns and jitter)
+            split into the prefill tokens' part and the decode part (the step base, the batch and the
+            KV reads), ms. A prefill step's base is in ``prefill_ms``.
+        prefill_factor, decode_factor: the slowdowns of :class:`SimEngine` applied to each part.
+        tokens: tokens the step computed (prefill tokens + decoding sequences, phantom ones included).
+    """
+
+    kind: StepKind
+    start_s: float
+    end_s: float
+    prefill_ms: float
+    decode_ms: float
+    prefill_factor: float
+    decode_factor: float
+    tokens: int
+
+
 @dataclass(slots=True)
 class _Step:
     kind: StepKind
     start_s: float
     end_s: float
     members: list[_Req]
+    record: StepRecord | None = None
 
 
 class SimEngine:
@@ -260,6 +288,16 @@ class SimEngine:
         self.profile = profile
         self.preemption_threshold = preemption_threshold
         self.slowdown = 1.0  # multiplies step durations (fault injection: "slow")
+        # performance knobs (loadgen.sim.knobs): each part of a step slowed apart, phantom decoding
+        # sequences riding in every decode step, a share of requests that skip the prefix cache
+        self.prefill_slowdown = 1.0
+        self.decode_slowdown = 1.0
+        self.extra_batch = 0
+        self.extra_context_tokens = 0
+        self.uncached_share = 0.0
+        self._miss_rng = random.Random(seed + 0x5EED)  # apart from the jitter's, which stays as it was
+        #: the steps finished in the last :data:`STEP_HISTORY_S` s, oldest first
+        self.steps: deque[StepRecord] = deque()
         self.cache = RadixCache()
         self._rng = random.Random(seed)
         self._now = 0.0
@@ -277,6 +315,11 @@ class SimEngine:
     def now(self) -> float:
         """The engine's clock: the last time it was advanced to (s)."""
         return self._now
+
+    @property
+    def step_in_flight(self) -> StepRecord | None:
+        """The step running now (its end may lie ahead of :attr:`now`), or None."""
+        return None if self._step is None else self._step.record
 
     def submit(self, req: SimRequest, now: float) -> None:
         """Queue ``req`` arriving at ``now`` (s); it can be scheduled after the profile's TTFT floor.
@@ -335,6 +378,7 @@ class SimEngine:
                 return events
             step, self._step = self._step, None
             self._now = step.end_s
+            self._note_step(step)
             events.extend(self._finish_step(step))
 
     def flush_cache(self) -> bool:
@@ -351,7 +395,7 @@ class SimEngine:
         span = self._now - window[0][0] if len(window) > 1 else 0.0
         c = self._counters
         return EngineStats(
-            num_running_reqs=len(self._running),
+            num_running_reqs=len(self._running) + (self.extra_batch if self._running else 0),
             num_queue_reqs=len(self._waiting),
             num_used_tokens=used,
             token_usage=used / self.profile.kv_capacity_tokens,
@@ -369,7 +413,11 @@ class SimEngine:
 
     # ----- scheduling ---------------------------------------------------------------------------------------
     def _own_kv(self) -> int:
-        return sum(r.own_kv for r in self._running)
+        return sum(r.own_kv for r in self._running) + self._phantom_kv()
+
+    def _phantom_kv(self) -> int:
+        """KV slots the phantom sequences hold (:attr:`extra_batch`), while real requests run."""
+        return self.extra_batch * self.extra_context_tokens if self._running else 0
 
     def _free(self) -> int:
         return self.profile.kv_capacity_tokens - self.cache.total_tokens - self._own_kv()
@@ -389,7 +437,7 @@ class SimEngine:
         members = self._plan_prefill(now)
         prefill_tokens = sum(r.chunk for r in members)
         if members and not self.profile.mixed_chunk:
-            self._begin("prefill", now, self.profile.prefill_step_ms(prefill_tokens), members)
+            self._begin("prefill", now, self.profile.prefill_step_ms(prefill_tokens), members, prefill_tokens)
             return
         decoding = [r for r in self._running if not r.prefilling]
         while decoding and not self._allocate(len(decoding)):
@@ -401,15 +449,40 @@ class SimEngine:
         for r in decoding:
             r.own_kv += 1
         kv = sum(r.context() for r in decoding)
-        ms = (
-            self.profile.decode_step_ms(len(decoding), kv)
-            + self.profile.prefill_ms_per_token * prefill_tokens
-        )
-        self._begin("mixed" if members else "decode", now, ms, members + decoding)
+        batch, kv = self._with_phantoms(len(decoding), kv)
+        decode_ms = self.profile.decode_step_ms(batch, kv)
+        prefill_ms = self.profile.prefill_ms_per_token * prefill_tokens
+        kind: StepKind = "mixed" if members else "decode"
+        self._begin(kind, now, prefill_ms, members + decoding, prefill_tokens + batch, decode_ms)
 
-    def _begin(self, kind: StepKind, now: float, ms: float, members: list[_Req]) -> None:
+    def _with_phantoms(self, batch: int, kv_tokens: int) -> tuple[int, int]:
+        """A decode step's batch and context tokens with the phantom sequences (:attr:`extra_batch`)."""
+        if not batch:
+            return batch, kv_tokens
+        return batch + self.extra_batch, kv_tokens + self.extra_batch * self.extra_context_tokens
+
+    def _begin(
+        self,
+        kind: StepKind,
+        now: float,
+        prefill_ms: float,
+        members: list[_Req],
+        tokens: int,
+        decode_ms: float = 0.0,
+    ) -> None:
         jitter = 1.0 + self.profile.step_jitter * self._rng.uniform(-1.0, 1.0)
-        self._step = _Step(kind, now, now + ms * jitter * self.slowdown / 1000, members)
+        pf, df = self.prefill_slowdown, self.decode_slowdown
+        ms = prefill_ms * pf + decode_ms * df
+        end = now + ms * jitter * self.slowdown / 1000
+        record = StepRecord(kind, now, end, prefill_ms, decode_ms, pf, df, tokens)
+        self._step = _Step(kind, now, end, members, record)
+
+    def _note_step(self, step: _Step) -> None:
+        """Keep ``step``'s record in :attr:`steps` (the last :data:`STEP_HISTORY_S` s)."""
+        if step.record is not None:
+            self.steps.append(step.record)
+        while self.steps and self.steps[0].end_s < self._now - STEP_HISTORY_S:
+            self.steps.popleft()
 
     def _plan_prefill(self, now: float) -> list[_Req]:
         budget = self.profile.chunked_prefill_tokens
@@ -435,7 +508,8 @@ class SimEngine:
     def _admit(self, r: _Req, now: float) -> bool:
         """Admit ``r`` (matching its prefix), preempting lower priorities if needed; False to stop."""
         target = r.fill_target()
-        matched, node = self.cache.match_prefix(target[: len(target) - 1], now)
+        probe = () if self._skips_cache(r) else target[: len(target) - 1]
+        matched, node = self.cache.match_prefix(probe, now)
         self.cache.lock(node)
         need = len(target) - matched + self._reserve(r)
         while not self._fits(need):
@@ -455,6 +529,11 @@ class SimEngine:
             self._counters["prompt"] += len(r.req.prompt)
             self._counters["cached"] += matched
         return True
+
+    def _skips_cache(self, r: _Req) -> bool:
+        """Whether ``r``'s first admission misses the prefix cache on purpose (:attr:`uncached_share`:
+        a hot-spot of prompts the cache has never seen)."""
+        return r.cached is None and self.uncached_share > 0 and self._miss_rng.random() < self.uncached_share
 
     def _fits(self, need: int) -> bool:
         if len(self._running) >= self.profile.max_running_requests:

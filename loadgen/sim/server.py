@@ -16,7 +16,9 @@ Routes (SGLang's names and shapes):
 - ``POST /abort_request`` ``{"rid"}``; ``POST /flush_cache`` (400 while requests run);
   ``GET /health``, ``/health_generate``, ``/get_server_info``, ``/server_info``, ``/get_model_info``,
   ``/model_info``, ``/v1/models``, ``/metrics`` (see :mod:`loadgen.sim.metrics`).
-- Simulator only: ``GET/POST /sim/fault`` (see :class:`FaultSpec`), ``GET /sim/state``.
+- Simulator only: ``GET/POST /sim/fault`` (see :class:`FaultSpec`), ``GET/POST /sim/knobs`` (performance
+  degradations, :class:`loadgen.sim.knobs.PerfKnobs`), ``GET /sim/state``. With ``dcgm`` the ``/metrics``
+  also carry the DCGM-style GPU gauges the step model implies (:mod:`loadgen.sim.dcgm`, a simulation).
 
 Tokens and text come from :mod:`loadgen.sim.tokens`. Greedy (``temperature`` 0) output depends on the
 prompt only; sampled output also on ``seed`` (or the server's seeded counter). The engine runs in
@@ -44,7 +46,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loadgen.sim.dcgm import GPU_FACTS, DcgmGauges
 from loadgen.sim.engine import RequestTimes, SimEngine, SimEvent, SimRequest
+from loadgen.sim.knobs import DelayLine, PerfKnobs, answer_delay, apply_to_engine
 from loadgen.sim.metrics import SimMetrics
 from loadgen.sim.profiles import SimProfile
 from loadgen.sim.timing import finished_meta, scheduler_meta, sent_meta
@@ -116,6 +120,12 @@ class SimServer:
         eos_per_token: chance per token that the simulated model stops (finish ``stop``) unless the
             request sets ``ignore_eos``; 0 = always run to ``max_new_tokens``.
         fault: initial failure injection.
+        knobs: initial performance degradations (:class:`loadgen.sim.knobs.PerfKnobs`).
+        dcgm: export the DCGM-style GPU gauges (:mod:`loadgen.sim.dcgm`; GPU profiles only).
+        hostname: their ``Hostname`` label.
+
+    Raises:
+        ValueError: ``speed`` <= 0, or ``dcgm`` with a profile that has no GPU facts.
     """
 
     def __init__(
@@ -126,9 +136,16 @@ class SimServer:
         model_name: str | None = None,
         eos_per_token: float = 0.0,
         fault: FaultSpec | None = None,
+        knobs: PerfKnobs | None = None,
+        dcgm: bool = False,
+        hostname: str = "sim",
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
+        if dcgm and profile.name not in GPU_FACTS:
+            raise ValueError(
+                f"profile {profile.name} has no GPU: no DCGM gauges (GPU profiles: {sorted(GPU_FACTS)})"
+            )
         self.profile = profile
         self.speed = speed
         self.model_name = model_name or profile.model
@@ -137,6 +154,13 @@ class SimServer:
         self.metrics = SimMetrics(self.model_name)
         self.fault = FaultSpec()
         self.set_fault(fault or FaultSpec())
+        self.knobs = knobs or PerfKnobs()
+        apply_to_engine(self.engine, profile, self.knobs)
+        self.dcgm = (
+            DcgmGauges(GPU_FACTS[profile.name], profile.tp, profile.kv_capacity_tokens, hostname)
+            if dcgm
+            else None
+        )
         self._salts = random.Random(seed)
         self.generate_calls = 0  # /generate requests received, faulted ones included
         self._live: dict[str, _Live] = {}
@@ -157,6 +181,7 @@ class SimServer:
                 Route("/v1/models", self.models),
                 Route("/metrics", self.metrics_route),
                 Route("/sim/fault", self.fault_route, methods=["GET", "POST"]),
+                Route("/sim/knobs", self.knobs_route, methods=["GET", "POST"]),
                 Route("/sim/state", self.state),
             ],
             lifespan=self._lifespan,
@@ -236,13 +261,12 @@ class SimServer:
             return _error(400, str(exc))
         self._poke()
         if body.stream:
-            return StreamingResponse(
-                self._sse(live, crash_after, exit_on_crash), media_type="text/event-stream"
-            )
+            return await self._stream_response(live, crash_after, exit_on_crash)
         try:
             payloads = [p async for p in self._answer(live, crash_after, exit_on_crash)]
         finally:
             self._end(live)
+        await answer_delay(self.knobs)
         return JSONResponse(payloads[-1])
 
     def _build(self, body: GenerateBody) -> SimRequest:
@@ -340,6 +364,20 @@ class SimServer:
         finally:
             self._end(live)
 
+    async def _stream_response(self, live: _Live, crash_after: int | None, exit_on_crash: bool) -> Response:
+        """A streamed answer, through the network knobs' delay (its headers and each chunk)."""
+        chunks = self._sse(live, crash_after, exit_on_crash)
+        knobs = self.knobs
+        if not knobs.network_delay_s and not knobs.chunk_delay_s:
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        line = DelayLine(chunks, knobs)
+        try:
+            await answer_delay(knobs)
+        except BaseException:
+            await line.close()
+            raise
+        return StreamingResponse(line.__aiter__(), media_type="text/event-stream")
+
     def _end(self, live: _Live) -> None:
         """Forget ``live``; abort it in the engine if it has not finished (client gone, crash)."""
         if self._live.pop(live.rid, None) is not None and self.engine.abort(live.rid):
@@ -414,9 +452,33 @@ class SimServer:
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def metrics_route(self, _: Request) -> Response:
-        """Prometheus text with SGLang's metric names."""
-        body = self.metrics.render(self.engine.stats())
+        """Prometheus text with SGLang's metric names (and the DCGM-style gauges with ``dcgm``)."""
+        body = self.metrics.render(self.engine.stats()) + self._dcgm_exposition()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _dcgm_exposition(self) -> bytes:
+        """The DCGM-style gauges' text now (empty without ``dcgm``)."""
+        if self.dcgm is None:
+            return b""
+        current = self.engine.step_in_flight
+        steps = [*self.engine.steps, *([current] if current is not None else [])]
+        return self.dcgm.render(steps, self.now())
+
+    def set_knobs(self, knobs: PerfKnobs) -> None:
+        """Switch the performance knobs to ``knobs`` (the engine's at once; the network ones for the
+        answers that start from now)."""
+        self.knobs = knobs
+        apply_to_engine(self.engine, self.profile, knobs)
+        self._poke()
+
+    async def knobs_route(self, request: Request) -> Response:
+        """``GET``: the knobs; ``POST`` a :class:`loadgen.sim.knobs.PerfKnobs` (whole) to change them."""
+        if request.method == "POST":
+            try:
+                self.set_knobs(PerfKnobs.model_validate(await request.json()))
+            except (ValueError, ValidationError) as exc:
+                return _error(400, str(exc))
+        return JSONResponse(self.knobs.model_dump())
 
     async def fault_route(self, request: Request) -> Response:
         """``GET``: the current fault; ``POST`` a :class:`FaultSpec` to change it."""
@@ -435,6 +497,7 @@ class SimServer:
                 "now_s": self.now(),
                 "profile": self.profile.name,
                 "fault": self.fault.model_dump(),
+                "knobs": self.knobs.model_dump(),
                 "live_requests": len(self._live),
                 "generate_calls": self.generate_calls,
                 "stats": dataclasses.asdict(stats),
