@@ -94,11 +94,18 @@ class AdmissionCore:
         self._queued = 0
 
     # -- workers ------------------------------------------------------------------------------------
-    def add_worker(self, url: str, max_running: int | None = None) -> None:
+    def add_worker(self, url: str, max_running: int | None = None, replica_share: float = 1.0) -> None:
         """Add a worker (eligible at once; a no-op if present).
 
-        ``max_running``: the engine's ``max_running_requests`` when already known (its window starts there).
+        ``max_running``: the engine's ``max_running_requests`` when already known (its window starts there;
+        with several gateway replicas, this replica's share of it). ``replica_share``: this replica's part
+        of the worker's work (:attr:`LoadReport.replica_share`; load reports update it).
+
+        Raises:
+            ValueError: ``replica_share`` outside (0, 1].
         """
+        if not 0.0 < replica_share <= 1.0:
+            raise ValueError(f"replica_share must be in (0, 1] (got {replica_share})")
         if url not in self._workers:
             cfg = self.config
             w = WorkerQueue(
@@ -108,9 +115,10 @@ class AdmissionCore:
                 WorkerEstimates(cfg.estimates),
                 top_rank=self._classes[self._top].rank,
             )
+            w.replica_share = replica_share
             self._workers[url] = w
             if max_running is not None:
-                w.window.on_report(LoadReport(0, 0, 0.0, max_running), 0, None)
+                w.window.on_report(LoadReport(0, 0, 0.0, max_running, replica_share), 0, None)
 
     def remove_worker(self, url: str, now: float) -> list[Decision]:
         """Forget a worker; its queued requests are placed again elsewhere (or shed)."""
@@ -256,10 +264,12 @@ class AdmissionCore:
         return w.url, out
 
     def load(self, url: str, report: LoadReport, now: float) -> list[Decision]:
-        """A load report from ``url``: its window adapts; returns what that dispatched."""
+        """A load report from ``url``: its window adapts (and this replica's part of the worker's work,
+        :attr:`LoadReport.replica_share`, is updated); returns what that dispatched."""
         w = self._workers.get(url)
         if w is None:
             return []
+        w.replica_share = report.replica_share
         w.window.on_report(report, w.in_flight, w.est.base_ttft(now))
         return self._pump(w, now)
 

@@ -110,13 +110,27 @@ class LoadReport:
         running: ``sglang:num_running_reqs``, requests.
         queued: ``sglang:num_queue_reqs``, requests waiting inside the engine.
         kv_usage: ``sglang:token_usage``, fraction of the KV pool in use (0..1).
-        max_running: the engine's ``max_running_requests`` when known.
+        max_running: the engine's ``max_running_requests`` when known (with several gateway replicas,
+            this replica's share of it: :func:`policies.window_shares.window_share`).
+        replica_share: this gateway replica's part of the worker's work, 0 < share <= 1: its window
+            share over the engine's ``max_running_requests`` (1: one replica). ``running`` and ``queued``
+            count every replica's requests; the window takes this part of them as its own, and the
+            admission core counts the engine's prefill backlog as its own over this part
+            (:attr:`policies.worker_queue.WorkerQueue.replica_share`).
+
+    Raises:
+        ValueError: ``replica_share`` outside (0, 1].
     """
 
     running: int
     queued: int
     kv_usage: float
     max_running: int | None = None
+    replica_share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.replica_share <= 1.0:
+            raise ValueError(f"replica_share must be in (0, 1] (got {self.replica_share})")
 
 
 class WorkerWindow:
@@ -206,18 +220,22 @@ class WorkerWindow:
             return self._aimd(report, in_flight)
         tolerated = max(1.0, cfg.engine_queue_fraction * self.limit)
         target = self.ttft_target_s
+        # the engine's figures count every gateway replica's requests: this replica's part of them (its
+        # replica_share; the load balancer gives each replica the same traffic) is compared with its window
+        share = report.replica_share
+        running = report.running * share
         # what the gateway itself sent beyond the engine's max_running_requests (the top band's headroom,
         # or a window since shrunk) must wait inside the engine: that queue says nothing about the engine
         own_overflow = max(0, in_flight - self.engine_max) if self.engine_max is not None else 0
-        engine_queue = report.queued - own_overflow
+        engine_queue = report.queued * share - own_overflow
         self._queued_reports = self._queued_reports + 1 if engine_queue > tolerated else 0
         if report.kv_usage > cfg.kv_high:
             # KV nearly full: the engine cannot hold more than it runs
-            self.limit = max(float(cfg.minimum), min(self.limit, float(report.running)) * cfg.decrease)
+            self.limit = max(float(cfg.minimum), min(self.limit, running) * cfg.decrease)
             self.in_slow_start = False
         elif self._queued_reports >= cfg.engine_queue_reports:
             # the engine kept requests waiting report after report: what it runs is its concurrency now
-            self.limit = max(float(cfg.minimum), min(self.limit * cfg.decrease, report.running + tolerated))
+            self.limit = max(float(cfg.minimum), min(self.limit * cfg.decrease, running + tolerated))
             self.in_slow_start = False
         elif target is not None and engine_ttft_s is not None and engine_ttft_s > target:
             self.limit = max(float(cfg.minimum), self.limit * cfg.decrease)
@@ -231,7 +249,7 @@ class WorkerWindow:
     def _aimd(self, report: LoadReport, in_flight: int) -> float:
         cfg = self.config
         tolerated = max(1.0, cfg.engine_queue_fraction * self.limit)
-        if report.queued > tolerated or report.kv_usage > cfg.kv_high:
+        if report.queued * report.replica_share > tolerated or report.kv_usage > cfg.kv_high:
             self.limit = max(float(cfg.minimum), self.limit * 0.7)
             self.in_slow_start = False
         elif in_flight >= self.size:

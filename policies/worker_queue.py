@@ -117,6 +117,15 @@ class WorkerQueue:
         top_rank: the top class's rank: its predictions use the unbiased short-request base
             (:attr:`WorkerEstimates.top_ttft_base`), and lower bands' long prefills are judged by its
             arrivals (:meth:`blocks_top`).
+        replica_share: this gateway replica's part of the worker's work, 0 < share <= 1 (its window
+            share over the engine's ``max_running_requests``; 1: one replica). The engine prefills every
+            replica's requests, but a replica sees only its own: the prefill backlog (:meth:`backlog`) and
+            the higher classes' prefill arrivals (:meth:`engine_ttft`) are its own over this share (the
+            load balancer gives every replica the same traffic, so each has as much pending). Counted as
+            its own alone, with four replicas, the backlog read a quarter of the engine's, the per-token
+            cost was learned 7x too low, predicted engine TTFTs were 143 ms at the median for 211 ms
+            measured, and the standard class's P99 TTFT at 120% load rose 9% above one replica's
+            (docs/experiments.md, experiment 6).
     """
 
     url: str
@@ -134,15 +143,19 @@ class WorkerQueue:
     long_prefills: int = 0
     silent: list[tuple[float, int, Entry]] = field(default_factory=list)
     top_rank: int | None = None
+    replica_share: float = 1.0
     _seq: Iterator[int] = field(default_factory=itertools.count, repr=False)  # heap tie-breaker
 
     def backlog(self, now: float) -> int:
-        """Prefill backlog at ``now``, tokens: non-streamed requests count until their predicted first token
-        (the gateway cannot see it)."""
+        """The engine's prefill backlog at ``now``, tokens: this replica's own over its
+        :attr:`replica_share`; non-streamed requests count until their predicted first token (the gateway
+        cannot see it)."""
         silent = self.silent
         while silent and silent[0][0] <= now:
             prefilled(heapq.heappop(silent)[2])
-        return self.prefill_backlog
+        if self.replica_share >= 1.0:
+            return self.prefill_backlog
+        return round(self.prefill_backlog / self.replica_share)
 
     def snapshot(self, now: float) -> WorkerSnapshot:
         """Its state at ``now``, for metrics and the admin API."""
@@ -285,7 +298,8 @@ class WorkerQueue:
 
         SGLang's priority scheduling admits a waiting request of a higher priority before it, so while it
         waits the engine also prefills the higher classes' arrivals: with ``u`` the share of prefill time
-        they take (their uncached tokens/s x the measured s/token), the wait ``T = E + u T`` gives
+        they take (their uncached tokens/s, every replica's: this one's over :attr:`replica_share`, x the
+        measured s/token), the wait ``T = E + u T`` gives
         ``T = E / (1 - u)`` (the M/G/1 preemptive-priority form, Kleinrock, Queueing Systems II, 1976, 3.7),
         ``u`` capped at :data:`MAX_PREFILL_SHARE`. ``E`` is :meth:`WorkerEstimates.engine_ttft` (for the top
         class, with its unbiased base).
@@ -295,7 +309,7 @@ class WorkerQueue:
         if not per_token:
             return base
         tokens = sum(r.rate(now) or 0.0 for k, r in self.arrival_tokens.items() if k > rank)
-        share = min(MAX_PREFILL_SHARE, tokens * per_token)
+        share = min(MAX_PREFILL_SHARE, tokens / self.replica_share * per_token)
         return base / (1.0 - share)
 
     def count_arrival(self, rank: int, now: float, tau_s: float, tokens: int = 0) -> None:

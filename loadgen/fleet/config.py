@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from loadgen.fleet.replicas import Balance
 from loadgen.sim.profiles import SimProfile, get_profile
 from policies.admission_types import CoreConfig
 from policies.token_bucket import BucketLimit
@@ -136,6 +137,12 @@ class FleetConfig:
             (the default) = one model, ``"default"``, of ``workers`` workers of ``profile`` with ``core``.
             Tenants' classes (:meth:`class_of`) are read from ``core``: give every model the same class
             names.
+        replicas: gateway replicas in front of the workers, each with its own admission core per model
+            (:mod:`loadgen.fleet.replicas`); 1 = one gateway.
+        balance: how the load balancer spreads requests over the replicas: ``round_robin`` or ``random``
+            (seeded by ``seed``).
+        share_windows: each replica takes only its share of a worker's window (the gateway's
+            ``replicas.share_windows``, on by default); off, each takes all of it.
     """
 
     profile: str | SimProfile = "llama-3.1-70b-h100-tp8"
@@ -146,6 +153,9 @@ class FleetConfig:
     network_latency_s: float = 0.0
     seed: int = 0
     models: tuple[FleetModel, ...] = ()
+    replicas: int = 1
+    balance: Balance = "round_robin"
+    share_windows: bool = True
 
     def served_models(self) -> tuple[FleetModel, ...]:
         """The served models: :attr:`models`, or the one ``"default"`` model of this config's workers."""

@@ -13,7 +13,10 @@
   goodput and Jain's index, WFQ vs first-come-first-served;
 - ``models``: two models behind one gateway, each with its own workers and admission core: a small one at
   80% of its capacity while a large one is offered 0.8x, 2x and 3x of its own (:mod:`.experiments_models`);
-- ``all``: all five (25-35 minutes on 2 cores).
+- ``replicas``: the same load (80% and 120% of 4 workers' capacity) through 1, 2, 3 and 4 gateway replicas,
+  each with its own admission core and its share of each worker's window: goodput and TTFT per class
+  against one replica's (:mod:`.experiments_replicas`);
+- ``all``: all six (25-35 minutes on 2 cores).
 
 Every run drives :class:`policies.admission_core.AdmissionCore`, the gateway's own scheduler, configured by
 the gateway's defaults unless a variant says otherwise. The classes' TTFT goals are set to the scenario's
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.fleet import experiments_load, experiments_models
+from loadgen.fleet import experiments_load, experiments_models, experiments_replicas
 from loadgen.fleet.doc import DOC, img_dir, line_plot, table, write_section
 from loadgen.fleet.experiments_common import PROFILE, fleet, parallel, scenario, smallest_fleet
 from loadgen.fleet.provenance import stamp
@@ -159,6 +162,7 @@ def registry() -> dict[str, Experiment]:
         "overload": experiments_load.exp_overload,
         "fairness": experiments_load.exp_fairness,
         "models": experiments_models.exp_models,
+        "replicas": experiments_replicas.exp_replicas,
     }
 
 

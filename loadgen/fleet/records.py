@@ -86,6 +86,8 @@ class WorkerTally:
         prompt_tokens, cached_tokens, completion_tokens: tokens of its finished requests.
         window_sizes: its AIMD window after each load poll, requests.
         busy_s: virtual seconds it had requests in flight.
+        peak_in_flight: the most requests it had at once from every gateway replica together
+            (dispatched, not yet finished or aborted), requests.
     """
 
     requests: int = 0
@@ -94,6 +96,7 @@ class WorkerTally:
     completion_tokens: int = 0
     window_sizes: list[int] = field(default_factory=list)
     busy_s: float = 0.0
+    peak_in_flight: int = 0
 
 
 @dataclass(slots=True)

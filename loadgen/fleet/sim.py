@@ -33,9 +33,9 @@ from loadgen.fleet.config import FleetConfig, FleetModel, FleetRequest
 from loadgen.fleet.engine import FleetEngine
 from loadgen.fleet.quota import TenantBuckets
 from loadgen.fleet.records import FleetResult, RequestRecord, WorkerTally
+from loadgen.fleet.replicas import LaneCore, lane_cores
 from loadgen.sim.engine import SimRequest
 from loadgen.sim.tokens import TOKEN_PATTERN, token_id
-from policies.admission_core import AdmissionCore
 from policies.admission_types import AdmissionRequest, Decision, Dispatch, Shed
 from policies.cost import reserved_tokens
 from policies.windows import LoadReport
@@ -73,11 +73,12 @@ class _Job:
 
 @dataclass(slots=True)
 class _Lane:
-    """One served model: its admission core (the gateway's, one per model) and its workers' size."""
+    """One served model: its admission core (the gateway's, one per model; one per replica with
+    ``FleetConfig.replicas``) and its workers' size."""
 
     index: int
     model: FleetModel
-    core: AdmissionCore
+    core: LaneCore
     max_running: int
 
 
@@ -107,16 +108,19 @@ class FleetSim:
     Raises:
         ValueError: a request names a model that ``config`` does not serve.
 
-    Use ``FleetSim(config, requests).run()`` once per instance. :attr:`core` is the first model's core.
+    Use ``FleetSim(config, requests).run()`` once per instance. :attr:`core` is the first model's core
+    (with ``config.replicas`` > 1, its replicas' cores: :class:`loadgen.fleet.replicas.GatewayReplicas`).
     """
 
     def __init__(self, config: FleetConfig, requests: Iterable[FleetRequest]) -> None:
         self.config = config
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
         models = config.served_models()
+        cores = lane_cores(
+            [m.core for m in models], config.replicas, config.balance, config.seed, config.share_windows
+        )
         self.lanes = [
-            _Lane(k, m, AdmissionCore(m.core), m.sim_profile().max_running_requests)
-            for k, m in enumerate(models)
+            _Lane(k, m, cores[k], m.sim_profile().max_running_requests) for k, m in enumerate(models)
         ]
         self._lane_of: dict[str | None, _Lane] = {lane.model.name: lane for lane in self.lanes}
         self._lane_of[None] = self.lanes[0]
@@ -285,6 +289,7 @@ class FleetSim:
         rec.dispatch_s, rec.worker, rec.route_reason = now, w.index, d.route.reason
         w.in_flight += 1
         w.tally.requests += 1
+        w.tally.peak_in_flight = max(w.tally.peak_in_flight, w.in_flight)
         if w.busy_since is None:
             w.busy_since = now
         w.jobs[rec.rid] = job

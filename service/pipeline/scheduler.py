@@ -407,7 +407,8 @@ class Scheduler:
         for url, eligible in pairs:
             was = known.get(url)
             if was is None:
-                self._core.add_worker(url, self._shared(self._max_running.get(url)))
+                engine_max = self._max_running.get(url)
+                self._core.add_worker(url, self._shared(engine_max), self._replica_share(engine_max))
                 known[url] = was = True
             if was != eligible:
                 known[url] = eligible
@@ -447,7 +448,13 @@ class Scheduler:
                 continue
             engine_max = self._max_running.get(url)
             self.loads[url] = LoadReport(load.running, load.queued, load.kv_usage, engine_max)
-            report = LoadReport(load.running, load.queued, load.kv_usage, self._shared(engine_max))
+            report = LoadReport(
+                load.running,
+                load.queued,
+                load.kv_usage,
+                self._shared(engine_max),
+                self._replica_share(engine_max),
+            )
             self._apply(self._core.load(url, report, now))
             window = self._core.window(url)
             if window is not None:
@@ -460,6 +467,13 @@ class Scheduler:
         if max_running is None or self._share is None:
             return max_running
         return self._share(max_running)
+
+    def _replica_share(self, max_running: int | None) -> float:
+        """This replica's part of a worker's work: its share over the engine's ``max_running_requests``
+        (1 without sharing or while the engine's is unknown; :attr:`LoadReport.replica_share`)."""
+        if max_running is None or max_running < 1 or self._share is None:
+            return 1.0
+        return min(1.0, self._share(max_running) / max_running)
 
 
 def _shed_message(d: Shed) -> str:

@@ -9,11 +9,11 @@ others at their next beat).
 
 **Window shares.** Every replica runs its own admission core, and each core would fill a worker's whole
 window (the engine's ``max_running_requests``): N replicas offered a worker N times what it runs, the
-excess waiting in the engine's queue where no class, fairness or deadline applies. With ``N`` live
-replicas, the one at position ``i`` of their ids in order takes ``floor(W / N)`` slots, plus one when
-``i < W mod N`` (at least 1): the shares add up to ``W`` exactly (``ceil(W / N)`` each would offer up to
-``N - 1`` more than ``W``). When replicas come or go, the shares follow within one heartbeat (a newcomer
-takes its share at once; the others shrink at their next beat and let what runs beyond it finish).
+excess waiting in the engine's queue where no class, fairness or deadline applies. Each replica takes its
+share of the window among the live replicas (:func:`policies.window_shares.window_share`: ``floor(W / N)``,
+plus one for the first ``W mod N`` ids in order; the fleet simulation splits it with the same function).
+When replicas come or go, the shares follow within one heartbeat (a newcomer takes its share at once; the
+others shrink at their next beat and let what runs beyond it finish).
 
 The payload carries what a replica's planner measured (:mod:`service.pipeline.planner_task`), so that
 each replica can decide for the whole fleet of replicas.
@@ -31,6 +31,7 @@ from typing import Any
 import structlog
 from redis.asyncio import Redis
 
+from policies.window_shares import window_share
 from tenancy.errors import StoreUnavailable, store_operation
 
 log = structlog.get_logger("radixgate.replicas")
@@ -51,14 +52,6 @@ class Replica:
     id: str
     age_s: float
     payload: Any = None
-
-
-def window_share(window: int, replicas: list[str], me: str) -> int:
-    """``me``'s part of a ``window`` split over the ``replicas`` (ids; see the module docstring), >= 1.
-    A replica missing from the list counts as one more (it is about to appear in it)."""
-    ids = sorted(set(replicas) | {me})
-    n, i = len(ids), ids.index(me)
-    return max(1, window // n + (1 if i < window % n else 0))
 
 
 class ReplicaRegistry:

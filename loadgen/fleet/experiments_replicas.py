@@ -1,0 +1,278 @@
+"""Experiment 6 of :mod:`loadgen.fleet.experiments` (its command line runs it): N gateway replicas.
+
+The same load through 1, 2, 3 and 4 gateway replicas in front of the same workers, each replica with its
+own admission core that owns only its share of each worker's window
+(:func:`policies.window_shares.window_share`, the gateway's split) and learns only from what it dispatched
+(:mod:`loadgen.fleet.replicas`); a load balancer spreads the requests round robin. The question (issue 29):
+do N replicas serve as one does? Goal: each class's goodput and TTFT P50/P99 within 5% of one replica's at
+the same load, at 80% and 120% of the fleet's capacity. Two contrasts at the largest N: the load balancer
+picking at random (seeded), and every replica taking each worker's whole window (``share_windows`` off: the
+engine is offered N times what it runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from loadgen.fleet.bridge import fleet_requests, tenant_specs
+from loadgen.fleet.doc import table, write_section
+from loadgen.fleet.experiments_common import PROFILE, capacity, fleet, parallel, scenario
+from loadgen.fleet.provenance import stamp
+from loadgen.fleet.records import RequestRecord
+from loadgen.fleet.replicas import Balance
+from loadgen.fleet.sim import simulate
+from loadgen.report import percentile
+from loadgen.scenario import Scenario, generate_requests
+from loadgen.sim.profiles import get_profile
+
+SLO_MS = {"interactive": 500.0, "standard": 2000.0}
+"""The classes' TTFT goals (= SLOs), ms: the gateway's defaults for these two classes."""
+CLASSES = tuple(SLO_MS)
+LOADS = (0.8, 1.2)
+"""Offered rates, as multiples of the fleet's capacity."""
+REPLICAS = (1, 2, 3, 4)
+"""The replica counts the goal is judged on."""
+BEYOND = (8,)
+"""Replica counts shown beside them (how the differences grow), not judged."""
+TOLERANCE = 0.05
+"""The goal: goodput no more than 5% below one replica's, TTFT P50 and P99 no more than 5% above it."""
+WORKERS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """A gateway tier: ``replicas`` replicas, the load balancer's policy, whether windows are shared."""
+
+    replicas: int
+    balance: Balance = "round_robin"
+    share_windows: bool = True
+
+    @property
+    def label(self) -> str:
+        """How the document names it."""
+        extra = [] if self.balance == "round_robin" else [f"{self.balance} balance"]
+        extra += [] if self.share_windows else ["each takes the whole window"]
+        return f"{self.replicas}" + (f" ({', '.join(extra)})" if extra else "")
+
+    @property
+    def main(self) -> bool:
+        """One of the runs the goal is judged on (the gateway's defaults: shared windows, round robin)."""
+        return self.share_windows and self.balance == "round_robin"
+
+
+def two_classes(rate: float, duration_s: float = 60, warmup_s: float = 10, seed: int = 1) -> Scenario:
+    """Two tenants with equal shares, one ``interactive`` and one ``standard``: Poisson short prompts
+    (150-250 words in, 50-150 tokens out) at ``rate`` requests/s in all."""
+    tenants = [{"id": f"{c}-app", "priority_class": c, "share": 1} for c in CLASSES]
+    return scenario("replicas", rate, duration_s, warmup_s, tenants, SLO_MS, seed=seed)
+
+
+def class_figures(records: Sequence[RequestRecord], goal_ms: float) -> dict[str, Any]:
+    """Sent, goodput (share of sent served with TTFT <= ``goal_ms``), TTFT P50/P99 of served (ms), shed
+    share (503: shed, evicted or expired) of ``records``."""
+    ttfts = [r.ttft_s * 1000 for r in records if r.outcome == "ok" and r.ttft_s is not None]
+    n = len(records)
+    return {
+        "sent": n,
+        "goodput": sum(t <= goal_ms for t in ttfts) / n if n else None,
+        "p50": percentile(ttfts, 50),
+        "p99": percentile(ttfts, 99),
+        "shed_rate": sum(r.outcome in ("shed", "evicted", "expired") for r in records) / n if n else None,
+    }
+
+
+def run_variant(
+    rate: float, variant: Variant, workers: int, duration_s: float, warmup_s: float
+) -> dict[str, Any]:
+    """Simulate :func:`two_classes` at ``rate`` through ``variant``; per class :func:`class_figures` after
+    the warm-up, the most requests a worker had at once and its ``max_running_requests``."""
+    sc = two_classes(rate, duration_s, warmup_s)
+    config = replace(
+        fleet(workers, SLO_MS),
+        replicas=variant.replicas,
+        balance=variant.balance,
+        share_windows=variant.share_windows,
+        tenants=tenant_specs(sc),
+    )
+    result = simulate(config, fleet_requests(generate_requests(sc)))
+    after = [r for r in result.records if r.arrival_s >= warmup_s]
+    return {
+        "rate": rate,
+        "variant": variant,
+        "classes": {c: class_figures([r for r in after if r.band == c], SLO_MS[c]) for c in CLASSES},
+        "peak_in_flight": max(w.peak_in_flight for w in result.workers),
+        "max_running": get_profile(PROFILE).max_running_requests,
+    }
+
+
+def _change(value: float | None, base: float | None) -> float | None:
+    """Relative change of ``value`` from ``base`` (None when either is unknown or ``base`` is 0)."""
+    if value is None or base is None or base == 0:
+        return None
+    return value / base - 1.0
+
+
+def compare(runs: Sequence[dict[str, Any]]) -> None:
+    """Give each run its changes from the one-replica run at its rate, per class (in place):
+    ``changes[class] = {"goodput", "p50", "p99"}`` as relative changes."""
+    base = {r["rate"]: r for r in runs if r["variant"] == Variant(1)}
+    for r in runs:
+        one = base[r["rate"]]["classes"]
+        r["changes"] = {
+            c: {k: _change(f[k], one[c][k]) for k in ("goodput", "p50", "p99")}
+            for c, f in r["classes"].items()
+        }
+
+
+def verdict(runs: Sequence[dict[str, Any]], judged_replicas: Sequence[int]) -> dict[str, Any]:
+    """The goal over the main runs with ``judged_replicas`` (more than one): the worst goodput change
+    (lowest), the worst TTFT change (highest of P50 and P99), the largest change either way, whether all
+    are within :data:`TOLERANCE`, and the figures outside it (``misses``: load, replicas, class, figure,
+    change)."""
+    judged = [
+        r
+        for r in runs
+        if r["variant"].main and r["variant"].replicas > 1 and r["variant"].replicas in judged_replicas
+    ]
+    misses = [
+        (r["rate"], r["variant"].replicas, c, k, x)
+        for r in judged
+        for c, ch in r["changes"].items()
+        for k, x in ch.items()
+        if x is not None and (x < -TOLERANCE if k == "goodput" else x > TOLERANCE)
+    ]
+    goodput = [ch["goodput"] for r in judged for ch in r["changes"].values() if ch["goodput"] is not None]
+    ttft = [
+        ch[k] for r in judged for ch in r["changes"].values() for k in ("p50", "p99") if ch[k] is not None
+    ]
+    worst_goodput = min(goodput, default=0.0)
+    worst_ttft = max(ttft, default=0.0)
+    return {
+        "worst_goodput_change": worst_goodput,
+        "worst_ttft_change": worst_ttft,
+        "largest_change": max((abs(x) for x in goodput + ttft), default=0.0),
+        "within_goal": worst_goodput >= -TOLERANCE and worst_ttft <= TOLERANCE,
+        "misses": misses,
+    }
+
+
+def replicas_figures(
+    workers: int = WORKERS,
+    duration_s: float = 60,
+    cap: float | None = None,
+    replicas: Sequence[int] = REPLICAS,
+    loads: Sequence[float] = LOADS,
+    contrasts: bool = True,
+    beyond: Sequence[int] = BEYOND,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment's headline and its runs (in load, then variant order).
+
+    ``cap``: the fleet's capacity in RPS; None = experiment 3's (:func:`capacity`, by bisection).
+    ``contrasts``: also run the largest replica count with random balance and with unshared windows.
+    ``beyond``: replica counts run as well but not judged.
+    """
+    cap = cap if cap is not None else capacity(workers, duration_s=duration_s)
+    warmup = min(10.0, duration_s / 6)
+    variants = [Variant(n) for n in sorted({1, *replicas, *beyond})]
+    if contrasts:
+        top = max(replicas)
+        variants += [Variant(top, balance="random"), Variant(top, share_windows=False)]
+    args = [(k * cap, v, workers, duration_s, warmup) for k in loads for v in variants]
+    runs = parallel(run_variant, args)
+    compare(runs)
+    head = {
+        "experiment": "replicas",
+        "capacity_rps": cap,
+        "workers": workers,
+        "loads": list(loads),
+        "replicas": list(replicas),
+        **verdict(runs, replicas),
+        "peak_in_flight_shared": max(r["peak_in_flight"] for r in runs if r["variant"].share_windows),
+        "peak_in_flight_unshared": max(
+            (r["peak_in_flight"] for r in runs if not r["variant"].share_windows), default=None
+        ),
+        "max_running": runs[0]["max_running"],
+    }
+    return head, runs
+
+
+def exp_replicas(doc: Path | None = None) -> dict[str, Any]:
+    """Experiment 6 (see the module docstring): its headline; its section goes into ``doc`` only when
+    ``doc`` is given."""
+    head, runs = replicas_figures()
+    if doc is not None:
+        write_replicas(doc, head, runs)
+    return head
+
+
+def _pct(x: float | None) -> str:
+    """A signed relative change, e.g. ``+1.2%``; ``-`` when unknown."""
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def write_replicas(doc: Path, head: dict[str, Any], runs: Sequence[dict[str, Any]]) -> None:
+    """Experiment 6's section of ``doc``, from :func:`replicas_figures`' results."""
+    rows = []
+    for r in runs:
+        v = r["variant"]
+        for c in CLASSES:
+            f, ch = r["classes"][c], r["changes"][c]
+            rows.append(
+                [
+                    f"{r['rate'] / head['capacity_rps']:.0%} ({r['rate']:.0f})",
+                    v.label,
+                    c,
+                    f["sent"],
+                    f["goodput"],
+                    _pct(ch["goodput"]),
+                    f["p50"],
+                    _pct(ch["p50"]),
+                    f["p99"],
+                    _pct(ch["p99"]),
+                    f["shed_rate"],
+                    r["peak_in_flight"],
+                ]
+            )
+    met = "**met**" if head["within_goal"] else "**missed**"
+    header = [
+        "load (RPS)",
+        "replicas",
+        "class",
+        "sent",
+        "goodput",
+        "Δ goodput",
+        "TTFT P50 ms",
+        "Δ P50",
+        "TTFT P99 ms",
+        "Δ P99",
+        "shed (503)",
+        "peak in flight / worker",
+    ]
+    body = f"""## 6. Gateway replicas (`python -m loadgen.fleet.experiments replicas`)
+
+{head["workers"]} workers `{PROFILE}` (SGLang's `max_running_requests` {head["max_running"]}); capacity
+**{head["capacity_rps"]:.0f} RPS** (experiment 3's). Two tenants with equal shares, one `interactive`
+(TTFT goal 500 ms) and one `standard` (2 s), short prompts (150-250 words in, 50-150 tokens out), Poisson,
+60 s (10 s warm-up), offered at 80% and 120% of capacity through 1, 2, 3 and 4 gateway replicas: each
+replica its own admission core with the gateway's defaults, owning its share of each worker's window
+(`policies/window_shares.py`, the gateway's own split: 256 / 171+171+170 / 128 each of 512) and learning its
+estimates only from what it dispatched; a load balancer in front gives them the requests round robin
+(`loadgen/fleet/replicas.py`). Contrasts at 4 replicas: a load balancer that picks at random (seeded), and
+replicas that each take a worker's whole window (`RADIXGATE_REPLICAS__SHARE_WINDOWS=false`). Δ: the change
+from one replica at the same load (relative).
+
+**Goal** (each class's goodput no more than 5% below one replica's, TTFT P50 and P99 no more than 5% above
+it, for 2-4 replicas): {met}. Worst goodput change {_pct(head["worst_goodput_change"])}, worst TTFT change
+{_pct(head["worst_ttft_change"])}; the largest change either way {head["largest_change"]:.1%}. Shared
+windows keep every worker at or below its `max_running_requests`: the most requests a worker had at once
+was {head["peak_in_flight_shared"]} (the top class may exceed the window by its headroom, on every replica
+count alike); without sharing, {head["peak_in_flight_unshared"]}.
+
+{table(header, rows)}
+
+{stamp()}
+"""
+    write_section("replicas", body, doc)
