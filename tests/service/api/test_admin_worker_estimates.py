@@ -60,4 +60,6 @@ def test_admin_workers_name_the_ttft_models_parts(gateway: tuple[httpx.Client, F
     assert idle == pytest.approx(
         base + per_1k, abs=0.002
     )  # 1,000 tokens at the per-token part, plus the base
-    assert 0 < base < 50  # the part of a 50 ms first token that prefill tokens do not explain
+    # the part of a first token that prefill tokens do not explain: the fake worker's 50 ms, whatever the
+    # prompt's length, plus the call's own time (a few ms, more on a loaded machine): neither 0 nor a multiple
+    assert 25 < base < 100
