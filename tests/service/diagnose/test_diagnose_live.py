@@ -1,9 +1,11 @@
 """``python -m service diagnose`` against a live gateway in front of three simulated workers (issue 28): each
 cause injected in turn (the simulated workers' knobs, their faults, a delay in front of Redis, more
 clients) is the one it names first, every time; a window with no fault names none. The command's own
-entry point runs once end to end (``--json``, the workers listed on ``/admin/workers``).
+entry point runs once end to end (``--json``, the workers listed on ``/admin/workers``), and the
+Prometheus mode, on a real Prometheus that scraped the same run, names the same causes.
 
-One stack for the module (:mod:`tests.support.diagnose_stack`), warmed up first: that warm-up is the
+One stack for the module (:mod:`tests.support.diagnose_stack`) watched by one Prometheus
+(:class:`tests.support.prometheus_live.LivePrometheus`, every 0.5 s), warmed up first: that warm-up is the
 baseline each window is judged against. Windows of 2 s, scraped every 0.25 s."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +26,12 @@ from typer.testing import CliRunner
 from loadgen.sim.server import FaultSpec
 from policies.diagnosis_types import Cause, Diagnosis, Verdict
 from service.__main__ import cli
-from service.diagnose.command import Result, from_scrapes
+from service.diagnose.command import Result, from_prometheus, from_scrapes
 from service.diagnose.sources import host_port
 from tests.conftest import ADMIN_TOKEN
 from tests.support.diagnose_stack import CLIENTS, DiagnoseStack
 from tests.support.paths import REPO
+from tests.support.prometheus_live import LivePrometheus, Webhook
 
 WINDOW_S = 2.0
 INTERVAL_S = 0.25
@@ -79,23 +83,52 @@ CASES = [
 ]
 
 
+@dataclass
+class Live:
+    """The module's stack, its Prometheus, when the warm-up began and each case's window (Unix s)."""
+
+    ds: DiagnoseStack
+    prom: LivePrometheus
+    since: float
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)
+    verdicts: dict[str, Verdict | None] = field(default_factory=dict)
+
+
 @pytest.fixture(scope="module")
-def stack(redis_url: str, stub_model_dir: Path) -> Iterator[DiagnoseStack]:
-    """The stack, after 4 s of the normal load (the baseline)."""
-    with DiagnoseStack(redis_url, stub_model_dir) as ds:
+def live(redis_url: str, stub_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """The stack and its Prometheus, after 4 s of the normal load (the baseline)."""
+    with (
+        DiagnoseStack(redis_url, stub_model_dir) as ds,
+        Webhook() as hook,
+        LivePrometheus(tmp_path_factory.mktemp("prom"), ds.stack.url, ds.worker_urls, hook.url) as prom,
+    ):
+        since = time.time()
         ds.window(4.0)
-        yield ds
+        yield Live(ds, prom, since)
 
 
-def diagnosed(ds: DiagnoseStack, case: Case) -> Result:
-    """Inject ``case``, diagnose a window under its load, and take the fault away again."""
+@pytest.fixture
+def stack(live: Live) -> DiagnoseStack:
+    return live.ds
+
+
+def diagnosed(ds: DiagnoseStack, case: Case, windows: dict[str, tuple[float, float]] | None = None) -> Result:
+    """Inject ``case``, diagnose a window under its load (noted in ``windows``), take the fault away."""
+
+    async def window() -> Result:
+        start = time.time()
+        result = await from_scrapes(ds.stack.url, ds.worker_urls, WINDOW_S, INTERVAL_S)
+        if windows is not None:
+            windows[case.name] = (start, time.time())
+        return result
+
     ds.knobs(case.worker, **case.knobs)
     if case.fault is not None:
         ds.stack.sims[case.worker or 0].set_fault(case.fault)
     ds.redis.delay_s = case.redis_delay_s
     try:
         return ds.run(
-            lambda: from_scrapes(ds.stack.url, ds.worker_urls, WINDOW_S, INTERVAL_S),
+            window,
             case.clients,
             case.max_tokens,
             case.question_tokens,
@@ -122,9 +155,10 @@ def evidence(d: Diagnosis, cause: Cause, what: str) -> float | None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_diagnose_names_the_injected_cause_first(stack: DiagnoseStack, case: Case) -> None:
-    result = diagnosed(stack, case)
-    d = result.diagnosis
+def test_diagnose_names_the_injected_cause_first(live: Live, case: Case) -> None:
+    stack = live.ds
+    d = diagnosed(stack, case, live.windows).diagnosis
+    live.verdicts[case.name] = d.verdicts[0] if d.verdicts else None
     print(f"\n[{case.name}] " + (line(d.verdicts[0]) if d.verdicts else "no cause"))
     assert d.served > 0 and not d.notes, d
     if case.expect is None:
@@ -185,3 +219,26 @@ def test_bad_options_exit_2_and_a_source_that_does_not_answer_1() -> None:
     assert scheme.exit_code == 2 and "not an http(s) URL" in scheme.output
     down = run("--gateway", "http://127.0.0.1:1", "--worker", "http://127.0.0.1:1", "--window-s", "1")
     assert down.exit_code == 1 and "cannot read the metrics" in down.output
+
+
+AGAIN = ["no fault", "300 ms more on the network to every worker", "decode 4x slower", "one worker 6x slower"]
+
+
+@pytest.mark.parametrize("name", AGAIN)
+def test_the_prometheus_mode_names_the_same_cause(live: Live, name: str) -> None:
+    """``--prometheus URL --window W --at T``: the same window, read from what Prometheus scraped, against
+    the baseline since the warm-up began."""
+    if name not in live.windows:  # its case was deselected: run it now
+        d = diagnosed(live.ds, next(c for c in CASES if c.name == name), live.windows).diagnosis
+        live.verdicts[name] = d.verdicts[0] if d.verdicts else None
+    start, end = live.windows[name]
+    result = from_prometheus(live.prom.url, end - start, start - live.since, at=end)
+    direct = live.verdicts[name]
+    d = result.diagnosis
+    print(f"\n[{name}, from Prometheus] " + (line(d.verdicts[0]) if d.verdicts else "no cause"))
+    assert d.served > 0 and not d.notes, d
+    assert {w.name for w in result.window.workers} == {host_port(u) for u in live.ds.worker_urls}
+    if direct is None:
+        assert d.verdicts == (), [line(v) for v in d.verdicts]
+    else:
+        assert (d.verdicts[0].cause, d.verdicts[0].worker) == (direct.cause, direct.worker)
