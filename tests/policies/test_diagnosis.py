@@ -278,3 +278,12 @@ def test_causes_rank_by_score() -> None:
     d = diagnose(both, BASELINE)
     assert [v.cause for v in d.verdicts] == ["quota_store", "network"]
     assert d.verdicts[0].score > d.verdicts[1].score
+
+
+def test_a_worker_out_of_rotation_scores_the_capacity_it_took_away() -> None:
+    d = diagnose(fleet(w2={"healthy": 0.0, "requests": 0.0, "ttft": Latency(), "itl": Latency(), "e2e": Latency()}),
+                 BASELINE)  # fmt: skip
+    assert [(v.cause, v.worker, v.score) for v in d.verdicts] == [
+        ("worker", "w2:30000", pytest.approx(1 / 3))
+    ]
+    assert d.verdicts[0].summary == "0% of the gateway's calls to it failed; it is out of rotation"
