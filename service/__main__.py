@@ -283,8 +283,8 @@ _DOC_HELP = "Rewrite the table between the markers of this file (--readme: the o
 
 @config_cli.command("check")
 def config_check(config: Path | None = CONFIG_OPTION) -> None:
-    """Print every effective setting (secrets masked) and where it came from (env, the file, default);
-    exit 2 when one is invalid or the tokenizer folder is missing, as `serve` would."""
+    """Print every effective setting (secrets masked), tagged [env] or [FILE] where it was set (no tag: the
+    default); exit 2 when one is invalid or the tokenizer folder is missing, as `serve` would."""
     settings = load_settings(config)
     check_tokenizer(settings)
     file = config_file_in(os.environ, config)

@@ -32,6 +32,11 @@ the prefill chunks and the decode tokens in one step whose cost is the decode co
 - Prefix cache: a :class:`~loadgen.sim.radix.RadixCache` in the same pool. A request's prompt is matched
   at admission (``cached_tokens``, capped at prompt length − 1 as SGLang does), inserted when its prefill
   ends and locked while it runs; prompt + output are inserted when it finishes.
+- Request times (:class:`RequestTimes`, on every :class:`SimEvent`): SGLang's scheduler-side timestamps
+  of ``--enable-metrics`` (0.5.23, ``srt/observability/req_time_stats.py``, ``SchedulerReqTimeStats``):
+  the floor passed (the waiting queue's entry), the first forward (the start of the step that admitted
+  it), the end of its prefill, the time it waited in the queue (the first wait plus every wait after a
+  retraction), and its retractions.
 """
 
 from __future__ import annotations
@@ -77,6 +82,30 @@ class SimRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """One request's scheduler times, s on the engine's clock (SGLang 0.5.23's ``SchedulerReqTimeStats``
+    with ``--enable-metrics``; the field each stands for in brackets).
+
+    Attributes:
+        ready_s: the TTFT floor passed: the request is in the waiting queue (``wait_queue_entry_time``, its
+            first; SGLang's tokenizer hands it over then: ``api_server_dispatch_finish_time``).
+        forward_entry_s: the start of the step that first admitted it (``forward_entry_time``), or None.
+        prefill_finished_s: the end of the step that finished its (first) prefill and gave its first
+            token (``prefill_finished_time``), or None.
+        queue_s: time spent waiting to be admitted, s: the first wait plus the wait after each retraction
+            (``queue_duration_s``, reported as ``meta_info.queue_time``).
+        retractions: times it was retracted, for KV space or a higher priority (``Req.retraction_count``,
+            reported as ``meta_info.num_retractions``).
+    """
+
+    ready_s: float
+    forward_entry_s: float | None = None
+    prefill_finished_s: float | None = None
+    queue_s: float = 0.0
+    retractions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SimEvent:
     """One generated token of a request (the last one carries ``finish_reason``).
 
@@ -88,6 +117,7 @@ class SimEvent:
         prompt_tokens: prompt length (tokens).
         cached_tokens: prompt tokens served from the prefix cache at first admission.
         finish_reason: ``length`` / ``stop`` on the last token, else None.
+        times: the request's scheduler times as of this token (None where an engine does not report them).
     """
 
     time_s: float
@@ -97,6 +127,7 @@ class SimEvent:
     prompt_tokens: int
     cached_tokens: int
     finish_reason: FinishReason | None
+    times: RequestTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +144,9 @@ class EngineStats:
         gen_throughput: generated tokens/s over the last steps (up to 5 s of virtual time).
         prompt_tokens_total, generation_tokens_total, cached_tokens_total: counters (tokens).
         preemptions_total: retractions (KV pressure or priority).
+        retracted_requests_total, retracted_input_tokens_total, retracted_output_tokens_total: the
+            retractions for KV space during decode only (SGLang's ``retract_decode``, the
+            ``sglang:num_retracted_*_total`` counters), with the prompt and output tokens of the retracted.
     """
 
     num_running_reqs: int
@@ -126,6 +160,9 @@ class EngineStats:
     generation_tokens_total: int
     cached_tokens_total: int
     preemptions_total: int
+    retracted_requests_total: int = 0
+    retracted_input_tokens_total: int = 0
+    retracted_output_tokens_total: int = 0
 
 
 class _Req:
@@ -145,6 +182,8 @@ class _Req:
         "req",
         "running",
         "seq",
+        "times",
+        "waiting_since_s",
     )
 
     def __init__(self, req: SimRequest, seq: int, ready_s: float) -> None:
@@ -161,6 +200,8 @@ class _Req:
         self.running = False  # admitted (prefilling or decoding)
         self.prefilling = False  # admitted, prefill not finished
         self.done = False
+        self.times = RequestTimes(ready_s)  # replaced (never changed) as it moves: events share it
+        self.waiting_since_s = ready_s  # its latest entry into the waiting queue
 
     def fill_target(self) -> tuple[int, ...]:
         return self.req.prompt + tuple(self.outputs)
@@ -170,6 +211,32 @@ class _Req:
 
     def order(self) -> tuple[int, int]:
         return (-self.req.priority, self.seq)
+
+    # request times (RequestTimes): a few per request, none per token
+    def entered_forward(self, now: float) -> None:
+        """Admitted at ``now`` (the start of a step): its wait since the queue's entry ends."""
+        t = self.times
+        self.times = RequestTimes(
+            t.ready_s,
+            now if t.forward_entry_s is None else t.forward_entry_s,
+            t.prefill_finished_s,
+            t.queue_s + max(0.0, now - self.waiting_since_s),
+            t.retractions,
+        )
+
+    def prefill_finished(self, now: float) -> None:
+        """Its prefill finished at ``now``; only the first one counts (a resume after a retraction's not)."""
+        t = self.times
+        if t.prefill_finished_s is None:
+            self.times = RequestTimes(t.ready_s, t.forward_entry_s, now, t.queue_s, t.retractions)
+
+    def retracted(self, now: float) -> None:
+        """Sent back to the waiting queue at ``now``."""
+        t = self.times
+        self.waiting_since_s = now
+        self.times = RequestTimes(
+            t.ready_s, t.forward_entry_s, t.prefill_finished_s, t.queue_s, t.retractions + 1
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +308,7 @@ class SimEngine:
         self._step: _Step | None = None
         self._recent: deque[tuple[float, int]] = deque()
         self._counters = {"prompt": 0, "generated": 0, "cached": 0, "preempted": 0}
+        self._kv_retracted = [0, 0, 0]  # retract_decode: requests, their prompt and output tokens
 
     # ----- public API -------------------------------------------------------------------------------------
     @property
@@ -338,6 +406,9 @@ class SimEngine:
             generation_tokens_total=c["generated"],
             cached_tokens_total=c["cached"],
             preemptions_total=c["preempted"],
+            retracted_requests_total=self._kv_retracted[0],
+            retracted_input_tokens_total=self._kv_retracted[1],
+            retracted_output_tokens_total=self._kv_retracted[2],
         )
 
     # ----- scheduling ---------------------------------------------------------------------------------------
@@ -371,7 +442,7 @@ class SimEngine:
         decoding = [r for r in self._running if not r.prefilling]
         while decoding and not self._allocate(len(decoding)):
             victim = max(decoding, key=lambda r: (-r.req.priority, r.seq))
-            self._retract(victim)
+            self._retract_for_kv(victim)
             decoding.remove(victim)
         if not decoding and not members:
             return
@@ -452,6 +523,7 @@ class SimEngine:
         self._waiting.remove(r)
         self._running.append(r)
         r.running, r.prefilling, r.node, r.filled = True, True, node, matched
+        r.entered_forward(now)
         if r.cached is None:
             r.cached = matched
             self._counters["prompt"] += len(r.req.prompt)
@@ -477,6 +549,16 @@ class SimEngine:
         r.running, r.prefilling, r.filled, r.chunk = False, False, 0, 0
         self._waiting.append(r)
         self._counters["preempted"] += 1
+        r.retracted(self._now)
+
+    def _retract_for_kv(self, r: _Req) -> None:
+        """Retract ``r`` for want of KV space during decode (SGLang's ``retract_decode``), counted apart
+        from priority preemption as SGLang's ``sglang:num_retracted_*_total`` counters are."""
+        counts = self._kv_retracted
+        counts[0] += 1
+        counts[1] += len(r.req.prompt)
+        counts[2] += len(r.outputs)
+        self._retract(r)
 
     def _release(self, r: _Req, keep: bool) -> None:
         if keep and r.filled:
@@ -502,6 +584,7 @@ class SimEngine:
                 if r.node is not None:
                     self.cache.unlock(r.node)
                 r.node, r.own_kv, r.prefilling = node, 0, False
+                r.prefill_finished(self._now)
             else:
                 r.filled += 1  # the step wrote the KV of the previous token
             events.append(self._emit(r))
@@ -523,7 +606,7 @@ class SimEngine:
             reason = "length"
         if reason is not None:
             self._finish(r)
-        return SimEvent(self._now, r.req.rid, token, n, len(r.req.prompt), r.cached or 0, reason)
+        return SimEvent(self._now, r.req.rid, token, n, len(r.req.prompt), r.cached or 0, reason, r.times)
 
     def _finish(self, r: _Req) -> None:
         self._running.remove(r)

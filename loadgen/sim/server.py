@@ -6,9 +6,13 @@ Routes (SGLang's names and shapes):
   "temperature", "ignore_eos", "seed", ...}, "stream", "rid", "priority"}``. Non-streamed: ``{"text",
   "meta_info": {"id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason":
   {"type": "length", "length": N} | {"type": "stop", "matched": ID} | {"type": "abort", "message"},
-  "e2e_latency"}}``. Streamed: server-sent events ``data: {json}\\n\\n``, one per token, with the
+  "e2e_latency", ...}}``. Streamed: server-sent events ``data: {json}\\n\\n``, one per token, with the
   CUMULATIVE ``text`` and the same ``meta_info`` (``finish_reason`` null until the last), then
-  ``data: [DONE]\\n\\n``. Errors: ``{"error": {"message"}}`` with 400 (bad input) or 500 (fault).
+  ``data: [DONE]\\n\\n``. Both carry the timing fields SGLang 0.5.23 adds with ``--enable-metrics``
+  (``queue_time``, ``forward_entry_time``, ``prefill_finished_time``, ``num_retractions``; the last chunk
+  also ``request_received_ts``, ``api_server_dispatch_finish_ts``, ``first_token_latency``, ...), from the
+  simulated schedule: :mod:`loadgen.sim.timing`. Errors: ``{"error": {"message"}}`` with 400 (bad input)
+  or 500 (fault).
 - ``POST /abort_request`` ``{"rid"}``; ``POST /flush_cache`` (400 while requests run);
   ``GET /health``, ``/health_generate``, ``/get_server_info``, ``/server_info``, ``/get_model_info``,
   ``/model_info``, ``/v1/models``, ``/metrics`` (see :mod:`loadgen.sim.metrics`).
@@ -30,6 +34,7 @@ import dataclasses
 import json
 import os
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -42,10 +47,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from loadgen.sim.dcgm import GPU_FACTS, DcgmGauges
-from loadgen.sim.engine import SimEngine, SimEvent, SimRequest
+from loadgen.sim.engine import RequestTimes, SimEngine, SimEvent, SimRequest
 from loadgen.sim.knobs import DelayLine, PerfKnobs, answer_delay, apply_to_engine
 from loadgen.sim.metrics import SimMetrics
 from loadgen.sim.profiles import SimProfile
+from loadgen.sim.timing import finished_meta, scheduler_meta, sent_meta
 from loadgen.sim.tokens import VOCAB_IDS, detokenize, natural_length, prompt_key, tokenize
 
 FaultMode = Literal["none", "crash_mid_stream", "slow", "http_500"]
@@ -97,6 +103,10 @@ class _Live:
     queue: asyncio.Queue[SimEvent | None] = field(default_factory=asyncio.Queue)
     outputs: list[int] = field(default_factory=list)
     last_s: float | None = None
+    first_s: float | None = None
+    times: RequestTimes | None = None
+    streamed: bool = False
+    sent_s: float | None = None
 
 
 class SimServer:
@@ -156,6 +166,7 @@ class SimServer:
         self._live: dict[str, _Live] = {}
         self._wake: asyncio.Event | None = None
         self._t0 = 0.0
+        self._epoch_s = time.time()  # the Unix time of simulated second 0 (set again at startup)
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -184,6 +195,7 @@ class SimServer:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: Starlette) -> AsyncIterator[None]:
         self._t0 = asyncio.get_running_loop().time()
+        self._epoch_s = time.time()
         self._wake = asyncio.Event()
         task = asyncio.create_task(self._drive())
         try:
@@ -240,7 +252,7 @@ class SimServer:
         spec = self.fault  # read before _hit, which may switch the fault off
         crash_after = spec.after_tokens if self._hit("crash_mid_stream") else None
         exit_on_crash = spec.exit_process
-        live = _Live(req.rid, len(req.prompt), req.max_new_tokens, self.now())
+        live = _Live(req.rid, len(req.prompt), req.max_new_tokens, self.now(), streamed=body.stream)
         self._live[req.rid] = live
         try:
             self.engine.submit(req, live.submitted_s)
@@ -290,7 +302,9 @@ class SimServer:
                 yield self._payload(live, {"type": "abort", "message": "Abort request"})
                 return
             now = event.time_s
+            live.times = event.times
             if live.last_s is None:
+                live.first_s = now
                 self.metrics.observe_first_token(now - live.submitted_s)
             else:
                 self.metrics.observe_token_gap(now - live.last_s)
@@ -315,17 +329,32 @@ class SimServer:
         self, live: _Live, reason: dict[str, Any] | None, cached: int = 0, now: float | None = None
     ) -> dict[str, Any]:
         end = self.now() if now is None else now
-        return {
-            "text": detokenize(live.outputs),
-            "meta_info": {
-                "id": live.rid,
-                "prompt_tokens": live.prompt_tokens,
-                "completion_tokens": len(live.outputs),
-                "cached_tokens": cached,
-                "finish_reason": reason,
-                "e2e_latency": round(end - live.submitted_s, 6),
-            },
+        meta = {
+            "id": live.rid,
+            "prompt_tokens": live.prompt_tokens,
+            "completion_tokens": len(live.outputs),
+            "cached_tokens": cached,
+            "finish_reason": reason,
+            "e2e_latency": round(end - live.submitted_s, 6),
         }
+        meta.update(self._timing_meta(live, reason is not None, end))
+        return {"text": detokenize(live.outputs), "meta_info": meta}
+
+    def _timing_meta(self, live: _Live, finished: bool, end: float) -> dict[str, Any]:
+        """The ``--enable-metrics`` timing fields of ``live``'s chunk ending at ``end`` (simulated s):
+        :mod:`loadgen.sim.timing`."""
+        epoch = self._epoch_s
+        meta = scheduler_meta(live.times, epoch)
+        if finished:
+            meta.update(
+                finished_meta(live.times, live.submitted_s, live.first_s, end, len(live.outputs), epoch)
+            )
+        if live.sent_s is None and (finished or live.streamed):  # SGLang: a stream's first, else the last
+            live.sent_s = self.now()
+            meta.update(sent_meta(live.sent_s, epoch))
+        elif finished and live.sent_s is not None:
+            meta.update(sent_meta(live.sent_s, epoch))
+        return meta
 
     async def _sse(self, live: _Live, crash_after: int | None, exit_on_crash: bool) -> AsyncIterator[bytes]:
         try:
