@@ -33,8 +33,10 @@ The causes, each with the time it adds and its gate:
   retracts requests (at least ``min_retraction_share`` per request) or queues them: the engine's TTFT
   excess.
 - ``worker``: one worker's engine TTFT or ITL at least ``min_worker_ratio`` times the other workers'
-  median (slow), or at least ``min_error_share`` of the gateway's calls to it failing, or out of rotation
-  (failing). The fleet-wide engine causes are judged on the other workers' median (the typical worker).
+  median (slow: its E2E above theirs, of its own E2E), or at least ``min_error_share`` of the gateway's
+  calls to it failing, or out of rotation (failing: scored by the share of calls that failed, or of the
+  fleet's workers it took away). The fleet-wide engine causes are judged on the other workers' median
+  (the typical worker).
 
 Consequences: a queue that grows beside a slower service is Little's law, not a cause; ``queueing`` is
 marked a consequence of any root (:data:`policies.diagnosis_types.ROOT_CAUSES`) that fired, and
@@ -201,7 +203,7 @@ def _workers(window: FleetView, th: Thresholds) -> list[tuple[Verdict, bool]]:
             "worker",
             explained,
             whole,
-            "its E2E" if slow else "retry",
+            "its E2E" if slow else "retries",
             summary,
             [
                 Evidence(
@@ -225,8 +227,9 @@ def _workers(window: FleetView, th: Thresholds) -> list[tuple[Verdict, bool]]:
             ],
             worker=w.name,
         )
-        if failing and not slow:
-            verdict = replace(verdict, score=round(max(error_share, 1.0 if out_of_rotation else 0.0), 4))
+        if failing and not slow:  # the calls it fails, or the share of the fleet's capacity it took away
+            lost = 1.0 / len(window.workers) if out_of_rotation else 0.0
+            verdict = replace(verdict, score=round(max(error_share, lost), 4))
             out.append((verdict, True))
         else:
             out.append((verdict, slow and verdict.score >= th.min_share))

@@ -162,7 +162,10 @@ def ms(seconds: float | None) -> str:
 
 
 def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value * 100:.0f}%"
+    """A share as a percentage: whole below 100, one decimal under 10%."""
+    if value is None:
+        return "n/a"
+    return f"{value * 100:.0f}%" if abs(value) >= 0.1 or value == 0 else f"{value * 100:.1f}%"
 
 
 ON_PATH_STORE_OPS = ("QuotaLimiter.reserve", "TenantStore.authenticate")

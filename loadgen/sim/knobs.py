@@ -65,7 +65,9 @@ def apply_to_engine(engine: SimEngine, profile: SimProfile, knobs: PerfKnobs) ->
     capacity = knobs.kv_capacity_tokens or profile.kv_capacity_tokens
     ratio = profile.new_token_ratio if knobs.new_token_ratio is None else knobs.new_token_ratio
     if (capacity, ratio) != (engine.profile.kv_capacity_tokens, engine.profile.new_token_ratio):
-        engine.profile = dataclasses.replace(engine.profile, kv_capacity_tokens=capacity, new_token_ratio=ratio)
+        engine.profile = dataclasses.replace(
+            engine.profile, kv_capacity_tokens=capacity, new_token_ratio=ratio
+        )
 
 
 class DelayLine:

@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from policies.diagnosis_types import Diagnosis, Evidence, Verdict
+from policies.diagnosis_types import Diagnosis, Evidence
 
 
 def as_json(diagnosis: Diagnosis, source: str) -> dict[str, Any]:
@@ -19,12 +19,7 @@ def as_json(diagnosis: Diagnosis, source: str) -> dict[str, Any]:
     (the named verdicts, ranked; empty: no cause), ``rejected`` (the others, with their figures),
     ``notes``."""
 
-    def verdict(v: Verdict) -> dict[str, Any]:
-        out = dataclasses.asdict(v)
-        out["rank"] = None
-        return out
-
-    causes = [verdict(v) | {"rank": i + 1} for i, v in enumerate(diagnosis.verdicts)]
+    causes = [{"rank": i + 1, **dataclasses.asdict(v)} for i, v in enumerate(diagnosis.verdicts)]
     return {
         "source": source,
         "window": {
@@ -35,7 +30,7 @@ def as_json(diagnosis: Diagnosis, source: str) -> dict[str, Any]:
             "tpot_p99_s": diagnosis.tpot_p99,
         },
         "causes": causes,
-        "rejected": [verdict(v) for v in diagnosis.rejected],
+        "rejected": [dataclasses.asdict(v) for v in diagnosis.rejected],
         "notes": list(diagnosis.notes),
     }
 
@@ -58,7 +53,7 @@ def figure(value: float | None, unit: str) -> str:
     if unit == "s":
         return seconds(value)
     if unit == "ratio":
-        return f"{value * 100:.0f}%"
+        return f"{value * 100:.0f}%" if abs(value) >= 0.1 or value == 0 else f"{value * 100:.1f}%"
     if unit == "times":
         return f"{value:.1f}x"
     if unit == "tokens/s":

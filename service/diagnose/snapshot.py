@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+import httpx
+
 from policies.diagnosis_types import NO_DATA, FleetView, GatewayView, Latency, WorkerView
 from service.diagnose.sources import Key, Match, MetricSource, host_port, merged
 
@@ -207,7 +209,7 @@ def _by_worker_url(values: dict[Key, float]) -> dict[str, float]:
     for (url,), value in values.items():
         try:
             name = host_port(url)
-        except Exception:  # an odd label value: keep it as it is
+        except (httpx.InvalidURL, TypeError, ValueError):  # an odd label value: keep it as it is
             name = url
         out[name] = out.get(name, 0.0) + value
     return out

@@ -278,3 +278,11 @@ def test_causes_rank_by_score() -> None:
     d = diagnose(both, BASELINE)
     assert [v.cause for v in d.verdicts] == ["quota_store", "network"]
     assert d.verdicts[0].score > d.verdicts[1].score
+
+
+def test_a_worker_out_of_rotation_scores_the_capacity_it_took_away() -> None:
+    idle = {"healthy": 0.0, "requests": 0.0, "ttft": Latency(), "itl": Latency(), "e2e": Latency()}
+    d = diagnose(fleet(w2=idle), BASELINE)
+    assert [(v.cause, v.worker) for v in d.verdicts] == [("worker", "w2:30000")]
+    assert d.verdicts[0].score == pytest.approx(1 / 3, abs=1e-4)
+    assert d.verdicts[0].summary == "0% of the gateway's calls to it failed; it is out of rotation"
