@@ -23,7 +23,7 @@ from loadgen.fleet.doc import DOC, REPO
 from loadgen.fleet.experiments import main as experiments_main
 from loadgen.fleet.experiments import registry
 
-SECTIONS = ("workers", "routing", "overload", "fairness", "models")
+SECTIONS = ("workers", "routing", "overload", "fairness", "models", "replicas")
 
 
 def section(text: str, name: str) -> str | None:
