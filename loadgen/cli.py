@@ -7,6 +7,7 @@ Commands:
   report RESULTS.json                recompute the report (table, JSON, plots) from a results file
   bench-gateway [--quick] [--json]   radixgate vs sglang-router, LiteLLM and direct on an instant fake SGLang
   rolling-restart [--json]           gateway processes and workers restarted under load
+  breakdown-share [--json]           the share of each request's TTFT its named phases explain, under load
 """
 
 from __future__ import annotations
@@ -277,6 +278,15 @@ def rolling_restart(
         float, typer.Option(min=0.05, max=2.0, help="Arrival rate as a fraction of the measured capacity.")
     ] = 0.8,
     max_tokens: Annotated[int, typer.Option(min=1, max=256, help="Tokens per stream.")] = 16,
+    worker_drain_deadline: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=60.0,
+            help="The gateway's upstream.worker_drain_deadline_s, s: the streams a drained worker still "
+            "runs then resume on another worker.",
+        ),
+    ] = 0.05,
     run_dir: Annotated[Path, typer.Option(help="Folder for the logs.")] = Path(".run/rolling-restart"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
@@ -284,7 +294,13 @@ def rolling_restart(
     load (loadgen/rolling_restart.py); exit 1 when a client saw an error or the ledger does not balance."""
     from loadgen.rolling_restart import figures_json, run_rolling_restart
 
-    figures = run_rolling_restart(run_dir, streams=streams, load=load, max_tokens=max_tokens)
+    figures = run_rolling_restart(
+        run_dir,
+        streams=streams,
+        load=load,
+        max_tokens=max_tokens,
+        worker_drain_deadline_s=worker_drain_deadline,
+    )
     out = figures_json(figures)
     if as_json:
         print(json.dumps(out))
@@ -295,6 +311,51 @@ def rolling_restart(
         for line in figures.errors[:20]:
             console.print(f"  error: {line}")
     if figures.errors or not figures.balanced:
+        raise typer.Exit(1)
+
+
+@app.command("breakdown-share")
+def breakdown_share(
+    load: Annotated[
+        float, typer.Option(min=0.05, max=1.5, help="Arrival rate as a fraction of the measured capacity.")
+    ] = 0.8,
+    duration_s: Annotated[float, typer.Option(min=2.0, max=600.0, help="How long arrivals run, s.")] = 25.0,
+    workers: Annotated[int, typer.Option(min=1, max=16, help="Simulated workers.")] = 2,
+    window: Annotated[int, typer.Option(min=1, max=64, help="Requests admitted to each worker at once.")] = 8,
+    max_tokens: Annotated[int, typer.Option(min=1, max=256, help="Tokens per stream.")] = 16,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the arrivals and questions.")] = 0,
+    run_dir: Annotated[Path, typer.Option(help="Folder for the logs.")] = Path(".run/breakdown-share"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
+) -> None:
+    """Run a gateway in front of simulated workers at LOAD x its capacity and say how much of each
+    stream's TTFT the named phases of its request log line explain (loadgen/breakdown_share.py); exit 1
+    when P50 < 0.95 or P99 < 0.90, or a client saw an error."""
+    from loadgen.breakdown_share import GOAL_P50, GOAL_P99, run_breakdown_share
+
+    run = run_breakdown_share(run_dir, load, duration_s, workers, window, max_tokens, seed)
+    s = run.summary
+    if as_json:
+        print(json.dumps(run.to_json()))
+    else:
+        console = Console()
+        console.print(
+            f"capacity {run.capacity_rps:.2f} streams/s; offered {run.rate_rps:.2f}/s ({run.load:.0%}) for "
+            f"{run.duration_s:.1f} s: {run.sent} sent, {run.ok} complete, {s.requests} request lines"
+        )
+        console.print(
+            f"TTFT P50 {s.ttft_p50_ms:.1f} ms, P99 {s.ttft_p99_ms:.1f} ms; named phases explain "
+            f"P50 {s.share_p50:.3f} (goal {GOAL_P50}), P99 {s.share_p99:.3f} (goal {GOAL_P99}), "
+            f"min {s.share_min:.3f}; at the P99 TTFT {s.tail_share_p50:.3f}"
+        )
+        console.print(
+            f"outside the gateway's queue: P50 {s.beyond_queue_p50:.3f}, P99 {s.beyond_queue_p99:.3f}"
+        )
+        console.print(f"unexplained P50 {s.unexplained_p50_ms:.2f} ms, P99 {s.unexplained_p99_ms:.2f} ms")
+        for name, ms in s.phase_mean_ms.items():
+            console.print(f"  {name:>17}: {ms:9.3f} ms mean")
+        for line in run.errors:
+            console.print(f"  error: {line}")
+    if run.errors or not s.meets_goal:
         raise typer.Exit(1)
 
 

@@ -1,7 +1,7 @@
 """A rolling restart under load: every gateway process and every worker restarted one at a time while a
 steady stream load runs, with what the clients saw and what the quota ledger charged.
 
-``python -m loadgen rolling-restart [--streams 1200] [--rate 80] [--json]``
+``python -m loadgen rolling-restart [--streams 1200] [--load 0.8] [--worker-drain-deadline 0.05] [--json]``
 
 The stack is local processes: Redis and ``python -m service serve`` with ``RADIXGATE_WORKERS`` gateway
 processes on one port (:class:`loadgen.stack.LocalStack`), and simulated SGLang workers
@@ -10,14 +10,20 @@ load runs:
 
 1. the gateway's parent gets SIGHUP: uvicorn's ``restart_all`` starts a new process, waits until it is
    serving, then sends SIGTERM to an old one (its drain: service/runtime/drain.py), one process at a time;
-2. each worker in turn is drained (``POST /admin/workers/{id}/drain``), waited for until it runs nothing,
-   stopped with SIGTERM, started again on its port and registered again (``POST /admin/workers``);
+2. each worker in turn is drained (``POST /admin/workers/{id}/drain``, which reaches every process within
+   a registry sync): it gets no new request, and the streams it still runs at the drain deadline
+   (``upstream.worker_drain_deadline_s``, 0.05 s here: shorter than a stream, so that the streams running
+   at each drain resume on another worker mid-stream, the path under test) move to another worker; once it
+   has run nothing for longer than a sync period it is stopped with SIGTERM, started again on its port and
+   made active again (``POST /admin/workers``);
 3. the gateway is restarted again (SIGHUP), with the restarted workers.
 
 Each request is a stream with ``stream_options.include_usage``; a client-visible error is any status but
 200, any error event, a transport error, or a stream without ``[DONE]`` or with fewer tokens than asked
 (the simulated worker never stops early: ``--eos-per-token 0``). The ledger balances when the tenant's
 usage in Redis (what was charged) equals the sum of the usages the clients received (what was served).
+``moved`` counts the complete streams that moved off a draining worker (the gateway's ``request`` log lines
+with ``moves`` > 0).
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ import redis
 from loadgen.stack import LocalStack, free_port
 
 MODEL = "sim-model"
+KEEPALIVE_EXPIRY_S = 2.0
+"""How long the clients keep an idle connection, s: under the gateway's keep-alive timeout (5 s,
+``service.runtime.http_protocol.KEEP_ALIVE_S``). httpx's default, 5 s too, races the gateway's close: a
+request sent on a connection the gateway closes in the same instant fails with a reset and no answer
+(``ReadError``; about 1 run in 4 of ``tests/service/runtime/test_rolling_restart.py`` saw one), as with
+any HTTP/1.1 server (a client must expire idle connections before the server does)."""
 SIM_PROFILE = "smollm2-135m-cpu2"
 
 
@@ -58,6 +70,9 @@ class RestartFigures:
         capacity_rps: the fleet's capacity measured before the run (:func:`measure_capacity`), streams/s.
         load: the offered rate as a fraction of it; ``rate_rps``: that rate, streams/s.
         duration_s: how long the load ran, s; ``mean_stream_s``: mean time a complete stream took, s.
+        moved: streams served whole after moving off a draining worker at its drain deadline
+            (``moves`` > 0 in the gateway's ``request`` log lines); ``worker_drain_deadline_s``: that
+            deadline, s; ``drain_wait_s``: the longest a worker took from its drain to running nothing, s.
     """
 
     streams: int = 0
@@ -72,6 +87,9 @@ class RestartFigures:
     rate_rps: float = 0.0
     duration_s: float = 0.0
     mean_stream_s: float = 0.0
+    moved: int = 0
+    worker_drain_deadline_s: float = 0.0
+    drain_wait_s: float = 0.0
 
     @property
     def balanced(self) -> bool:
@@ -205,7 +223,9 @@ async def offer_load(
     """Open-loop arrivals at ``rate_rps`` (evenly spaced) until ``streams`` were sent; returns the stream
     times of the complete ones, s."""
     times: list[float] = []
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    limits = httpx.Limits(
+        max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S
+    )
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
         tasks = []
         start = time.monotonic()
@@ -226,7 +246,11 @@ async def measure_capacity(base: str, key: str, concurrency: int, seconds: float
     second."""
     figures = RestartFigures()
     times: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(
+        max_connections=concurrency,
+        max_keepalive_connections=concurrency,
+        keepalive_expiry=KEEPALIVE_EXPIRY_S,
+    )
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
         end = time.monotonic() + seconds
 
@@ -282,26 +306,47 @@ def log_lines(log: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def restart_worker(admin: httpx.Client, worker: SimWorker, timeout_s: float = 60) -> None:
-    """Drain ``worker`` for every gateway process, wait until it runs nothing, stop it, start it again on
-    its port and register it again."""
+def restart_worker(admin: httpx.Client, worker: SimWorker, sync_s: float, timeout_s: float = 60) -> float:
+    """Drain ``worker`` for every gateway process, wait until it has run nothing for longer than a
+    registry sync (``sync_s``: a process that had not seen the drain yet could still send it a request),
+    stop it, start it again on its port and make it active again. Returns how long it took from the drain
+    to running nothing, s.
+
+    Raises:
+        RuntimeError: it still ran requests ``timeout_s`` after its drain.
+    """
     wid = next(w["id"] for w in admin.get("/admin/workers").json()["data"] if w["url"] == worker.url)
     admin.post(f"/admin/workers/{wid}/drain").raise_for_status()
-    deadline = time.monotonic() + timeout_s
+    drained = time.monotonic()
+    deadline = drained + timeout_s
     quiet_since = None
-    while True:  # nothing at the worker for longer than the replicas' registry sync period
+    while True:
         if worker.live_requests() == 0:
             quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since > 1.5:
+            if time.monotonic() - quiet_since > 3 * sync_s:
                 break
         else:
             quiet_since = None
         if time.monotonic() > deadline:
             raise RuntimeError(f"worker {worker.url} still busy {timeout_s} s after its drain")
-        time.sleep(0.05)
+        time.sleep(0.02)
     worker.stop()
     worker.start()
     admin.post("/admin/workers", json={"url": worker.url}).raise_for_status()
+    return (quiet_since or drained) - drained
+
+
+def moved_streams(log: Path, tenant: str) -> int:
+    """``tenant``'s requests answered 200 that moved off a draining worker (``moves`` > 0 in the
+    gateway's ``request`` log lines)."""
+    return sum(
+        1
+        for line in log_lines(log)
+        if line.get("event") == "request"
+        and line.get("tenant") == tenant
+        and line.get("status") == 200
+        and int(line.get("moves") or 0) > 0
+    )
 
 
 def charged(redis_url: str, prefix: str, tenant: str) -> dict[str, int]:
@@ -320,6 +365,7 @@ def run_rolling_restart(
     workers: int = 3,
     window: int = 8,
     speed: float = 6.0,
+    worker_drain_deadline_s: float = 0.05,
 ) -> RestartFigures:
     """Run the load, restart everything one at a time during it, and measure (see the module text).
 
@@ -330,13 +376,16 @@ def run_rolling_restart(
         processes: gateway processes (``RADIXGATE_WORKERS``); workers: simulated workers.
         window: requests each gateway process admits to each worker at once (fixed window).
         speed: the simulated workers' speed (simulated seconds per wall second).
+        worker_drain_deadline_s: ``upstream.worker_drain_deadline_s`` of the gateway, s.
     """
-    figures = RestartFigures(load=load)
+    figures = RestartFigures(load=load, worker_drain_deadline_s=worker_drain_deadline_s)
+    sync_s = 0.5  # upstream.health_interval_s: also the period of the registry sync
     env = {
         "RADIXGATE_WORKERS": str(processes),
         "RADIXGATE_ENGINE__SERVED_MODEL_NAME": MODEL,
         "RADIXGATE_UPSTREAM__WORKERS": "[]",
-        "RADIXGATE_UPSTREAM__HEALTH_INTERVAL_S": "0.5",
+        "RADIXGATE_UPSTREAM__HEALTH_INTERVAL_S": str(sync_s),
+        "RADIXGATE_UPSTREAM__WORKER_DRAIN_DEADLINE_S": str(worker_drain_deadline_s),
         "RADIXGATE_SCHEDULER__WINDOW_MODE": "fixed",
         "RADIXGATE_SCHEDULER__WINDOW_INITIAL": str(window),
         "RADIXGATE_SHUTDOWN__DRAIN_TIMEOUT_S": "20",
@@ -367,7 +416,8 @@ def run_rolling_restart(
             await asyncio.sleep(total * 0.15)
             ready = await asyncio.to_thread(restart_gateway, stack, processes, first)
             for sim in sims:
-                await asyncio.to_thread(restart_worker, admin, sim)
+                waited = await asyncio.to_thread(restart_worker, admin, sim, sync_s)
+                figures.drain_wait_s = max(figures.drain_wait_s, round(waited, 3))
                 figures.worker_restarts += 1
             await asyncio.to_thread(restart_gateway, stack, processes, ready)
             return await load_task
@@ -376,6 +426,7 @@ def run_rolling_restart(
         figures.gateway_restarts = len(ready_lines(log)) - first
         time.sleep(1.0)  # the last settles (each lands right after its answer)
         figures.charged = charged(stack.redis_url, "rg:", "restarts")
+        figures.moved = moved_streams(log, "restarts")
     figures.mean_stream_s = sum(times) / len(times) if times else 0.0
     return figures
 

@@ -229,6 +229,28 @@ class LocalStack:
             base_url=self.url, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=60
         )
 
+    def runbook_variables(self, prometheus: str | None = None) -> str:
+        """The shell lines that set docs/runbook.md's variables for this stack (its ports are random): the
+        gateway (``GW``), one worker (``WORKER``, from ``GET /admin/workers``; the others in a comment),
+        Prometheus (``PROM``, when the stack runs one), the Redis URL and the admin token under the
+        gateway's own setting names (``RADIXGATE_REDIS__URL``, ``RADIXGATE_ADMIN_TOKEN``)."""
+        with self.admin() as http:
+            workers = [w["url"] for w in http.get("/admin/workers").json()["data"]]
+        lines = [f"export GW={self.url}"]
+        if workers:
+            others = f"   # the others: {' '.join(workers[1:])}" if len(workers) > 1 else ""
+            lines.append(f"export WORKER={workers[0]}{others}")
+        lines.append(
+            f"export PROM={prometheus}"
+            if prometheus
+            else "# no Prometheus in this stack (make up-sim runs one): the PromQL needs your own"
+        )
+        lines += [
+            f"export RADIXGATE_REDIS__URL={self.redis_url}",
+            f"export RADIXGATE_ADMIN_TOKEN={self.admin_token}",
+        ]
+        return "For docs/runbook.md, in another shell:\n" + "\n".join(f"  {line}" for line in lines)
+
     def create_tenant(self, tenant_id: str, **spec: object) -> str:
         """Create a tenant and one API key; returns the key."""
         with self.admin() as http:

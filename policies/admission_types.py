@@ -184,6 +184,12 @@ class CoreConfig:
             raise ValueError("first_token_deadline_factor must be 0 (off) or >= 1")
 
 
+IDLE_TTFT_PROMPT_TOKENS = 1000
+"""Uncached prompt tokens of the request :attr:`WorkerSnapshot.idle_ttft_s` is predicted for (a short
+chat's system prompt and question: below ``EstimateConfig.long_prefill_tokens``, where the per-token model
+takes over)."""
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSnapshot:
     """The core's view of one worker, for metrics and the admin API.
@@ -195,7 +201,15 @@ class WorkerSnapshot:
         in_flight: requests dispatched and not finished.
         queued: requests waiting in the gateway for this worker.
         capacity_rps: measured completions per second when saturated (None while unknown).
-        engine_ttft_s: measured engine TTFT of short prefills, s (None while unknown).
+        ttft_base_s: the fixed part of the worker's engine TTFT model (dispatch to first token, the part
+            not explained by prefill tokens: scheduling step, decode interleave), s (None while unknown).
+            Not a TTFT: a prefill's per-token cost comes on top of it.
+        prefill_s_per_token: the per-token part of that model, s per uncached prompt token (None while
+            unknown).
+        idle_ttft_s: the engine TTFT the model predicts here for a request of
+            :data:`IDLE_TTFT_PROMPT_TOKENS` uncached prompt tokens with nothing ahead of it, s
+            (``ttft_base_s`` + that many tokens at ``prefill_s_per_token``; None while neither part is
+            known): what an idle worker can do at best, to compare with a class's TTFT goal.
         prediction_scales: per class (band) with a calibrated scale, the factor its predicted queue waits
             on this worker are scaled by now (:meth:`policies.estimates.WorkerEstimates.on_goal_outcome`).
     """
@@ -206,5 +220,7 @@ class WorkerSnapshot:
     in_flight: int
     queued: int
     capacity_rps: float | None
-    engine_ttft_s: float | None
+    ttft_base_s: float | None
+    prefill_s_per_token: float | None = None
+    idle_ttft_s: float | None = None
     prediction_scales: dict[str, float] = field(default_factory=dict)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from policies.admission_types import AdmissionRequest, CoreConfig, WorkerSnapshot
+from policies.admission_types import IDLE_TTFT_PROMPT_TOKENS, AdmissionRequest, CoreConfig, WorkerSnapshot
 from policies.classes import ClassPolicy
 from policies.estimates import DecayingRate, WorkerEstimates
 from policies.fair_queue import PriorityBands, QueuedItem
@@ -160,6 +160,7 @@ class WorkerQueue:
     def snapshot(self, now: float) -> WorkerSnapshot:
         """Its state at ``now``, for metrics and the admin API."""
         est, window = self.est, self.window
+        base, per_token = est.base_ttft(now), est.per_token_ttft(now)
         return WorkerSnapshot(
             self.url,
             self.eligible,
@@ -167,8 +168,12 @@ class WorkerQueue:
             self.in_flight,
             len(self.bands),
             est.capacity(now, window.size),
-            est.base_ttft(now),
-            est.prediction_scales(now),
+            ttft_base_s=base,
+            prefill_s_per_token=per_token,
+            idle_ttft_s=None
+            if base is None and per_token is None
+            else est.engine_ttft(IDLE_TTFT_PROMPT_TOKENS, now),
+            prediction_scales=est.prediction_scales(now),
         )
 
     def headroom(self, band: str, top: str) -> int:

@@ -135,7 +135,7 @@ def serve(stack: LocalStack, keep: bool, t0: float) -> None:
         if keep:
             wait_until_stopped(
                 f"\nThe stack keeps running: gateway {stack.url}, admin token {stack.admin_token}\n"
-                "Ctrl-C stops it."
+                f"{stack.runbook_variables()}\nCtrl-C stops it."
             )
         else:
             print("\nstopping (use `make up` to keep the stack running)")

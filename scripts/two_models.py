@@ -145,7 +145,7 @@ def main() -> None:
             if args.keep:
                 wait_until_stopped(
                     f"\nThe stack keeps running: gateway {stack.url}, admin token {stack.admin_token}\n"
-                    "Ctrl-C stops it."
+                    f"{stack.runbook_variables()}\nCtrl-C stops it."
                 )
         except KeyboardInterrupt:
             print("interrupted")

@@ -4,7 +4,8 @@ Redis, two gateway processes on one port (``RADIXGATE_WORKERS=2``: the kernel sp
 them, as compose's balancer spreads them over its two replicas; each process is one replica with its own
 scheduler, both sharing Redis and the worker registry), simulated SGLang workers (``python -m loadgen.sim``,
 a simulator, not a model: made-up words at an H100's speed for Llama-3.1-8B) and, when Debian's
-``prometheus`` is installed (``make setup`` installs it), Prometheus scraping the gateway and the workers.
+``prometheus`` is installed (``make setup`` installs it), Prometheus scraping the gateway and the workers,
+with deploy/prometheus/rules (the recording rules the runbook queries and the alerts).
 Steps:
 
 1. write the word-level stub tokenizer (``loadgen.bench.stub_tokenizer``, which counts what the simulator
@@ -27,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import yaml
 
 from loadgen.bench.stub_tokenizer import write_stub_model
 from loadgen.stack import LocalStack, StackError, free_port, terminate_as_exit, wait_until_stopped
@@ -35,6 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / ".run" / "sim"
 MODEL = "sim-llama-3.1-8b"
 PROFILE = "llama-3.1-8b-h100"
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+RULE_FILES = tuple(
+    PROMETHEUS_DIR / name
+    for name in yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())["rule_files"]
+)
+"""The rule files deploy/prometheus/prometheus.yml loads (compose's Prometheus loads the same), as paths."""
 
 
 def start_workers(count: int) -> list[tuple[subprocess.Popen[bytes], int]]:
@@ -67,19 +75,30 @@ def start_workers(count: int) -> list[tuple[subprocess.Popen[bytes], int]]:
 def start_prometheus(
     gateway_port: int, worker_ports: list[int]
 ) -> tuple[subprocess.Popen[bytes], int] | None:
-    """Debian's prometheus scraping the gateway and the workers every 5 s (None when it is not installed)."""
+    """Debian's prometheus scraping the gateway and the workers every 5 s, with the recording and alert rules
+    compose's Prometheus loads (:data:`RULE_FILES`, evaluated every 5 s), so the runbook's queries answer
+    and the alerts can fire here too (no Alertmanager is started: a firing alert shows on Prometheus's
+    /alerts page and ``/api/v1/alerts``). None when prometheus is not installed."""
     binary = shutil.which("prometheus")
     if binary is None:
         return None
     port = free_port()
     config = {
-        "global": {"scrape_interval": "5s"},
+        "global": {
+            "scrape_interval": "5s",
+            "evaluation_interval": "5s",
+            "external_labels": {"service": "radixgate"},
+        },
+        "rule_files": [str(path) for path in RULE_FILES],
         "scrape_configs": [
             {"job_name": "radixgate", "static_configs": [{"targets": [f"127.0.0.1:{gateway_port}"]}]},
             {"job_name": "sglang", "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in worker_ports]}]},
         ],
     }
     (RUN / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    # a fresh TSDB: an earlier run's series (its workers' ports, unmarked as stale when it stopped) would
+    # answer queries and fire alerts for workers that are gone
+    shutil.rmtree(RUN / "prometheus-data", ignore_errors=True)
     log = open(RUN / "prometheus.log", "wb")  # noqa: SIM115 - owned by the child process
     argv = [
         binary,
@@ -149,10 +168,11 @@ def main() -> None:
             prometheus = start_prometheus(stack.port, [port for _, port in workers])
             run_requests(stack, args.requests)
             if args.keep:
-                prom = f", Prometheus http://127.0.0.1:{prometheus[1]}" if prometheus else ""
+                prom = f"http://127.0.0.1:{prometheus[1]}" if prometheus else None
                 wait_until_stopped(
                     f"\nThe stack keeps running: gateway {stack.url} (2 processes), workers {', '.join(urls)}"
-                    f"{prom}\nadmin token {stack.admin_token}\nCtrl-C stops it."
+                    f"{f', Prometheus {prom}' if prom else ''}, Redis {stack.redis_url}\n"
+                    f"admin token {stack.admin_token}\n{stack.runbook_variables(prom)}\nCtrl-C stops it."
                 )
         except StackError as exc:
             sys.exit(str(exc))

@@ -1,4 +1,5 @@
-"""Command line: ``python -m service serve`` runs the gateway; ``python -m service worker`` one engine."""
+"""Command line: ``python -m service serve`` runs the gateway; ``python -m service worker`` one engine;
+``python -m service diagnose`` says where a window's tail latency went."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
+from rich.console import Console
 
 from service.app import create_app
 from service.config.doc import settings_table
@@ -25,6 +28,19 @@ from service.config.sources import (
     origin,
     startup_warnings,
 )
+from service.diagnose.command import (
+    DEFAULT_THRESHOLDS,
+    MAX_WINDOW_S,
+    DiagnoseInputError,
+    Result,
+    base_url,
+    from_prometheus,
+    from_scrapes,
+    parse_duration,
+    thresholds,
+)
+from service.diagnose.report import as_json, render
+from service.diagnose.sources import SourceError
 from service.observability.logs import configure_logging
 from service.protocol.fields import parameters_table
 from service.protocol.responses import responses_table
@@ -180,6 +196,68 @@ def worker(
         proc.stop()
 
 
+@cli.command("diagnose")
+def diagnose_command(
+    prometheus: str | None = typer.Option(None, "--prometheus", help="Prometheus base URL (PromQL mode)."),
+    window: str = typer.Option("5m", "--window", help="--prometheus: the window, a PromQL duration."),
+    baseline: str = typer.Option("1h", "--baseline", help="--prometheus: the span before it, the baseline."),
+    at: float | None = typer.Option(None, "--at", help="--prometheus: the window's end, Unix s (now)."),
+    gateway: str | None = typer.Option(None, "--gateway", help="Gateway base URL (direct-scrape mode)."),
+    worker: list[str] = typer.Option([], "--worker", help="A worker's base URL (repeat; default: all)."),
+    window_s: float = typer.Option(10.0, "--window-s", min=1, max=MAX_WINDOW_S, help="Direct: window, s."),
+    interval_s: float = typer.Option(1.0, "--interval-s", min=0.1, max=60, help="Direct: scrape period, s."),
+    admin_token: str | None = typer.Option(
+        None, "--admin-token", help="Direct, no --worker: lists the workers (default: the settings' token)."
+    ),
+    min_share: float = typer.Option(
+        DEFAULT_THRESHOLDS.min_share, "--min-share", min=0, max=1, help="Least share a cause adds."
+    ),
+    min_excess_ms: float = typer.Option(
+        DEFAULT_THRESHOLDS.min_excess_s * 1000, "--min-excess-ms", min=0, max=60000, help="Least it adds, ms."
+    ),
+    min_slowdown: float = typer.Option(
+        DEFAULT_THRESHOLDS.min_slowdown, "--min-slowdown", min=1, max=1000, help="Engine slowdown gate."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the same data as JSON."),
+    config: Path | None = CONFIG_OPTION,
+) -> None:
+    """Say where the P99 latency of a window went, ranked, with the evidence (docs/observability.md,
+    "Diagnose"). Exit 0 with a report (whether or not a cause is named), 1 when a source does not answer,
+    2 on bad options."""
+    th = thresholds(min_share, min_excess_ms / 1000, min_slowdown)
+    try:
+        if (prometheus is None) == (gateway is None):
+            raise DiagnoseInputError("give either --prometheus URL or --gateway URL")
+        if prometheus is not None:
+            result: Result = from_prometheus(
+                base_url(prometheus, "--prometheus"),
+                parse_duration(window, "--window"),
+                parse_duration(baseline, "--baseline"),
+                at,
+                th,
+            )
+        else:
+            assert gateway is not None
+            workers = [base_url(w, "--worker") for w in worker]
+            token = admin_token
+            if not workers and not token:
+                token = load_settings(config).admin_token.get_secret_value() or None
+            result = asyncio.run(
+                from_scrapes(base_url(gateway, "--gateway"), workers, window_s, interval_s, token, th)
+            )
+    except DiagnoseInputError as exc:
+        typer.echo(f"invalid option {exc}", err=True)
+        raise typer.Exit(2) from None
+    except SourceError as exc:
+        typer.echo(f"cannot read the metrics: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if json_out:
+        data = as_json(result.diagnosis, result.source)
+        typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+    else:
+        render(result.diagnosis, result.source, Console())
+
+
 def _print_or_write(tables: dict[str, str], doc: Path | None) -> None:
     """Print ``tables`` (marker -> markdown), or write each between its markers in ``doc``; a file that
     cannot be read or written, or lacks a marker, exits 2 with one line and is left as it was."""
@@ -205,8 +283,8 @@ _DOC_HELP = "Rewrite the table between the markers of this file (--readme: the o
 
 @config_cli.command("check")
 def config_check(config: Path | None = CONFIG_OPTION) -> None:
-    """Print every effective setting (secrets masked) and where it came from (env, the file, default);
-    exit 2 when one is invalid or the tokenizer folder is missing, as `serve` would."""
+    """Print every effective setting (secrets masked), tagged [env] or [FILE] where it was set (no tag: the
+    default); exit 2 when one is invalid or the tokenizer folder is missing, as `serve` would."""
     settings = load_settings(config)
     check_tokenizer(settings)
     file = config_file_in(os.environ, config)

@@ -49,7 +49,7 @@ from service.runtime.startup_signals import StartupInterrupted, interruptible_st
 from service.runtime.task_stop import stop_tasks
 from service.state import GatewayState
 from service.workers.client import SGLangClient
-from service.workers.discovery import DnsDiscovery
+from service.workers.discovery import DnsDiscovery, no_workers_hint
 from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry, sync_loop, sync_once
@@ -247,8 +247,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             ).inc(),
             models=registry,
             assigned={w.url: launched_model.id for w in launched} if launched_model else None,
+            drain_deadline_s=up.worker_drain_deadline_s,
         )
-        worker_registry = WorkerRegistry(redis, settings.redis.key_prefix)
+        # the workers the settings list are shared too: a drain on one replica reaches every replica
+        worker_registry = WorkerRegistry(redis, settings.redis.key_prefix, [*up.workers, *listed])
         if settings.discovery.dns_name is not None:  # found workers registered for every replica
             discovery = DnsDiscovery(settings.discovery, worker_registry)
             await discovery.sync()
@@ -267,11 +269,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 supervisor.start()
                 supervisors.append(supervisor)
         if not pool.workers:
-            log.warning(
-                "no_workers_configured",
-                hint="set RADIXGATE_UPSTREAM__WORKERS, "
-                "RADIXGATE_ENGINE__LAUNCH=true, or add workers with POST /admin/workers",
-            )
+            log.warning("no_workers_configured", hint=no_workers_hint(settings.discovery))
         policy = await eviction_policy(redis)
         if policy not in (None, "noeviction"):
             log.warning(

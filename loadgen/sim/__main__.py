@@ -2,7 +2,8 @@
 
 ``python -m loadgen.sim --profile llama-3.1-8b-h100 --port 30000 [--speed 1.0] [--seed 0]
 [--model-name NAME] [--eos-per-token 0.0] [--fault none|crash_mid_stream|slow|http_500]
-[--fault-after-tokens N] [--fault-factor X] [--fault-exit] [--list-profiles]``
+[--fault-after-tokens N] [--fault-factor X] [--fault-exit] [--dcgm] [--list-profiles]``
+and the performance knobs of :mod:`loadgen.sim.knobs` (``--network-delay-s S``, ``--prefill-factor X`` ...).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from loadgen.sim import knobs
 from loadgen.sim.profiles import PROFILES, get_profile
 from loadgen.sim.server import FaultSpec, SimServer
 
@@ -48,8 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault-after-tokens", type=_number(int, 0, None, "at least 0"), default=2)
     parser.add_argument("--fault-factor", type=_number(float, 1, None, "at least 1"), default=5.0)
     parser.add_argument("--fault-exit", action="store_true", help="crash_mid_stream exits the process")
+    parser.add_argument("--dcgm", action="store_true", help="export simulated DCGM GPU gauges (GPU profiles)")
+    parser.add_argument("--dcgm-hostname", default="sim", help="their Hostname label")
     parser.add_argument("--list-profiles", action="store_true")
-    return parser.parse_args(argv)
+    knobs.add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.knobs = knobs.from_arguments(parser, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +77,21 @@ def main(argv: list[str] | None = None) -> int:
         factor=args.fault_factor,
         exit_process=args.fault_exit,
     )
-    server = SimServer(profile, args.seed, args.speed, args.model_name, args.eos_per_token, fault)
+    try:
+        server = SimServer(
+            profile,
+            args.seed,
+            args.speed,
+            args.model_name,
+            args.eos_per_token,
+            fault,
+            knobs=args.knobs,
+            dcgm=args.dcgm,
+            hostname=args.dcgm_hostname,
+        )
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     uvicorn.run(server.app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -32,6 +32,11 @@ the prefill chunks and the decode tokens in one step whose cost is the decode co
 - Prefix cache: a :class:`~loadgen.sim.radix.RadixCache` in the same pool. A request's prompt is matched
   at admission (``cached_tokens``, capped at prompt length − 1 as SGLang does), inserted when its prefill
   ends and locked while it runs; prompt + output are inserted when it finishes.
+- Request times (:class:`RequestTimes`, on every :class:`SimEvent`): SGLang's scheduler-side timestamps
+  of ``--enable-metrics`` (0.5.23, ``srt/observability/req_time_stats.py``, ``SchedulerReqTimeStats``):
+  the floor passed (the waiting queue's entry), the first forward (the start of the step that admitted
+  it), the end of its prefill, the time it waited in the queue (the first wait plus every wait after a
+  retraction), and its retractions.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ from policies.classes import PREEMPTION_THRESHOLD
 
 FinishReason = Literal["length", "stop", "abort"]
 StepKind = Literal["prefill", "decode", "mixed"]
+
+STEP_HISTORY_S = 10.0
+"""How much virtual time of finished steps :attr:`SimEngine.steps` keeps (s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,30 @@ class SimRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """One request's scheduler times, s on the engine's clock (SGLang 0.5.23's ``SchedulerReqTimeStats``
+    with ``--enable-metrics``; the field each stands for in brackets).
+
+    Attributes:
+        ready_s: the TTFT floor passed: the request is in the waiting queue (``wait_queue_entry_time``, its
+            first; SGLang's tokenizer hands it over then: ``api_server_dispatch_finish_time``).
+        forward_entry_s: the start of the step that first admitted it (``forward_entry_time``), or None.
+        prefill_finished_s: the end of the step that finished its (first) prefill and gave its first
+            token (``prefill_finished_time``), or None.
+        queue_s: time spent waiting to be admitted, s: the first wait plus the wait after each retraction
+            (``queue_duration_s``, reported as ``meta_info.queue_time``).
+        retractions: times it was retracted, for KV space or a higher priority (``Req.retraction_count``,
+            reported as ``meta_info.num_retractions``).
+    """
+
+    ready_s: float
+    forward_entry_s: float | None = None
+    prefill_finished_s: float | None = None
+    queue_s: float = 0.0
+    retractions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SimEvent:
     """One generated token of a request (the last one carries ``finish_reason``).
 
@@ -85,6 +117,7 @@ class SimEvent:
         prompt_tokens: prompt length (tokens).
         cached_tokens: prompt tokens served from the prefix cache at first admission.
         finish_reason: ``length`` / ``stop`` on the last token, else None.
+        times: the request's scheduler times as of this token (None where an engine does not report them).
     """
 
     time_s: float
@@ -94,6 +127,7 @@ class SimEvent:
     prompt_tokens: int
     cached_tokens: int
     finish_reason: FinishReason | None
+    times: RequestTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +144,9 @@ class EngineStats:
         gen_throughput: generated tokens/s over the last steps (up to 5 s of virtual time).
         prompt_tokens_total, generation_tokens_total, cached_tokens_total: counters (tokens).
         preemptions_total: retractions (KV pressure or priority).
+        retracted_requests_total, retracted_input_tokens_total, retracted_output_tokens_total: the
+            retractions for KV space during decode only (SGLang's ``retract_decode``, the
+            ``sglang:num_retracted_*_total`` counters), with the prompt and output tokens of the retracted.
     """
 
     num_running_reqs: int
@@ -123,6 +160,9 @@ class EngineStats:
     generation_tokens_total: int
     cached_tokens_total: int
     preemptions_total: int
+    retracted_requests_total: int = 0
+    retracted_input_tokens_total: int = 0
+    retracted_output_tokens_total: int = 0
 
 
 class _Req:
@@ -142,6 +182,8 @@ class _Req:
         "req",
         "running",
         "seq",
+        "times",
+        "waiting_since_s",
     )
 
     def __init__(self, req: SimRequest, seq: int, ready_s: float) -> None:
@@ -158,6 +200,8 @@ class _Req:
         self.running = False  # admitted (prefilling or decoding)
         self.prefilling = False  # admitted, prefill not finished
         self.done = False
+        self.times = RequestTimes(ready_s)  # replaced (never changed) as it moves: events share it
+        self.waiting_since_s = ready_s  # its latest entry into the waiting queue
 
     def fill_target(self) -> tuple[int, ...]:
         return self.req.prompt + tuple(self.outputs)
@@ -168,6 +212,56 @@ class _Req:
     def order(self) -> tuple[int, int]:
         return (-self.req.priority, self.seq)
 
+    # request times (RequestTimes): a few per request, none per token
+    def entered_forward(self, now: float) -> None:
+        """Admitted at ``now`` (the start of a step): its wait since the queue's entry ends."""
+        t = self.times
+        self.times = RequestTimes(
+            t.ready_s,
+            now if t.forward_entry_s is None else t.forward_entry_s,
+            t.prefill_finished_s,
+            t.queue_s + max(0.0, now - self.waiting_since_s),
+            t.retractions,
+        )
+
+    def prefill_finished(self, now: float) -> None:
+        """Its prefill finished at ``now``; only the first one counts (a resume after a retraction's not)."""
+        t = self.times
+        if t.prefill_finished_s is None:
+            self.times = RequestTimes(t.ready_s, t.forward_entry_s, now, t.queue_s, t.retractions)
+
+    def retracted(self, now: float) -> None:
+        """Sent back to the waiting queue at ``now``."""
+        t = self.times
+        self.waiting_since_s = now
+        self.times = RequestTimes(
+            t.ready_s, t.forward_entry_s, t.prefill_finished_s, t.queue_s, t.retractions + 1
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One forward pass the engine ran, for models of the hardware beneath it (:mod:`loadgen.sim.dcgm`).
+
+    Attributes:
+        kind: ``prefill``, ``decode`` or ``mixed``.
+        start_s, end_s: its span on the engine's clock (s).
+        prefill_ms, decode_ms: its nominal cost (the profile's step model, before slowdowns and jitter)
+            split into the prefill tokens' part and the decode part (the step base, the batch and the
+            KV reads), ms. A prefill step's base is in ``prefill_ms``.
+        prefill_factor, decode_factor: the slowdowns of :class:`SimEngine` applied to each part.
+        tokens: tokens the step computed (prefill tokens + decoding sequences, phantom ones included).
+    """
+
+    kind: StepKind
+    start_s: float
+    end_s: float
+    prefill_ms: float
+    decode_ms: float
+    prefill_factor: float
+    decode_factor: float
+    tokens: int
+
 
 @dataclass(slots=True)
 class _Step:
@@ -175,6 +269,7 @@ class _Step:
     start_s: float
     end_s: float
     members: list[_Req]
+    record: StepRecord | None = None
 
 
 class SimEngine:
@@ -193,6 +288,16 @@ class SimEngine:
         self.profile = profile
         self.preemption_threshold = preemption_threshold
         self.slowdown = 1.0  # multiplies step durations (fault injection: "slow")
+        # performance knobs (loadgen.sim.knobs): each part of a step slowed apart, phantom decoding
+        # sequences riding in every decode step, a share of requests that skip the prefix cache
+        self.prefill_slowdown = 1.0
+        self.decode_slowdown = 1.0
+        self.extra_batch = 0
+        self.extra_context_tokens = 0
+        self.uncached_share = 0.0
+        self._miss_rng = random.Random(seed + 0x5EED)  # apart from the jitter's, which stays as it was
+        #: the steps finished in the last :data:`STEP_HISTORY_S` s, oldest first
+        self.steps: deque[StepRecord] = deque()
         self.cache = RadixCache()
         self._rng = random.Random(seed)
         self._now = 0.0
@@ -203,12 +308,18 @@ class SimEngine:
         self._step: _Step | None = None
         self._recent: deque[tuple[float, int]] = deque()
         self._counters = {"prompt": 0, "generated": 0, "cached": 0, "preempted": 0}
+        self._kv_retracted = [0, 0, 0]  # retract_decode: requests, their prompt and output tokens
 
     # ----- public API -------------------------------------------------------------------------------------
     @property
     def now(self) -> float:
         """The engine's clock: the last time it was advanced to (s)."""
         return self._now
+
+    @property
+    def step_in_flight(self) -> StepRecord | None:
+        """The step running now (its end may lie ahead of :attr:`now`), or None."""
+        return None if self._step is None else self._step.record
 
     def submit(self, req: SimRequest, now: float) -> None:
         """Queue ``req`` arriving at ``now`` (s); it can be scheduled after the profile's TTFT floor.
@@ -267,6 +378,7 @@ class SimEngine:
                 return events
             step, self._step = self._step, None
             self._now = step.end_s
+            self._note_step(step)
             events.extend(self._finish_step(step))
 
     def flush_cache(self) -> bool:
@@ -283,7 +395,7 @@ class SimEngine:
         span = self._now - window[0][0] if len(window) > 1 else 0.0
         c = self._counters
         return EngineStats(
-            num_running_reqs=len(self._running),
+            num_running_reqs=len(self._running) + (self.extra_batch if self._running else 0),
             num_queue_reqs=len(self._waiting),
             num_used_tokens=used,
             token_usage=used / self.profile.kv_capacity_tokens,
@@ -294,11 +406,18 @@ class SimEngine:
             generation_tokens_total=c["generated"],
             cached_tokens_total=c["cached"],
             preemptions_total=c["preempted"],
+            retracted_requests_total=self._kv_retracted[0],
+            retracted_input_tokens_total=self._kv_retracted[1],
+            retracted_output_tokens_total=self._kv_retracted[2],
         )
 
     # ----- scheduling ---------------------------------------------------------------------------------------
     def _own_kv(self) -> int:
-        return sum(r.own_kv for r in self._running)
+        return sum(r.own_kv for r in self._running) + self._phantom_kv()
+
+    def _phantom_kv(self) -> int:
+        """KV slots the phantom sequences hold (:attr:`extra_batch`), while real requests run."""
+        return self.extra_batch * self.extra_context_tokens if self._running else 0
 
     def _free(self) -> int:
         return self.profile.kv_capacity_tokens - self.cache.total_tokens - self._own_kv()
@@ -318,27 +437,52 @@ class SimEngine:
         members = self._plan_prefill(now)
         prefill_tokens = sum(r.chunk for r in members)
         if members and not self.profile.mixed_chunk:
-            self._begin("prefill", now, self.profile.prefill_step_ms(prefill_tokens), members)
+            self._begin("prefill", now, self.profile.prefill_step_ms(prefill_tokens), members, prefill_tokens)
             return
         decoding = [r for r in self._running if not r.prefilling]
         while decoding and not self._allocate(len(decoding)):
             victim = max(decoding, key=lambda r: (-r.req.priority, r.seq))
-            self._retract(victim)
+            self._retract_for_kv(victim)
             decoding.remove(victim)
         if not decoding and not members:
             return
         for r in decoding:
             r.own_kv += 1
         kv = sum(r.context() for r in decoding)
-        ms = (
-            self.profile.decode_step_ms(len(decoding), kv)
-            + self.profile.prefill_ms_per_token * prefill_tokens
-        )
-        self._begin("mixed" if members else "decode", now, ms, members + decoding)
+        batch, kv = self._with_phantoms(len(decoding), kv)
+        decode_ms = self.profile.decode_step_ms(batch, kv)
+        prefill_ms = self.profile.prefill_ms_per_token * prefill_tokens
+        kind: StepKind = "mixed" if members else "decode"
+        self._begin(kind, now, prefill_ms, members + decoding, prefill_tokens + batch, decode_ms)
 
-    def _begin(self, kind: StepKind, now: float, ms: float, members: list[_Req]) -> None:
+    def _with_phantoms(self, batch: int, kv_tokens: int) -> tuple[int, int]:
+        """A decode step's batch and context tokens with the phantom sequences (:attr:`extra_batch`)."""
+        if not batch:
+            return batch, kv_tokens
+        return batch + self.extra_batch, kv_tokens + self.extra_batch * self.extra_context_tokens
+
+    def _begin(
+        self,
+        kind: StepKind,
+        now: float,
+        prefill_ms: float,
+        members: list[_Req],
+        tokens: int,
+        decode_ms: float = 0.0,
+    ) -> None:
         jitter = 1.0 + self.profile.step_jitter * self._rng.uniform(-1.0, 1.0)
-        self._step = _Step(kind, now, now + ms * jitter * self.slowdown / 1000, members)
+        pf, df = self.prefill_slowdown, self.decode_slowdown
+        ms = prefill_ms * pf + decode_ms * df
+        end = now + ms * jitter * self.slowdown / 1000
+        record = StepRecord(kind, now, end, prefill_ms, decode_ms, pf, df, tokens)
+        self._step = _Step(kind, now, end, members, record)
+
+    def _note_step(self, step: _Step) -> None:
+        """Keep ``step``'s record in :attr:`steps` (the last :data:`STEP_HISTORY_S` s)."""
+        if step.record is not None:
+            self.steps.append(step.record)
+        while self.steps and self.steps[0].end_s < self._now - STEP_HISTORY_S:
+            self.steps.popleft()
 
     def _plan_prefill(self, now: float) -> list[_Req]:
         budget = self.profile.chunked_prefill_tokens
@@ -364,7 +508,8 @@ class SimEngine:
     def _admit(self, r: _Req, now: float) -> bool:
         """Admit ``r`` (matching its prefix), preempting lower priorities if needed; False to stop."""
         target = r.fill_target()
-        matched, node = self.cache.match_prefix(target[: len(target) - 1], now)
+        probe = () if self._skips_cache(r) else target[: len(target) - 1]
+        matched, node = self.cache.match_prefix(probe, now)
         self.cache.lock(node)
         need = len(target) - matched + self._reserve(r)
         while not self._fits(need):
@@ -378,11 +523,17 @@ class SimEngine:
         self._waiting.remove(r)
         self._running.append(r)
         r.running, r.prefilling, r.node, r.filled = True, True, node, matched
+        r.entered_forward(now)
         if r.cached is None:
             r.cached = matched
             self._counters["prompt"] += len(r.req.prompt)
             self._counters["cached"] += matched
         return True
+
+    def _skips_cache(self, r: _Req) -> bool:
+        """Whether ``r``'s first admission misses the prefix cache on purpose (:attr:`uncached_share`:
+        a hot-spot of prompts the cache has never seen)."""
+        return r.cached is None and self.uncached_share > 0 and self._miss_rng.random() < self.uncached_share
 
     def _fits(self, need: int) -> bool:
         if len(self._running) >= self.profile.max_running_requests:
@@ -398,6 +549,16 @@ class SimEngine:
         r.running, r.prefilling, r.filled, r.chunk = False, False, 0, 0
         self._waiting.append(r)
         self._counters["preempted"] += 1
+        r.retracted(self._now)
+
+    def _retract_for_kv(self, r: _Req) -> None:
+        """Retract ``r`` for want of KV space during decode (SGLang's ``retract_decode``), counted apart
+        from priority preemption as SGLang's ``sglang:num_retracted_*_total`` counters are."""
+        counts = self._kv_retracted
+        counts[0] += 1
+        counts[1] += len(r.req.prompt)
+        counts[2] += len(r.outputs)
+        self._retract(r)
 
     def _release(self, r: _Req, keep: bool) -> None:
         if keep and r.filled:
@@ -423,6 +584,7 @@ class SimEngine:
                 if r.node is not None:
                     self.cache.unlock(r.node)
                 r.node, r.own_kv, r.prefilling = node, 0, False
+                r.prefill_finished(self._now)
             else:
                 r.filled += 1  # the step wrote the KV of the previous token
             events.append(self._emit(r))
@@ -444,7 +606,7 @@ class SimEngine:
             reason = "length"
         if reason is not None:
             self._finish(r)
-        return SimEvent(self._now, r.req.rid, token, n, len(r.req.prompt), r.cached or 0, reason)
+        return SimEvent(self._now, r.req.rid, token, n, len(r.req.prompt), r.cached or 0, reason, r.times)
 
     def _finish(self, r: _Req) -> None:
         self._running.remove(r)

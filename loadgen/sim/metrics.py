@@ -4,15 +4,26 @@ Names follow SGLang's ``--enable-metrics`` output (``python/sglang/srt/metrics/c
 ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:num_used_tokens``, ``sglang:token_usage``,
 ``sglang:cache_hit_rate``, ``sglang:gen_throughput`` (tokens/s); counters ``sglang:prompt_tokens_total``,
 ``sglang:generation_tokens_total``, ``sglang:cached_tokens_total``, ``sglang:num_requests_total``,
-``sglang:num_aborted_requests_total``, ``sglang:num_retracted_reqs_total``; histograms (seconds)
+``sglang:num_aborted_requests_total``; histograms (seconds)
 ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
 ``sglang:e2e_request_latency_seconds``. Every series has the label ``model_name``. Latencies are in the
 simulated clock (seconds of the modelled GPU, not of the ``--speed``-scaled wall clock).
+
+Retractions, as SGLang 0.5.23 counts them (``observability/metrics_collector.py``; the scheduler's
+``update_running_batch`` calls ``increment_retracted_reqs`` after ``retract_decode``): the counters
+``sglang:num_retracted_requests_total``, ``sglang:num_retracted_input_tokens_total`` and
+``sglang:num_retracted_output_tokens_total`` count the requests retracted for KV space during decode and
+their prompt and output tokens (a priority preemption is not counted there, though it adds to the
+request's ``meta_info.num_retractions``); the gauge ``sglang:num_retracted_reqs`` is the requests retracted
+since the previous report (SGLang sets it per stats interval and zeroes it after logging it; here per
+scrape of ``/metrics``).
 
 One :class:`SimMetrics` per server, on its own registry (no process-wide state).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -53,7 +64,7 @@ class SimMetrics:
         self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the prefix cache.")
         self.requests = counter("num_requests", "Requests finished (length or stop).")
         self.aborted = counter("num_aborted_requests", "Requests aborted.")
-        self.retracted = counter("num_retracted_reqs", "Retractions (KV pressure or priority).")
+        self._retraction_families(gauge, counter)
         self.ttft = Histogram(
             "sglang:time_to_first_token_seconds", "Time to first token (s).", labels, registry=r,
             buckets=TTFT_BUCKETS,
@@ -66,7 +77,7 @@ class SimMetrics:
             "sglang:e2e_request_latency_seconds", "Request latency (s).", labels, registry=r,
             buckets=E2E_BUCKETS,
         )  # fmt: skip
-        self._seen = {"prompt": 0, "generated": 0, "cached": 0, "retracted": 0}
+        self._seen = {"prompt": 0, "generated": 0, "cached": 0}
 
     def render(self, stats: EngineStats) -> bytes:
         """Refresh gauges and engine counters from ``stats``; the Prometheus text exposition."""
@@ -81,13 +92,40 @@ class SimMetrics:
             ("prompt", stats.prompt_tokens_total, self.prompt_tokens),
             ("generated", stats.generation_tokens_total, self.generation_tokens),
             ("cached", stats.cached_tokens_total, self.cached_tokens),
-            ("retracted", stats.preemptions_total, self.retracted),
         ):
             family.labels(m).inc(max(0, total - self._seen[key]))
             self._seen[key] = max(total, self._seen[key])
+        self._render_retractions(stats)
         self.requests.labels(m).inc(0)
         self.aborted.labels(m).inc(0)
         return generate_latest(self.registry)
+
+    def _retraction_families(
+        self, gauge: Callable[[str, str], Gauge], counter: Callable[[str, str], Counter]
+    ) -> None:
+        """SGLang 0.5.23's retraction series (see the module docstring)."""
+        self.retracted_now = gauge("num_retracted_reqs", "Requests retracted since the previous report.")
+        self.retracted = counter("num_retracted_requests", "Requests retracted for KV space (decode).")
+        self.retracted_input = counter("num_retracted_input_tokens", "Prompt tokens of retracted requests.")
+        self.retracted_output = counter("num_retracted_output_tokens", "Output tokens of retracted requests.")
+        self._retracted_seen = (0, 0, 0)
+
+    def _render_retractions(self, stats: EngineStats) -> None:
+        m = self._model
+        now = (
+            stats.retracted_requests_total,
+            stats.retracted_input_tokens_total,
+            stats.retracted_output_tokens_total,
+        )
+        for family, total, seen in zip(
+            (self.retracted, self.retracted_input, self.retracted_output),
+            now,
+            self._retracted_seen,
+            strict=True,
+        ):
+            family.labels(m).inc(max(0, total - seen))
+        self.retracted_now.labels(m).set(max(0, now[0] - self._retracted_seen[0]))
+        self._retracted_seen = now
 
     def observe_first_token(self, seconds: float) -> None:
         """Record a time to first token (s)."""

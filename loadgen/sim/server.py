@@ -6,13 +6,19 @@ Routes (SGLang's names and shapes):
   "temperature", "ignore_eos", "seed", ...}, "stream", "rid", "priority"}``. Non-streamed: ``{"text",
   "meta_info": {"id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason":
   {"type": "length", "length": N} | {"type": "stop", "matched": ID} | {"type": "abort", "message"},
-  "e2e_latency"}}``. Streamed: server-sent events ``data: {json}\\n\\n``, one per token, with the
+  "e2e_latency", ...}}``. Streamed: server-sent events ``data: {json}\\n\\n``, one per token, with the
   CUMULATIVE ``text`` and the same ``meta_info`` (``finish_reason`` null until the last), then
-  ``data: [DONE]\\n\\n``. Errors: ``{"error": {"message"}}`` with 400 (bad input) or 500 (fault).
+  ``data: [DONE]\\n\\n``. Both carry the timing fields SGLang 0.5.23 adds with ``--enable-metrics``
+  (``queue_time``, ``forward_entry_time``, ``prefill_finished_time``, ``num_retractions``; the last chunk
+  also ``request_received_ts``, ``api_server_dispatch_finish_ts``, ``first_token_latency``, ...), from the
+  simulated schedule: :mod:`loadgen.sim.timing`. Errors: ``{"error": {"message"}}`` with 400 (bad input)
+  or 500 (fault).
 - ``POST /abort_request`` ``{"rid"}``; ``POST /flush_cache`` (400 while requests run);
   ``GET /health``, ``/health_generate``, ``/get_server_info``, ``/server_info``, ``/get_model_info``,
   ``/model_info``, ``/v1/models``, ``/metrics`` (see :mod:`loadgen.sim.metrics`).
-- Simulator only: ``GET/POST /sim/fault`` (see :class:`FaultSpec`), ``GET /sim/state``.
+- Simulator only: ``GET/POST /sim/fault`` (see :class:`FaultSpec`), ``GET/POST /sim/knobs`` (performance
+  degradations, :class:`loadgen.sim.knobs.PerfKnobs`), ``GET /sim/state``. With ``dcgm`` the ``/metrics``
+  also carry the DCGM-style GPU gauges the step model implies (:mod:`loadgen.sim.dcgm`, a simulation).
 
 Tokens and text come from :mod:`loadgen.sim.tokens`. Greedy (``temperature`` 0) output depends on the
 prompt only; sampled output also on ``seed`` (or the server's seeded counter). The engine runs in
@@ -28,6 +34,7 @@ import dataclasses
 import json
 import os
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,9 +46,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loadgen.sim.engine import SimEngine, SimEvent, SimRequest
+from loadgen.sim.dcgm import GPU_FACTS, DcgmGauges
+from loadgen.sim.engine import RequestTimes, SimEngine, SimEvent, SimRequest
+from loadgen.sim.knobs import DelayLine, PerfKnobs, answer_delay, apply_to_engine
 from loadgen.sim.metrics import SimMetrics
 from loadgen.sim.profiles import SimProfile
+from loadgen.sim.timing import finished_meta, scheduler_meta, sent_meta
 from loadgen.sim.tokens import VOCAB_IDS, detokenize, natural_length, prompt_key, tokenize
 
 FaultMode = Literal["none", "crash_mid_stream", "slow", "http_500"]
@@ -93,6 +103,10 @@ class _Live:
     queue: asyncio.Queue[SimEvent | None] = field(default_factory=asyncio.Queue)
     outputs: list[int] = field(default_factory=list)
     last_s: float | None = None
+    first_s: float | None = None
+    times: RequestTimes | None = None
+    streamed: bool = False
+    sent_s: float | None = None
 
 
 class SimServer:
@@ -106,6 +120,12 @@ class SimServer:
         eos_per_token: chance per token that the simulated model stops (finish ``stop``) unless the
             request sets ``ignore_eos``; 0 = always run to ``max_new_tokens``.
         fault: initial failure injection.
+        knobs: initial performance degradations (:class:`loadgen.sim.knobs.PerfKnobs`).
+        dcgm: export the DCGM-style GPU gauges (:mod:`loadgen.sim.dcgm`; GPU profiles only).
+        hostname: their ``Hostname`` label.
+
+    Raises:
+        ValueError: ``speed`` <= 0, or ``dcgm`` with a profile that has no GPU facts.
     """
 
     def __init__(
@@ -116,9 +136,16 @@ class SimServer:
         model_name: str | None = None,
         eos_per_token: float = 0.0,
         fault: FaultSpec | None = None,
+        knobs: PerfKnobs | None = None,
+        dcgm: bool = False,
+        hostname: str = "sim",
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
+        if dcgm and profile.name not in GPU_FACTS:
+            raise ValueError(
+                f"profile {profile.name} has no GPU: no DCGM gauges (GPU profiles: {sorted(GPU_FACTS)})"
+            )
         self.profile = profile
         self.speed = speed
         self.model_name = model_name or profile.model
@@ -127,11 +154,19 @@ class SimServer:
         self.metrics = SimMetrics(self.model_name)
         self.fault = FaultSpec()
         self.set_fault(fault or FaultSpec())
+        self.knobs = knobs or PerfKnobs()
+        apply_to_engine(self.engine, profile, self.knobs)
+        self.dcgm = (
+            DcgmGauges(GPU_FACTS[profile.name], profile.tp, profile.kv_capacity_tokens, hostname)
+            if dcgm
+            else None
+        )
         self._salts = random.Random(seed)
         self.generate_calls = 0  # /generate requests received, faulted ones included
         self._live: dict[str, _Live] = {}
         self._wake: asyncio.Event | None = None
         self._t0 = 0.0
+        self._epoch_s = time.time()  # the Unix time of simulated second 0 (set again at startup)
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -146,6 +181,7 @@ class SimServer:
                 Route("/v1/models", self.models),
                 Route("/metrics", self.metrics_route),
                 Route("/sim/fault", self.fault_route, methods=["GET", "POST"]),
+                Route("/sim/knobs", self.knobs_route, methods=["GET", "POST"]),
                 Route("/sim/state", self.state),
             ],
             lifespan=self._lifespan,
@@ -159,6 +195,7 @@ class SimServer:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: Starlette) -> AsyncIterator[None]:
         self._t0 = asyncio.get_running_loop().time()
+        self._epoch_s = time.time()
         self._wake = asyncio.Event()
         task = asyncio.create_task(self._drive())
         try:
@@ -215,7 +252,7 @@ class SimServer:
         spec = self.fault  # read before _hit, which may switch the fault off
         crash_after = spec.after_tokens if self._hit("crash_mid_stream") else None
         exit_on_crash = spec.exit_process
-        live = _Live(req.rid, len(req.prompt), req.max_new_tokens, self.now())
+        live = _Live(req.rid, len(req.prompt), req.max_new_tokens, self.now(), streamed=body.stream)
         self._live[req.rid] = live
         try:
             self.engine.submit(req, live.submitted_s)
@@ -224,13 +261,12 @@ class SimServer:
             return _error(400, str(exc))
         self._poke()
         if body.stream:
-            return StreamingResponse(
-                self._sse(live, crash_after, exit_on_crash), media_type="text/event-stream"
-            )
+            return await self._stream_response(live, crash_after, exit_on_crash)
         try:
             payloads = [p async for p in self._answer(live, crash_after, exit_on_crash)]
         finally:
             self._end(live)
+        await answer_delay(self.knobs)
         return JSONResponse(payloads[-1])
 
     def _build(self, body: GenerateBody) -> SimRequest:
@@ -266,7 +302,9 @@ class SimServer:
                 yield self._payload(live, {"type": "abort", "message": "Abort request"})
                 return
             now = event.time_s
+            live.times = event.times
             if live.last_s is None:
+                live.first_s = now
                 self.metrics.observe_first_token(now - live.submitted_s)
             else:
                 self.metrics.observe_token_gap(now - live.last_s)
@@ -291,17 +329,32 @@ class SimServer:
         self, live: _Live, reason: dict[str, Any] | None, cached: int = 0, now: float | None = None
     ) -> dict[str, Any]:
         end = self.now() if now is None else now
-        return {
-            "text": detokenize(live.outputs),
-            "meta_info": {
-                "id": live.rid,
-                "prompt_tokens": live.prompt_tokens,
-                "completion_tokens": len(live.outputs),
-                "cached_tokens": cached,
-                "finish_reason": reason,
-                "e2e_latency": round(end - live.submitted_s, 6),
-            },
+        meta = {
+            "id": live.rid,
+            "prompt_tokens": live.prompt_tokens,
+            "completion_tokens": len(live.outputs),
+            "cached_tokens": cached,
+            "finish_reason": reason,
+            "e2e_latency": round(end - live.submitted_s, 6),
         }
+        meta.update(self._timing_meta(live, reason is not None, end))
+        return {"text": detokenize(live.outputs), "meta_info": meta}
+
+    def _timing_meta(self, live: _Live, finished: bool, end: float) -> dict[str, Any]:
+        """The ``--enable-metrics`` timing fields of ``live``'s chunk ending at ``end`` (simulated s):
+        :mod:`loadgen.sim.timing`."""
+        epoch = self._epoch_s
+        meta = scheduler_meta(live.times, epoch)
+        if finished:
+            meta.update(
+                finished_meta(live.times, live.submitted_s, live.first_s, end, len(live.outputs), epoch)
+            )
+        if live.sent_s is None and (finished or live.streamed):  # SGLang: a stream's first, else the last
+            live.sent_s = self.now()
+            meta.update(sent_meta(live.sent_s, epoch))
+        elif finished and live.sent_s is not None:
+            meta.update(sent_meta(live.sent_s, epoch))
+        return meta
 
     async def _sse(self, live: _Live, crash_after: int | None, exit_on_crash: bool) -> AsyncIterator[bytes]:
         try:
@@ -310,6 +363,20 @@ class SimServer:
             yield b"data: [DONE]\n\n"
         finally:
             self._end(live)
+
+    async def _stream_response(self, live: _Live, crash_after: int | None, exit_on_crash: bool) -> Response:
+        """A streamed answer, through the network knobs' delay (its headers and each chunk)."""
+        chunks = self._sse(live, crash_after, exit_on_crash)
+        knobs = self.knobs
+        if not knobs.network_delay_s and not knobs.chunk_delay_s:
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        line = DelayLine(chunks, knobs)
+        try:
+            await answer_delay(knobs)
+        except BaseException:
+            await line.close()
+            raise
+        return StreamingResponse(line.__aiter__(), media_type="text/event-stream")
 
     def _end(self, live: _Live) -> None:
         """Forget ``live``; abort it in the engine if it has not finished (client gone, crash)."""
@@ -385,9 +452,33 @@ class SimServer:
         return JSONResponse({"object": "list", "data": [entry]})
 
     async def metrics_route(self, _: Request) -> Response:
-        """Prometheus text with SGLang's metric names."""
-        body = self.metrics.render(self.engine.stats())
+        """Prometheus text with SGLang's metric names (and the DCGM-style gauges with ``dcgm``)."""
+        body = self.metrics.render(self.engine.stats()) + self._dcgm_exposition()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _dcgm_exposition(self) -> bytes:
+        """The DCGM-style gauges' text now (empty without ``dcgm``)."""
+        if self.dcgm is None:
+            return b""
+        current = self.engine.step_in_flight
+        steps = [*self.engine.steps, *([current] if current is not None else [])]
+        return self.dcgm.render(steps, self.now())
+
+    def set_knobs(self, knobs: PerfKnobs) -> None:
+        """Switch the performance knobs to ``knobs`` (the engine's at once; the network ones for the
+        answers that start from now)."""
+        self.knobs = knobs
+        apply_to_engine(self.engine, self.profile, knobs)
+        self._poke()
+
+    async def knobs_route(self, request: Request) -> Response:
+        """``GET``: the knobs; ``POST`` a :class:`loadgen.sim.knobs.PerfKnobs` (whole) to change them."""
+        if request.method == "POST":
+            try:
+                self.set_knobs(PerfKnobs.model_validate(await request.json()))
+            except (ValueError, ValidationError) as exc:
+                return _error(400, str(exc))
+        return JSONResponse(self.knobs.model_dump())
 
     async def fault_route(self, request: Request) -> Response:
         """``GET``: the current fault; ``POST`` a :class:`FaultSpec` to change it."""
@@ -406,6 +497,7 @@ class SimServer:
                 "now_s": self.now(),
                 "profile": self.profile.name,
                 "fault": self.fault.model_dump(),
+                "knobs": self.knobs.model_dump(),
                 "live_requests": len(self._live),
                 "generate_calls": self.generate_calls,
                 "stats": dataclasses.asdict(stats),

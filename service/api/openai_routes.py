@@ -182,8 +182,9 @@ COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
 
 def _models_of(tenant: Tenant, state: GatewayState) -> list[dict[str, Any]]:
     """OpenAI model objects of the models ``tenant`` may use: each id and alias, with ``root`` (the
-    model's id: an alias's model), its ``context_length`` (tokens: the smaller of the setting and what
-    its workers report) and ``capabilities`` (``tools``, ``structured_outputs``)."""
+    model's id: an alias's model), its ``context_length`` (tokens: the most prompt + ``max_tokens`` a
+    request may ask for, :meth:`~service.pipeline.served_models.ServedModels.context_length`) and
+    ``capabilities`` (``tools``, ``structured_outputs``)."""
     found = []
     for lane in state.models.lanes:
         model = lane.model

@@ -1,4 +1,5 @@
-"""Value types of the Settings tree whose checks are more than a bound: URLs, log levels and CPU cores.
+"""Value types of the Settings tree whose checks are more than a bound: URLs, log levels and CPU cores;
+and :func:`field_error`, the error of a rule between two settings, located at the one it names.
 
 Each raises ``ValueError`` with a short reason, which ``python -m service`` prints as ``invalid setting
 RADIXGATE_...: ...`` (no traceback).
@@ -10,7 +11,8 @@ import os
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, StrictInt
+from pydantic import AfterValidator, BaseModel, StrictInt, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -64,6 +66,30 @@ def cpu_cores(value: list[int] | None) -> list[int] | None:
     if outside:
         raise ValueError(f"cores {outside} are not among this machine's cores 0-{cores - 1}")
     return value
+
+
+TOGETHER = "settings_together"
+"""The error type of a rule between settings (:func:`field_error`)."""
+
+
+def field_error(section: BaseModel, fields: tuple[str, str], message: str) -> ValidationError:
+    """The error of a rule between two settings of one section (e.g. ``window_min <= window_max``),
+    located at one of them rather than at the section: raised by the section's ``model_validator``,
+    pydantic-core puts its location under the section's (tested with pydantic 2.14), so the command line
+    names a variable (``RADIXGATE_SCHEDULER__WINDOW_MIN``) and where it was set, as for a bound.
+
+    Args:
+        section: the section model, validated.
+        fields: the two fields; the error is shown at the second when only it was set, else at the
+            first.
+        message: the reason, naming both with their values (no braces: it is a format template).
+    """
+    first, second = fields
+    field = second if second in section.model_fields_set and first not in section.model_fields_set else first
+    details = InitErrorDetails(
+        type=PydanticCustomError(TOGETHER, message), loc=(field,), input=getattr(section, field)
+    )
+    return ValidationError.from_exception_data("settings", [details])
 
 
 RedisUrl = Annotated[str, AfterValidator(redis_url)]

@@ -6,11 +6,62 @@ Split from :mod:`service.config.settings`, which assembles the tree. What is don
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from service.config.policies import FINITE
+
+DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+"""One label of a host name: letters, digits and hyphens, not at either end, 1 to 63 characters (RFC 1123
+section 2.1, RFC 1035 section 2.3.4); underscores too, as service names carry them (RFC 2782)."""
+
+DNS_PORT = 53
+
+
+def dns_name(value: str) -> str:
+    """``value`` if it is a DNS name's syntax: labels (:data:`DNS_LABEL`) joined by dots, an optional final
+    dot, 253 characters at most (RFC 1035 section 2.3.4).
+
+    Raises:
+        ValueError: it is not (e.g. a space or ``!`` in it, an empty label).
+    """
+    labels = value.removesuffix(".").split(".")
+    if len(value.removesuffix(".")) > 253 or not all(DNS_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(
+            f"not a DNS name, got {value!r}: labels of letters, digits and '-' (1-63 characters, no '-' at "
+            "either end) joined by dots, e.g. sglang-workers.default.svc.cluster.local"
+        )
+    return value
+
+
+def nameserver_address(value: str) -> tuple[str, int]:
+    """``(IP address, port)`` of a nameserver given as ``IP``, ``IPV4:PORT`` or ``[IPV6]:PORT`` (port 53
+    when none is given). dnspython's resolver takes addresses only: a host name would need a lookup
+    before DNS works.
+
+    Raises:
+        ValueError: not one of those forms, or a port outside 1-65535.
+    """
+    host, port = value, str(DNS_PORT)
+    if value.startswith("[") and "]:" in value:
+        host, port = value[1:].split("]:", 1)
+    elif value.startswith("[") and value.endswith("]"):
+        host = value[1:-1]
+    elif value.count(":") == 1:
+        host, port = value.split(":")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is None or not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(
+            f"a nameserver is an IP address, IPV4:PORT or [IPV6]:PORT with a port of 1-65535 (the resolver "
+            f"asks an address, not a name), got {value!r}"
+        )
+    return str(address), int(port)
 
 
 class DiscoverySettings(BaseModel):
@@ -45,18 +96,21 @@ class DiscoverySettings(BaseModel):
     )
     nameserver: str | None = Field(
         None,
-        description="Nameserver to ask, HOST or HOST:PORT (unset: the system's resolver, /etc/resolv.conf).",
+        description="Nameserver to ask, an IP address, IPV4:PORT or [IPV6]:PORT (port 53 when none is "
+        "given; unset: the system's resolver, /etc/resolv.conf).",
     )
+
+    @field_validator("dns_name")
+    @classmethod
+    def _dns_name(cls, value: str | None) -> str | None:
+        return None if value is None else dns_name(value)
 
     @field_validator("nameserver")
     @classmethod
-    def _host_port(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        host, _, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
-        if not host or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
-            raise ValueError(f"a nameserver is HOST or HOST:PORT, got {value!r}")
+    def _nameserver_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            nameserver_address(value)
         return value
 
 
-__all__ = ["DiscoverySettings"]
+__all__ = ["DNS_LABEL", "DiscoverySettings", "dns_name", "nameserver_address"]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from policies.classes import PREEMPTION_THRESHOLD
-from service.config.checks import CpuCores
+from service.config.checks import CpuCores, field_error
 from service.config.policies import FINITE
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -156,5 +156,10 @@ class EngineSettings(BaseModel):
     @model_validator(mode="after")
     def _backoff_order(self) -> EngineSettings:
         if self.restart_backoff_max_s < self.restart_backoff_base_s:
-            raise ValueError("restart_backoff_max_s must be >= restart_backoff_base_s")
+            raise field_error(
+                self,
+                ("restart_backoff_max_s", "restart_backoff_base_s"),
+                f"engine.restart_backoff_max_s ({self.restart_backoff_max_s}) must be at least "
+                f"engine.restart_backoff_base_s ({self.restart_backoff_base_s})",
+            )
         return self

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from policies.forecast import ForecastConfig
 from policies.planner import PlannerConfig
+from service.config.checks import field_error
 from service.config.policies import FINITE
 
 
@@ -46,7 +47,11 @@ class ReplicaSettings(BaseModel):
     @model_validator(mode="after")
     def _ttl_above_period(self) -> ReplicaSettings:
         if self.ttl_s <= self.heartbeat_s:
-            raise ValueError("replicas.ttl_s must be more than replicas.heartbeat_s")
+            raise field_error(
+                self,
+                ("ttl_s", "heartbeat_s"),
+                f"replicas.ttl_s ({self.ttl_s}) must be more than replicas.heartbeat_s ({self.heartbeat_s})",
+            )
         return self
 
 
@@ -104,7 +109,12 @@ class PlannerSettings(BaseModel):
     @model_validator(mode="after")
     def _bounds(self) -> PlannerSettings:
         if self.max_workers < max(1, self.min_workers):
-            raise ValueError("planner.max_workers must be at least planner.min_workers")
+            raise field_error(
+                self,
+                ("max_workers", "min_workers"),
+                f"planner.max_workers ({self.max_workers}) must be at least planner.min_workers "
+                f"({self.min_workers}) and at least 1",
+            )
         return self
 
     def config(self) -> PlannerConfig:

@@ -24,15 +24,15 @@ context length is the smaller of the setting and what the model's workers report
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policies.admission_types import CoreConfig
-from service.config.checks import HttpUrls
+from service.config.checks import TOGETHER, HttpUrls
 from service.config.policies import PriorityClassSettings, RoutingSettings, SchedulerSettings
 
 DEFAULT_CONTEXT_LENGTH = 8192
@@ -59,12 +59,34 @@ class ClassGoals(BaseModel):
 
 
 def _check_overrides(section: type[BaseModel], values: dict[str, Any], what: str) -> dict[str, Any]:
-    """``values`` as overrides of ``section``'s fields: every key one of its fields, every value valid."""
+    """``values`` as overrides of ``section``'s fields: every key one of its fields, every value valid. A
+    rule between fields (:data:`~service.config.checks.TOGETHER`) is not judged here, against the defaults,
+    but once the overrides are laid over the gateway's section (:func:`build_registry`)."""
     unknown = sorted(set(values) - set(section.model_fields))
     if unknown:
         raise ValueError(f"unknown {what} setting(s) {unknown}; known: {sorted(section.model_fields)}")
-    section.model_validate(values)
+    try:
+        section.model_validate(values)
+    except ValidationError as exc:
+        if any(e["type"] != TOGETHER for e in exc.errors()):
+            raise
     return values
+
+
+_Section = TypeVar("_Section", bound=BaseModel)
+
+
+def _overlaid(section: _Section, overrides: dict[str, Any], what: str) -> _Section:
+    """``section`` with ``overrides`` laid over it, validated as a whole.
+
+    Raises:
+        ValueError: the result breaks a rule between fields (``what``: e.g. ``model 'm', scheduler``).
+    """
+    try:
+        return type(section).model_validate({**section.model_dump(), **overrides})
+    except ValidationError as exc:
+        reason = "; ".join(f"{'.'.join(map(str, e['loc']))} {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{what}: {reason}") from None
 
 
 class ModelSettings(BaseModel):
@@ -167,12 +189,6 @@ class ServedModel:
             estimates=s.estimate_config(),
             first_token_deadline_factor=s.first_token_deadline_factor,
         )
-
-    def effective_context_length(self, reported: Iterable[int]) -> int:
-        """The model's context length, tokens: the smaller of its setting and the workers' ``reported``
-        context lengths; :data:`DEFAULT_CONTEXT_LENGTH` only when neither says."""
-        known = [*reported, *([self.context_length] if self.context_length is not None else [])]
-        return min(known) if known else DEFAULT_CONTEXT_LENGTH
 
 
 class ModelRegistry:
@@ -349,8 +365,8 @@ def build_registry(
                 tokenizer_path=path,
                 context_length=m.context_length if m.context_length is not None else context_length,
                 classes=merged_classes(classes, m.priority_classes, m.id),
-                scheduler=SchedulerSettings.model_validate({**scheduler.model_dump(), **m.scheduler}),
-                routing=RoutingSettings.model_validate({**routing.model_dump(), **m.routing}),
+                scheduler=_overlaid(scheduler, m.scheduler, f"model '{m.id}', scheduler"),
+                routing=_overlaid(routing, m.routing, f"model '{m.id}', routing"),
                 tool_call_format=m.tool_call_format or tool_call_format,
                 tools=m.tools,
                 structured_outputs=m.structured_outputs,

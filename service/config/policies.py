@@ -17,6 +17,7 @@ from policies.classes import ClassPolicy, default_classes
 from policies.estimates import EstimateConfig
 from policies.routing import RouterName
 from policies.windows import WindowConfig, WindowMode
+from service.config.checks import field_error
 
 FINITE = ConfigDict(allow_inf_nan=False)
 """Config of every settings model: ``inf`` passes any ``ge``/``gt`` bound, and a timeout of ``inf`` failed
@@ -160,6 +161,18 @@ class SchedulerSettings(BaseModel):
         if 0 < value < 1:
             raise ValueError("must be 0 (off) or >= 1")
         return value
+
+    @model_validator(mode="after")
+    def _window_bounds_in_order(self) -> SchedulerSettings:
+        # policies.windows.WindowConfig refuses it at startup (``need 1 <= minimum <= maximum``)
+        if self.window_min > self.window_max:
+            raise field_error(
+                self,
+                ("window_min", "window_max"),
+                f"scheduler.window_min ({self.window_min}) must be at most scheduler.window_max "
+                f"({self.window_max}): the smallest window per worker cannot pass the largest",
+            )
+        return self
 
     def estimate_config(self) -> EstimateConfig:
         """The worker estimates' settings."""

@@ -217,6 +217,15 @@ class UpstreamSettings(BaseModel):
     send_priority: bool = Field(
         True, description="Send 'priority' to workers (they must run --enable-priority-scheduling)."
     )
+    worker_drain_deadline_s: float = Field(
+        15.0,
+        ge=0,
+        le=3600,
+        description="How long a draining worker (admin drain, its DNS record gone, a scale-down) keeps the "
+        "requests it runs, s: then its streams still running resume on another worker of its model "
+        "(mid-stream failover: one unbroken stream, each token charged once) and its non-streamed requests "
+        "start again there; 0: at once. Kept where they run while no other worker can take them.",
+    )
 
 
 class ApiSettings(BaseModel):

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
+from pydantic_core import to_jsonable_python
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -240,14 +241,8 @@ def mask_url(url: str) -> str:
 def _shown(value: Any) -> str:
     if isinstance(value, SecretStr):
         return "********" if value.get_secret_value() else ""
-    if isinstance(value, BaseModel):
-        return json.dumps(value.model_dump(mode="json"))
-    if isinstance(value, dict):
-        return json.dumps(
-            {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in value.items()}
-        )
-    if isinstance(value, list | tuple):
-        return json.dumps(list(value))
+    if isinstance(value, BaseModel | dict | list | tuple):  # as JSON, models inside too (RADIXGATE_MODELS)
+        return json.dumps(to_jsonable_python(value))
     if value is None:
         return ""
     if isinstance(value, bool):

@@ -28,11 +28,12 @@ The phases (:data:`PHASES`), in seconds, on the gateway's ``time.perf_counter()`
 
 SGLang reports the ``engine_*`` fields with ``--enable-metrics`` (0.5.23:
 ``srt/observability/req_time_stats.py``, ``convert_to_output_meta_info``; the launcher passes the flag),
-the simulated worker the same (:mod:`loadgen.sim.server`). A worker that reports none leaves them out.
+the simulated worker the same from its simulated schedule (``loadgen/sim/timing.py``). A worker that
+reports none leaves them out.
 
 A stream's TTFT is its first token's arrival at the gateway minus the route's start. The phases up to it
 (:data:`TTFT_PHASES`) are each measured, none is a remainder, so their sum is the share of the TTFT they
-explain (:meth:`RequestTiming.ttft_share`; ``python -m loadgen breakdown`` reports it under load); what
+explain (:meth:`RequestTiming.ttft_share`; ``python -m loadgen breakdown-share`` measures it under load); what
 is left is time nothing names: the network both ways, the worker's detokenizer and IPC, and the event
 loop's waits between the gateway's steps. A non-streamed answer's TTFT is known only from the worker: the
 attempt's start plus the worker's ``first_token_latency``; without it the TTFT is left out, never
@@ -290,11 +291,14 @@ class RequestTiming:
 
     def overhead_s(self, e2e_s: float) -> float:
         """The gateway's own time, s: ``e2e_s`` minus the queue, the retries, the answering attempt's span
-        (its start to its answer's end) and the waits on the client; 0 at least."""
+        (its start to its answer's end, or to the request's end when the request ended while the worker
+        still had it: a client that left, a revoked key, a stream cut at shutdown) and the waits on the
+        client; 0 at least."""
         p = self.phases
         worker = 0.0
-        if self.attempt_at is not None and self.upstream_end is not None:
-            worker = max(0.0, self.upstream_end - self.attempt_at)
+        if self.attempt_at is not None:
+            end = self.upstream_end if self.upstream_end is not None else self.start + e2e_s
+            worker = max(0.0, end - self.attempt_at)
         spent = p.get("queue", 0.0) + p.get("retry", 0.0) + worker + self.client_write_s
         return max(0.0, e2e_s - spent)
 

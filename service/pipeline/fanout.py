@@ -106,6 +106,7 @@ def merge_choices(total: Outcome, choices: Sequence[Outcome]) -> None:
     total.worker = first.worker
     total.attempts = sum(c.attempts for c in choices)
     total.resumes = sum(c.resumes for c in choices)
+    total.moves = sum(c.moves for c in choices)
     total.prompt_tokens = first.prompt_tokens or max(c.prompt_tokens for c in choices)
     total.cached_tokens = first.cached_tokens
     total.completion_tokens = sum(c.completion_tokens for c in choices)

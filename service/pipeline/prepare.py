@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.cost import reserved_tokens
-from service.config.models import DEFAULT_CONTEXT_LENGTH, ServedModel
+from service.config.models import ServedModel
 from service.config.settings import Settings
 from service.errors import InvalidRequest, NotFound, PermissionDenied
 from service.observability.breakdown import RequestTiming
@@ -93,14 +93,8 @@ class RequestPreparer:
     def limits(self, model_id: str | None = None) -> TokenLimits:
         """Prompt and prompt + completion limits of a model (tokens; default: the first): its context
         length setting and what its workers reported, whichever is smaller
-        (:data:`DEFAULT_CONTEXT_LENGTH` when neither says)."""
-        lane = self._models.default if model_id is None else self._models.of(model_id)
-        context, reported = lane.model.context_length, self._models.token_limits(lane.model.id)
-        if context is None:
-            context = DEFAULT_CONTEXT_LENGTH
-            if reported is not None:
-                return reported
-        return TokenLimits(context - 1, context).tightest(reported)
+        (:meth:`ServedModels.limits`: what ``/v1/models`` shows too)."""
+        return self._models.limits(self._models.default.model.id if model_id is None else model_id)
 
     def prepare(
         self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming

@@ -96,6 +96,7 @@ def record_request(
         worker=outcome.worker,
         attempts=outcome.attempts,
         resumes=outcome.resumes,
+        moves=outcome.moves,
         resume_mode=outcome.resume_mode,
         status=outcome.status,
         error=outcome.error_code,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from policies.admission_types import WorkerSnapshot
 from policies.windows import WorkerWindow
-from service.config.models import ModelRegistry, ServedModel
+from service.config.models import DEFAULT_CONTEXT_LENGTH, ModelRegistry, ServedModel
 from service.config.settings import Settings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.prompting import PromptRenderer
@@ -24,6 +24,24 @@ from service.pipeline.scheduler import EndRequest, Scheduler
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 from service.workers.worker_info import TokenLimits
+
+
+def usable_limits(setting: int | None, reported: TokenLimits | None) -> TokenLimits:
+    """The token limits a request to a model is held to: the smaller of its ``context_length`` setting
+    (prompt + completion; a prompt one token less) and the limits its workers reported, field by field
+    (SGLang keeps a reserve below the model's context: a worker of context 8,192 runs at most 8,190 tokens,
+    :meth:`service.workers.worker_info.WorkerInfo.parse`); the workers' alone when nothing is set, and
+    :data:`DEFAULT_CONTEXT_LENGTH` only when neither says.
+
+    Args:
+        setting: the model's context length setting, tokens (None: unset).
+        reported: the tightest limits its workers reported (None: none did).
+    """
+    if setting is None:
+        if reported is not None:
+            return reported
+        setting = DEFAULT_CONTEXT_LENGTH
+    return TokenLimits(setting - 1, setting).tightest(reported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +132,16 @@ class ServedModels:
         """The tightest token limits ``model_id``'s workers reported; None while none did."""
         return self._client.token_limits(self._pool.workers_of(model_id))
 
+    def limits(self, model_id: str) -> TokenLimits:
+        """``model_id``'s prompt and prompt + completion limits, tokens: :func:`usable_limits` of its
+        setting and what its workers reported. What a request is checked against."""
+        return usable_limits(self._lanes[model_id].model.context_length, self.token_limits(model_id))
+
     def context_length(self, model_id: str) -> int:
-        """``model_id``'s context length, tokens: the smaller of its setting and what its workers report
-        (:meth:`ServedModel.effective_context_length`)."""
-        lane = self._lanes[model_id]
-        return lane.model.effective_context_length(
-            self._client.context_lengths(self._pool.workers_of(model_id))
-        )
+        """``model_id``'s context length as a client can use it, tokens: the most prompt + ``max_tokens``
+        a request may ask for (``limits(model_id).max_total_tokens``, the number a
+        ``context_length_exceeded`` refusal names), as ``/v1/models`` shows it."""
+        return self.limits(model_id).max_total_tokens
 
     # -- across the models' cores -------------------------------------------------------------------
     def depth(self, band: str) -> int:

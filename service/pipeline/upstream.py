@@ -11,6 +11,11 @@
   worker's prompt-token count, the resume is exact at the token level (``input_ids`` = prompt ids +
   generated ids); otherwise it resumes on the text. With greedy sampling the client's text
   equals an uninterrupted run's. Usage counts each token once.
+- A worker that leaves (drained) and still runs the request at its drain deadline
+  (``upstream.worker_drain_deadline_s``, :mod:`service.workers.drain_deadline`) has the call cut
+  (``UpstreamError.moved``): a stream resumes on another worker as above, a non-streamed request starts
+  again there. A move is neither a failure of the worker nor one of the request's attempts or resumes
+  (``max_attempts`` bounds failures only), and goes on without a backoff.
 - Every outcome feeds the worker's circuit breaker: a success, a refused connection (definitive) and a
   transport failure (timeout, reset) at once; an HTTP 5xx only once a deep probe confirmed the worker is
   at fault (:meth:`service.workers.pool.WorkerPool.suspect`); a 4xx never (the input's fault: the tenant
@@ -49,6 +54,7 @@ class Outcome:
     worker: str | None = None
     attempts: int = 0
     resumes: int = 0
+    moves: int = 0  # attempts cut at a draining worker's deadline (continued elsewhere; not failures)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -130,18 +136,25 @@ class UpstreamCaller:
         )
 
     async def _next_worker(
-        self, prepared: PreparedRequest, outcome: Outcome, tried: set[str], last_error: GatewayError | None
+        self,
+        prepared: PreparedRequest,
+        outcome: Outcome,
+        tried: set[str],
+        last_error: GatewayError | None,
+        backoff: bool = True,
     ) -> str:
-        """The worker of the next attempt: the scheduler's slot first, then another worker for a retry.
-        An outcome that comes with a slot (a choice of an n > 1 request) starts on the slot's worker."""
+        """The worker of the next attempt: the scheduler's slot first, then another worker for a retry
+        (after a jittered backoff unless ``backoff`` is False: a move off a draining worker). An outcome
+        that comes with a slot (a choice of an n > 1 request) starts on the slot's worker."""
         if outcome.slot is None:
             outcome.slot = await self.acquire(prepared)
             worker: str | None = outcome.slot.worker
         elif outcome.attempts == 0 and not outcome.slot.released:
             worker = outcome.slot.worker
         else:
-            backoff = self._up.retry_backoff_s * 2 ** max(0, outcome.attempts - 1)
-            await asyncio.sleep(random.uniform(0, backoff))
+            if backoff:
+                wait_s = self._up.retry_backoff_s * 2 ** max(0, outcome.attempts - outcome.moves - 1)
+                await asyncio.sleep(random.uniform(0, wait_s))
             worker = None if outcome.slot.released else self._scheduler.reroute(outcome.slot, tried)
             if worker is None:
                 if last_error is not None:
@@ -157,7 +170,15 @@ class UpstreamCaller:
         return worker
 
     def _failed(self, exc: UpstreamError, outcome: Outcome, prepared: PreparedRequest) -> GatewayError:
-        """Record a failed attempt (metrics, breaker evidence) and the error the client would get."""
+        """Record a failed attempt (metrics, breaker evidence) and the error the client would get; an
+        attempt moved off a draining worker is no failure (counted as a ``worker_drained`` retry)."""
+        if exc.moved:
+            outcome.moves += 1
+            self._metrics.retries.labels("worker_drained").inc()
+            return NoWorkerAvailable(
+                "The worker serving this request left and no other worker could take it; retry shortly.",
+                retry_after_s=self._pool.retry_after_s(),
+            )
         kind = "pool_exhausted" if exc.local else "transport" if exc.status is None else f"http_{exc.status}"
         self._metrics.upstream_errors.labels(exc.worker, kind).inc()
         if exc.local:  # the gateway's connection pool to workers stayed full: no worker is to blame
@@ -180,7 +201,7 @@ class UpstreamCaller:
         return UpstreamFailed("The upstream worker failed; retry shortly.", transport=exc.status is None)
 
     def _may_retry(self, exc: UpstreamError, outcome: Outcome) -> bool:
-        return exc.retryable and outcome.attempts < self._up.max_attempts
+        return exc.moved or (exc.retryable and outcome.attempts - outcome.moves < self._up.max_attempts)
 
     @staticmethod
     def _count(outcome: Outcome, chunk: UpstreamChunk, base: int) -> None:
@@ -200,8 +221,9 @@ class UpstreamCaller:
         """
         tried: set[str] = set()
         last_error: GatewayError | None = None
+        moved = False
         while True:
-            worker = await self._next_worker(prepared, outcome, tried, last_error)
+            worker = await self._next_worker(prepared, outcome, tried, last_error, backoff=not moved)
             outcome.dispatched = True
             call = asyncio.ensure_future(self._client.generate(worker, prepared.body))
             try:
@@ -214,7 +236,11 @@ class UpstreamCaller:
                 last_error = self._failed(exc, outcome, prepared)
                 if not self._may_retry(exc, outcome):
                     raise last_error from exc
-                self._metrics.retries.labels("before_first_token").inc()
+                moved = exc.moved
+                if moved:  # SGLang notices a non-streamed call's closed connection only every few seconds
+                    await self._client.abort(worker, outcome.upstream_rid or prepared.rid)
+                else:
+                    self._metrics.retries.labels("before_first_token").inc()
                 continue
             self._pool.record(worker, "request_ok")
             self._count(outcome, chunk, 0)
@@ -262,8 +288,10 @@ class UpstreamCaller:
         body = prepared.body
         timing = outcome.timing
         on_headers = timing.headers if timing is not None else None
+        moved = False
+        broken = 0  # resumes after a broken stream (moves off a draining worker are not counted)
         while True:
-            worker = await self._next_worker(prepared, outcome, tried, last_error)
+            worker = await self._next_worker(prepared, outcome, tried, last_error, backoff=not moved)
             first = True
             outcome.dispatched = True
             try:
@@ -296,11 +324,12 @@ class UpstreamCaller:
             except UpstreamError as exc:
                 outcome.dispatched = False
                 last_error = self._failed(exc, outcome, prepared)
+                moved = exc.moved
                 if not self._may_retry(exc, outcome) and not outcome.streamed_any:
                     raise last_error from exc
                 if outcome.streamed_any:
-                    if (
-                        outcome.resumes >= self._up.max_attempts or exc.rejected
+                    if not moved and (
+                        broken >= self._up.max_attempts or exc.rejected
                     ):  # the input: it fails anywhere
                         raise last_error from exc
                     remaining = prepared.max_tokens - outcome.completion_tokens
@@ -312,8 +341,10 @@ class UpstreamCaller:
                     outcome.resumes += 1
                     progress.completion_base = outcome.completion_tokens
                     tried = {worker}  # any other eligible worker may take the continuation
-                    self._metrics.retries.labels("mid_stream").inc()
-                else:
+                    if not moved:
+                        broken += 1
+                        self._metrics.retries.labels("mid_stream").inc()
+                elif not moved:
                     self._metrics.retries.labels("before_first_token").inc()
 
     def _resume_body(

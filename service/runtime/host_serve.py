@@ -4,7 +4,10 @@
 Stopping (:mod:`service.runtime.drain`): each gateway process drains on SIGTERM/SIGINT (its app's handlers),
 then
 uvicorn stops it. One process runs :class:`GatewayServer`, which exits with status 0 after a signal it
-handled (uvicorn's server raises the signal again once it has stopped: status -15). With several, the
+handled (uvicorn's server raises the signal again once it has stopped: status -15), and ignores SIGHUP
+with a warning (``sighup_ignored``): a rolling restart needs a supervisor to start the replacement, which one
+process does not have, and SIGHUP's default action killed it at once, cutting its streams with no error
+event, no ``request`` line and no usage settled. With several, the
 parent passes SIGTERM on to every process at once (uvicorn's supervisor looks at signals every 0.5 s, and
 until then its processes went on admitting new requests), and closes its own copy of the listening socket
 once it has (the processes keep theirs while they drain: when the last one closes it, new connections are
@@ -24,6 +27,7 @@ served was served, and the replacement writes files of its own pid, so nothing i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -60,18 +64,35 @@ def fresh_multiproc_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+SIGHUP_IGNORED = (
+    "one gateway process (RADIXGATE_WORKERS=1) keeps serving: it has no supervisor to start its replacement; "
+    "for a rolling restart run RADIXGATE_WORKERS > 1 (SIGHUP to the parent) or a process manager "
+    "(Kubernetes, systemd, Compose) that starts a new process and sends this one SIGTERM"
+)
+"""The ``hint`` of the ``sighup_ignored`` warning of a one-process gateway."""
+
+
 class GatewayServer(uvicorn.Server):
     """uvicorn's server, except that a SIGINT or SIGTERM it stopped on is not raised again once it has
     stopped: a drained gateway exits with status 0 (uvicorn's ``capture_signals`` re-raises the signal,
-    so the process died of it: status -15, shell 143)."""
+    so the process died of it: status -15, shell 143); and SIGHUP is ignored with a ``sighup_ignored``
+    warning (its default action ends the process at once: streams cut, nothing settled)."""
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's handlers (``handle_exit``) for the run, the previous ones restored after."""
+        """uvicorn's handlers (``handle_exit``) and the SIGHUP warning for the run (start-up, serving and
+        the drain), the previous ones restored after."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
+        loop = asyncio.get_running_loop()  # uvicorn enters this in its serve() coroutine
+
+        def on_sighup(sig: int, frame: FrameType | None) -> None:
+            # logged on the loop, not inside the handler: it may interrupt a log line being written
+            loop.call_soon_threadsafe(lambda: log.warning("sighup_ignored", hint=SIGHUP_IGNORED))
+
         original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        original[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_sighup)
         try:
             yield
         finally:

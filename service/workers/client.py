@@ -12,8 +12,9 @@ may change its flags).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ from service.protocol.compact_json import compact_json
 from service.workers.answers import StreamDeltas, batch_chunks, chunk_of, joined, worker_logprobs
 from service.workers.chunks import UpstreamChunk
 from service.workers.native_transport import NativeWorkerHTTP
-from service.workers.stall_watch import StallWatch, StreamStalled
+from service.workers.stall_watch import CallMoved, StallWatch, StreamStalled
 from service.workers.transport import TransportFailure, WorkerHTTP
 from service.workers.upstream_errors import (
     MALFORMED_ANSWER,
@@ -66,6 +67,7 @@ class SGLangClient:
         self._http = NativeWorkerHTTP(settings) if native else WorkerHTTP(settings)
         self._idle_s = settings.stream_idle_timeout_s
         self._info: dict[str, WorkerInfo] = {}
+        self._calls: dict[str, set[StallWatch]] = {}  # worker -> the watches of its /generate calls
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
@@ -140,14 +142,45 @@ class SGLangClient:
         found = [self._info.get(w) for w in workers]
         return [i.context_length for i in found if i is not None and i.context_length is not None]
 
+    # -- calls in flight ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _watched(self, worker: str) -> Iterator[StallWatch]:
+        """A :class:`StallWatch` for one ``/generate`` call to ``worker``, listed for :meth:`move_off`
+        while the block runs."""
+        with StallWatch(self._idle_s) as watch:
+            calls = self._calls.setdefault(worker, set())
+            calls.add(watch)
+            try:
+                yield watch
+            finally:
+                calls.discard(watch)
+                if not calls:
+                    self._calls.pop(worker, None)
+
+    def calls_on(self, worker: str) -> int:
+        """``/generate`` calls to ``worker`` in flight now (streams and non-streamed)."""
+        return len(self._calls.get(worker, ()))
+
+    def move_off(self, worker: str) -> int:
+        """Cut every ``/generate`` call to ``worker`` in flight now (its drain deadline passed): each fails
+        with an :class:`UpstreamError` whose ``moved`` is set, which the caller continues on another worker
+        (:class:`service.pipeline.upstream.UpstreamCaller`); a stream whose last token came already ends as
+        it is. Closing the call's connection has the worker abort the request (SGLang aborts a request whose
+        client disconnected). Returns how many calls were cut."""
+        return sum(watch.cut() for watch in list(self._calls.get(worker, ())))
+
     async def generate(self, worker: str, body: dict[str, Any]) -> UpstreamChunk:
-        """Non-streamed ``/generate``. Raises :class:`UpstreamError`."""
+        """Non-streamed ``/generate``. Raises :class:`UpstreamError` (``moved`` when :meth:`move_off` cut
+        it)."""
         try:
-            status, raw = await self._http.call(
-                "POST", worker, "/generate", compact_json({**body, "stream": False})
-            )
+            with self._watched(worker) as watch:
+                status, raw = await watch.read(
+                    self._http.call("POST", worker, "/generate", compact_json({**body, "stream": False}))
+                )
         except TransportFailure as exc:
             raise self._transport_error(worker, exc) from exc
+        except CallMoved as exc:
+            raise UpstreamError(worker, str(exc), moved=True) from exc
         if status != 200:
             raise http_error(worker, status, raw)
         try:
@@ -179,16 +212,18 @@ class SGLangClient:
         before anything is yielded (a 400 with nothing charged, :mod:`service.workers.upstream_errors`).
 
         ``on_headers`` is called with ``time.perf_counter()`` when the answer's status line and headers
-        have been read (the request's ``upstream_connect`` phase ends there)."""
+        have been read (the request's ``upstream_connect`` phase ends there).
+
+        :meth:`move_off` cuts it (its worker's drain deadline): :class:`UpstreamError` with ``moved``."""
         info = self._info.get(worker) or await self.learn(worker)
         deltas = StreamDeltas(info.incremental_streaming if info else None)
         done = finished = False
         opening = True
         held: UpstreamChunk | None = None
         try:
-            with StallWatch(self._idle_s) as watch:
-                async with await self._http.stream(
-                    worker, "/generate", compact_json({**body, "stream": True})
+            with self._watched(worker) as watch:
+                async with await watch.read(
+                    self._http.stream(worker, "/generate", compact_json({**body, "stream": True}))
                 ) as resp:
                     if on_headers is not None:
                         on_headers(time.perf_counter())
@@ -218,6 +253,9 @@ class SGLangClient:
         except StreamStalled as exc:
             if not done:
                 raise UpstreamError(worker, str(exc)) from exc
+        except CallMoved as exc:
+            if not finished:  # a stream whose last token was out is whole: it ends as it is
+                raise UpstreamError(worker, str(exc), moved=True) from exc
         if not finished:
             raise UpstreamError(worker, "stream ended before the answer finished")
 

@@ -35,8 +35,10 @@ probed (a restart with the right name brings it back), and logged once (``worker
 
 After the cool-down the breaker is half-open: probes and requests go through and ``breaker_successes``
 successes close it. A worker is eligible for new requests when it has answered a probe at least once, its
-breaker lets traffic through and it is not draining. A draining worker finishes what it runs and is
-removed when its in-flight count reaches zero.
+breaker lets traffic through and it is not draining. A draining worker (:meth:`WorkerPool.drain`: the
+admin API, its DNS record gone, a scale-down) gets no new requests; what it runs finishes there, or, still
+running ``drain_deadline_s`` after the drain began, goes on on another worker of its model
+(:mod:`service.workers.drain_deadline`). The worker leaves the pool when its in-flight count reaches zero.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -55,54 +56,15 @@ from policies.routing import LeastLoadRouter, WorkerView
 from service.config.models import ModelRegistry, ServedModel
 from service.config.policies import RoutingSettings, SchedulerSettings
 from service.workers.client import SGLangClient
+from service.workers.drain_deadline import DrainDeadlines
+from service.workers.worker_state import SIGNAL_REASONS, WorkerState
 
 log = structlog.get_logger("radixgate.pool")
-
-SIGNAL_REASONS: dict[Signal, str] = {
-    "request_ok": "a request was served",
-    "request_failed": "requests failed",
-    "refused": "connection refused",
-    "probe_ok": "GET /health 200",
-    "probe_failed": "GET /health failed",
-    "deep_probe_ok": "GET /health_generate 200",
-    "deep_probe_failed": "GET /health_generate failed",
-}
-"""The health log's reason for a signal recorded without one of its own."""
 
 TransitionHook = Callable[[str, BreakerState], None]
 ConfirmationHook = Callable[[str, str], None]
 """Called with (worker URL, verdict) for each settled confirmation: ``confirmed``, ``cleared``, ``refused``
 or ``no_evidence``."""
-
-
-@dataclass(slots=True)
-class WorkerState:
-    """Mutable per-worker state kept by one gateway replica."""
-
-    url: str
-    breaker: CircuitBreaker
-    seen_up: bool = False
-    draining: bool = False
-    in_flight: int = 0
-    in_flight_tokens: int = 0
-    last_request_ok: float | None = None  # monotonic s of the last successful request
-    suspects: int = 0  # 5xx answers waiting for the confirmation probe in flight
-    health_reason: str | None = None  # why it is (un)healthy, as of the last change (None: not probed yet)
-    health_since: float | None = None  # Unix time of that change, s
-    reported: tuple[bool, str | None] | None = None  # (up, reason) last logged
-    expected_model: str | None = None  # the model it is listed under in settings (None: discovered)
-    model: str | None = None  # the model it serves (None: none of the gateway's, or not known yet)
-    model_mismatch: str | None = None  # why it serves none of them: kept out of every model's pool
-
-    def eligible(self, now: float) -> bool:
-        """Accepts new requests at ``now`` (s); may move the breaker open -> half-open (the pool
-        reports that transition: ask it through :meth:`WorkerPool.views` or ``any_healthy``)."""
-        return self.seen_up and not self.draining and self.breaker.allow(now)
-
-    @property
-    def healthy(self) -> bool:
-        """Breaker closed (or probing) and seen up; for display and readiness."""
-        return self.seen_up and self.breaker.state != "open"
 
 
 class WorkerPool:
@@ -127,6 +89,8 @@ class WorkerPool:
         models: the served models (:meth:`ModelRegistry.place` decides each worker's).
         assigned: worker URL -> the model it is listed under, beside the registry's own lists (launched
             workers).
+        drain_deadline_s: how long a draining worker keeps the calls it runs before they move to another
+            worker (``upstream.worker_drain_deadline_s``), s; None: they finish where they run.
     """
 
     def __init__(
@@ -144,6 +108,7 @@ class WorkerPool:
         wall_clock: Callable[[], float] = time.time,
         models: ModelRegistry | None = None,
         assigned: Mapping[str, str] | None = None,
+        drain_deadline_s: float | None = None,
     ) -> None:
         self._breaker_config = breaker or BreakerConfig()
         self._models = models or _single_model(list(served_models))
@@ -166,6 +131,14 @@ class WorkerPool:
         self._on_confirmation = on_confirmation
         self._confirming: dict[str, asyncio.Task[None]] = {}  # url -> its confirmation probe
         self._wall_clock = wall_clock
+        self.deadlines = DrainDeadlines(
+            drain_deadline_s,
+            health_interval_s,
+            lambda url: state.in_flight if (state := self._workers.get(url)) else 0,
+            self._other_eligible,
+            lambda url: self._client.move_off(url),
+            clock,
+        )
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -186,21 +159,46 @@ class WorkerPool:
         return self._workers[url]
 
     def drain(self, url: str) -> bool:
-        """Stop sending new requests to ``url``; it is removed once idle. False if unknown."""
+        """Stop sending new requests to ``url``; what it runs moves to another worker at the drain deadline
+        (module text); it is removed once idle. Draining an already draining worker changes nothing (its
+        deadline stays). False if unknown."""
         state = self._workers.get(url.rstrip("/"))
         if state is None:
             return False
-        state.draining = True
+        if not state.draining:
+            state.draining = True
+            log.info(
+                "worker_draining",
+                worker=state.url,
+                in_flight=state.in_flight,
+                deadline_s=self.deadlines.deadline_s,
+            )
+            if state.in_flight:
+                self.deadlines.begin(state.url)
         self._remove_if_drained(state)
+        return True
+
+    def activate(self, url: str) -> bool:
+        """Take a draining worker back (it gets new requests again; nothing is moved off it). False if
+        unknown."""
+        state = self._workers.get(url.rstrip("/"))
+        if state is None:
+            return False
+        if state.draining:
+            state.draining = False
+            self.deadlines.cancel(state.url)
+            log.info("worker_active_again", worker=state.url)
         return True
 
     def remove(self, url: str) -> bool:
         """Forget ``url`` at once (in-flight requests finish on their own). False if unknown."""
+        self.deadlines.cancel(url.rstrip("/"))
         return self._workers.pop(url.rstrip("/"), None) is not None
 
     def _remove_if_drained(self, state: WorkerState) -> None:
         if state.draining and state.in_flight == 0:
             self._workers.pop(state.url, None)
+            self.deadlines.cancel(state.url)
             log.info("worker_drained", worker=state.url)
 
     def get(self, url: str) -> WorkerState | None:
@@ -244,6 +242,19 @@ class WorkerPool:
             for w in self._workers.values()
             if model is None or w.model == model
         ]
+
+    def _other_eligible(self, url: str) -> bool:
+        """Whether a worker of ``url``'s model other than ``url`` takes new requests now."""
+        state = self._workers.get(url)
+        if state is None:
+            return False
+        now = self._clock()
+        return any(
+            [
+                w is not state and w.model == state.model and self._eligible(w, now)
+                for w in self._workers.values()
+            ]
+        )
 
     def workers_of(self, model: str) -> list[str]:
         """URLs of the workers that serve ``model`` (canonical id)."""
@@ -445,7 +456,9 @@ class WorkerPool:
         self._task = asyncio.create_task(self._probe_loop(), name="worker-health")
 
     async def stop(self) -> None:
-        """Stop probing (confirmation probes in flight are cancelled: their suspicions are dropped)."""
+        """Stop probing (confirmation probes in flight are cancelled: their suspicions are dropped) and
+        drain deadlines."""
+        self.deadlines.stop()
         tasks = [t for t in (self._task, *self._confirming.values()) if t is not None]
         for task in tasks:
             task.cancel()

@@ -1,11 +1,20 @@
-"""Workers added through the admin API, shared by every gateway replica through Redis.
+"""The workers every gateway replica shares through Redis: added over the admin API, found by DNS discovery,
+or listed in settings.
 
 Layout: hash ``<prefix>workers`` mapping worker URL -> ``"active"`` or ``"draining"``; set
 ``<prefix>workers:discovered`` of the URLs that DNS discovery registered (:mod:`service.workers.discovery`
-manages only those). Each replica
-copies it into its own :class:`~service.workers.pool.WorkerPool` every sync period (routing state stays
-per replica, as in SGLang's router, and converges through feedback). Workers from settings are local
-to each replica and not in Redis. A starting replica syncs once before its first health probe.
+manages only those); set ``<prefix>workers:settings`` of the URLs some replica's settings list
+(``upstream.workers``, the models' ``workers``). Each replica copies the hash into its own
+:class:`~service.workers.pool.WorkerPool` every sync period (routing state stays per replica, as in
+SGLang's router, and converges through feedback), so a worker drained on one replica (``POST
+/admin/workers/{id}/drain``, its DNS record gone) is drained on every replica within one sync period,
+whatever its source. A starting replica syncs once before its first health probe.
+
+Workers listed in settings: each replica registers its own at every sync (active, unless registered
+already: a worker drained stays drained across restarts until ``POST /admin/workers`` makes it active
+again), serves only those its own settings list (a URL another replica lists is not added: dropping it from
+the settings in a rolling deploy must not leave it served by the new replicas), follows their shared mode,
+and never removes them. Launched workers (``engine.launch``) are local to their replica and not in Redis.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections.abc import Collection
 from typing import Literal
 
 import structlog
@@ -32,17 +42,42 @@ def worker_id(url: str) -> str:
 
 
 class WorkerRegistry:
-    """The shared set of admin-managed workers.
+    """The shared set of workers (module text).
 
     Args:
         redis: async client (``decode_responses=True``).
         prefix: Redis key prefix.
+        listed: the worker URLs this replica's settings list (registered by :meth:`sync_entries`).
     """
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis, prefix: str, listed: Collection[str] = ()) -> None:
         self._redis = redis
         self._key = f"{prefix}workers"
         self._discovered = f"{prefix}workers:discovered"
+        self._listed_key = f"{prefix}workers:settings"
+        self.listed_here = frozenset(url.rstrip("/") for url in listed)
+
+    @store_operation
+    async def sync_entries(self) -> tuple[dict[str, WorkerMode], set[str]]:
+        """Register this replica's settings workers (active unless registered already), then read every
+        entry (URL -> mode) and the URLs some replica's settings list, in one transaction."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for url in sorted(self.listed_here):
+                pipe.hsetnx(self._key, url, "active")
+            if self.listed_here:
+                pipe.sadd(self._listed_key, *sorted(self.listed_here))
+            pipe.hgetall(self._key)
+            pipe.smembers(self._listed_key)
+            *_, raw, listed = await pipe.execute()
+        entries: dict[str, WorkerMode] = {
+            str(k): "draining" if v == "draining" else "active" for k, v in raw.items()
+        }
+        return entries, {str(url) for url in listed}
+
+    @store_operation
+    async def listed(self) -> set[str]:
+        """The URLs some replica's settings list (and registered)."""
+        return {str(url) for url in await self._redis.smembers(self._listed_key)}
 
     @store_operation
     async def entries(self) -> dict[str, WorkerMode]:
@@ -68,11 +103,13 @@ class WorkerRegistry:
 
     @store_operation
     async def remove(self, url: str) -> bool:
-        """Unregister a worker; False if unknown."""
+        """Unregister a worker; False if unknown. A worker some replica's settings still list is registered
+        again by that replica's next sync."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hdel(self._key, url)
             pipe.srem(self._discovered, url)
-            removed, _ = await pipe.execute()
+            pipe.srem(self._listed_key, url)
+            removed, *_ = await pipe.execute()
         return bool(removed)
 
     @store_operation
@@ -102,32 +139,47 @@ class WorkerRegistry:
         return True
 
 
-def apply_registry(pool: WorkerPool, entries: dict[str, WorkerMode], managed: set[str]) -> set[str]:
+def apply_registry(
+    pool: WorkerPool,
+    entries: dict[str, WorkerMode],
+    managed: set[str],
+    listed_here: Collection[str] = frozenset(),
+    listed_anywhere: Collection[str] = frozenset(),
+) -> set[str]:
     """Make ``pool`` follow the registry; returns the URLs now managed through it.
 
-    ``managed`` is what the previous sync took from the registry: those no longer listed are removed
-    (settings workers are never touched).
+    Args:
+        entries: the registry's URL -> mode.
+        managed: what the previous sync took from the registry: those no longer listed are removed
+            (this replica's settings workers never are).
+        listed_here: the workers this replica's settings list: they follow their mode (drained, or added
+            again when active after a drain took them out).
+        listed_anywhere: the workers some replica's settings list: one this replica does not list is not
+            added (module text).
     """
     for url, mode in entries.items():
         state = pool.get(url)
-        if state is None and mode == "active":
+        foreign = url in listed_anywhere and url not in listed_here
+        if state is None and mode == "active" and not foreign:
             pool.add(url)
             log.info("worker_added", worker=url)
-        elif state is not None and mode == "draining" and not state.draining:
-            pool.drain(url)
+        elif state is not None and mode == "draining":
+            pool.drain(url)  # a worker draining already keeps its deadline
         elif state is not None and mode == "active":
-            state.draining = False
+            pool.activate(url)
     for url in managed - set(entries):
         if pool.remove(url):
             log.info("worker_removed", worker=url)
-    return set(entries)
+    return set(entries) - set(listed_here)
 
 
 async def sync_once(pool: WorkerPool, registry: WorkerRegistry, managed: set[str]) -> set[str]:
-    """One sync of ``pool`` with the registry (:func:`apply_registry`); an unavailable Redis changes
-    nothing. Returns the URLs now managed through it."""
+    """One sync of ``pool`` with the registry (:meth:`WorkerRegistry.sync_entries`, then
+    :func:`apply_registry`); an unavailable Redis changes nothing. Returns the URLs now managed through
+    it."""
     with contextlib.suppress(StoreUnavailable):
-        managed = apply_registry(pool, await registry.entries(), managed)
+        entries, listed = await registry.sync_entries()
+        managed = apply_registry(pool, entries, managed, registry.listed_here, listed)
     return managed
 
 

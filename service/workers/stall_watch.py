@@ -9,6 +9,10 @@ holding its tenant until ``upstream.read_timeout_s`` (the bound before the first
 prefill may need). Same rule as nginx's ``proxy_read_timeout`` (time between two successive reads), with
 one timer per stream rather than a timeout around each read (a timeout per read cost about 9 µs per
 chunk; see :class:`service.api.cancellation.SendBoundedStreamingResponse`).
+
+The same watch cuts a call on demand (:meth:`StallWatch.cut`): a draining worker's calls still running at
+its drain deadline (``upstream.worker_drain_deadline_s``, :meth:`service.workers.pool.WorkerPool.drain`)
+fail with :class:`CallMoved` and go on on another worker.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ class StreamStalled(Exception):
     def __init__(self, idle_s: float) -> None:
         super().__init__(f"worker stream silent for {idle_s:g} s after its first token")
         self.idle_s = idle_s
+
+
+class CallMoved(Exception):
+    """The call was cut because its worker is leaving (its drain deadline passed): not the worker's fault."""
+
+    def __init__(self) -> None:
+        super().__init__("worker draining: the call moves to another worker (drain deadline)")
 
 
 class StallWatch:
@@ -46,6 +57,7 @@ class StallWatch:
         self._waiting_since: float | None = None
         self._reader: asyncio.Task[object] | None = None
         self._stalled = False
+        self._cut = False
 
     def arm(self) -> None:
         """Start watching (after the first token). Idempotent."""
@@ -61,19 +73,39 @@ class StallWatch:
             return
         self._timer = self._loop.call_later(self.idle_s / 4, self._check)
 
+    def cut(self) -> bool:
+        """Cut the call: the read in progress (or the next one) raises :class:`CallMoved`. False when it
+        was cut already (the call counts once)."""
+        if self._cut:
+            return False
+        self._cut = True
+        if self._waiting_since is not None and self._reader is not None:
+            self._reader.cancel()
+        return True
+
     async def read(self, step: Awaitable[T]) -> T:
         """Await ``step`` (the stream's next read) under the watch.
 
         Raises:
             StreamStalled: the watch cut it after ``idle_s`` of silence.
+            CallMoved: :meth:`cut` was called before or during the read (``step`` is then not awaited
+                further: a coroutine is closed).
         """
+        if self._cut:
+            close = getattr(step, "close", None)
+            if close is not None:
+                close()
+            raise CallMoved
         self._reader = asyncio.current_task()
         self._waiting_since = self._loop.time()
         try:
             return await step
         except asyncio.CancelledError:
-            if not self._stalled or self._reader is None or self._reader.uncancel() > 0:
+            ours = self._stalled or self._cut
+            if not ours or self._reader is None or self._reader.uncancel() > 0:
                 raise  # not the watch's cancellation, or another one came with it (a client that left)
+            if self._cut:
+                raise CallMoved from None
             raise StreamStalled(self.idle_s) from None
         finally:
             self._waiting_since = None
@@ -87,4 +119,4 @@ class StallWatch:
             self._timer = None
 
 
-__all__ = ["StallWatch", "StreamStalled"]
+__all__ = ["CallMoved", "StallWatch", "StreamStalled"]

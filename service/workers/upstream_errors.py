@@ -54,6 +54,9 @@ class UpstreamError(Exception):
         local: the gateway's own connection pool to workers stayed exhausted past its wait bound; the
             worker was never called (not its fault).
         partial: an aborted answer's counts so far (what the worker computed), when it sent them.
+        moved: the gateway cut the call itself, its worker's drain deadline having passed
+            (``upstream.worker_drain_deadline_s``): no evidence against the worker, and always worth
+            going on elsewhere.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class UpstreamError(Exception):
         refused: bool = False,
         local: bool = False,
         partial: UpstreamChunk | None = None,
+        moved: bool = False,
     ) -> None:
         super().__init__(message)
         self.worker = worker
@@ -73,6 +77,7 @@ class UpstreamError(Exception):
         self.refused = refused
         self.local = local
         self.partial = partial
+        self.moved = moved
 
     @property
     def rejected(self) -> bool:

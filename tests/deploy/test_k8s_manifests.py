@@ -218,6 +218,23 @@ def test_probes_secrets_and_the_drain_fit_the_grace_period(
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_terminating_worker_serves_until_every_gateway_moved_its_streams(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A terminating worker pod leaves the headless Service's records at once; it must keep serving (its
+    preStop sleep) through each gateway replica's next lookup and the drain deadline, so that the streams it
+    still runs have moved to another worker (docs/scaling.md) before SIGTERM reaches the engine."""
+    objects = render(overlay)
+    settings = gateway_settings(objects, monkeypatch)
+    leader = pod_templates(worker_workload(objects))[0]["spec"]
+    pre_stop = leader["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    needed = settings.discovery.interval_s + settings.upstream.worker_drain_deadline_s
+    assert float(pre_stop[1]) > needed
+    assert leader["terminationGracePeriodSeconds"] > float(pre_stop[1])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_gateway_tier_scales_on_cpu_and_keeps_replicas_through_disruptions(overlay: str) -> None:
     objects = render(overlay)
     deployment = one(objects, "Deployment", "radixgate-gateway")

@@ -1,18 +1,22 @@
 """Every metric name the rules of deploy/prometheus/rules/ query exists (issue 28): a running gateway in front
 of simulated SGLang workers emits it, or deploy/prometheus/external_series.txt lists it with its source. A
 typo or a renamed metric fails here instead of leaving an alert that can never fire. The gateway's own
-``/metrics`` also passes ``promtool check metrics``."""
+``/metrics`` also passes ``promtool check metrics``, and docs/observability.md names every family it
+declares."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.grafana import panel_series
+from tests.support.paths import REPO
 from tests.support.prometheus import (
     SimStack,
     exposed_names,
@@ -83,3 +87,51 @@ def test_gateway_metrics_pass_promtool_check_metrics(scraped: dict[str, str]) ->
         [tool("promtool"), "check", "metrics"], input=scraped["gateway"], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def gateway_families(text: str) -> set[str]:
+    """The ``radixgate_*`` metric families a ``/metrics`` text declares, a counter under its ``_total``
+    name (the name the docs and the queries use); the ``_created`` samples of unlabelled counters, which the
+    parser reads as families of their own, are left out."""
+    families = {
+        family.name + ("_total" if family.type == "counter" else ""): family.type
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("radixgate_")
+    }
+    created = {name for name in families if name.endswith("_created") and families[name] == "gauge"}
+    return set(families) - created
+
+
+def documented_metrics(page: str) -> tuple[set[str], set[str]]:
+    """The metric names a page writes in backticks, without the ``radixgate_`` prefix and labels
+    (```requests_total{tenant,model,status}```, ```radixgate_shed_total```), and the prefixes it
+    writes with a wildcard (```engine_*{worker,model}```)."""
+    names: set[str] = set()
+    prefixes: set[str] = set()
+    for token in re.findall(r"`([^`\n]+)`", page):
+        found = re.fullmatch(r"(?:radixgate_)?([a-z][a-z0-9_]*?)(_\*)?(?:\{[a-z_, =\"]*\})?", token)
+        if found:
+            (prefixes if found.group(2) else names).add(found.group(1))
+    return names, prefixes
+
+
+def undocumented(families: set[str], page: str) -> list[str]:
+    """The families ``page`` does not name (by name or a wildcard prefix)."""
+    names, prefixes = documented_metrics(page)
+    return sorted(
+        name
+        for name in families
+        if (short := name.removeprefix("radixgate_")) not in names
+        and not any(short.startswith(prefix + "_") for prefix in prefixes)
+    )
+
+
+def test_the_observability_page_lists_every_metric_the_gateway_emits(scraped: dict[str, str]) -> None:
+    """docs/observability.md's metric list missed radixgate_shed_total and the planner's three gauges."""
+    families = gateway_families(scraped["gateway"])
+    assert {"radixgate_shed_total", "radixgate_desired_workers", "radixgate_engine_token_usage"} <= families
+    page = (REPO / "docs" / "observability.md").read_text()
+    assert undocumented(families, page) == []
+    # the check can fail: a page without the planner's paragraph misses its gauges
+    cut = page.replace("`desired_workers{model}`", "").replace("`planner_reason{model,reason}`", "")
+    assert undocumented(families, cut) == ["radixgate_desired_workers", "radixgate_planner_reason"]

@@ -190,6 +190,61 @@ def test_kv_pressure_during_decode_retracts_and_resumes() -> None:
     assert engine.stats().preemptions_total >= 1
 
 
+# ----- request times (SGLang's --enable-metrics meta_info, loadgen/sim/timing.py)
+def test_request_times_split_the_ttft_into_floor_queue_and_prefill() -> None:
+    engine = SimEngine(dataclasses.replace(CPU, max_running_requests=1))
+    engine.submit(SimRequest("first", prompt(1, 40), 4), 0.0)
+    engine.submit(SimRequest("second", prompt(500, 40), 4), 0.0)
+    events = run(engine)
+    floor = CPU.ttft_floor_ms / 1000
+    for rid in ("first", "second"):
+        first_token = next(e for e in events if e.rid == rid)
+        t = first_token.times
+        assert t is not None and t.ready_s == pytest.approx(floor) and t.retractions == 0
+        assert t.forward_entry_s is not None and t.prefill_finished_s == first_token.time_s
+        assert t.queue_s == pytest.approx(t.forward_entry_s - t.ready_s)
+        # nothing else: received (0) + floor + queue + prefill is the time to the first token
+        assert floor + t.queue_s + (t.prefill_finished_s - t.forward_entry_s) == pytest.approx(
+            first_token.time_s
+        )
+    last_of_first = finished(events)["first"]
+    second = next(e for e in events if e.rid == "second").times
+    assert second is not None and second.queue_s == pytest.approx(last_of_first.time_s - floor, abs=1e-9)
+
+
+def test_a_retraction_counts_and_adds_its_second_wait_to_the_queue_time() -> None:
+    engine = SimEngine(dataclasses.replace(CPU, max_running_requests=1))
+    engine.submit(SimRequest("low", prompt(1, 20), 24, priority=0), 0.0)
+    engine.advance(0.3)
+    engine.submit(SimRequest("high", prompt(5000, 20), 24, priority=10), 0.3)
+    events = run(engine)
+    low = [e for e in events if e.rid == "low"]
+    before, after = low[0].times, low[-1].times
+    assert before is not None and after is not None
+    assert (before.retractions, after.retractions) == (0, 1)
+    # first forward and first prefill are kept; the wait behind "high" is added to the queue time
+    assert (after.forward_entry_s, after.prefill_finished_s) == (
+        before.forward_entry_s,
+        before.prefill_finished_s,
+    )
+    high_done = finished(events)["high"].time_s
+    assert high_done - 0.35 < after.queue_s - before.queue_s <= high_done - 0.3
+    stats = engine.stats()  # a priority preemption: not one of SGLang's retract_decode counters
+    assert (stats.preemptions_total, stats.retracted_requests_total) == (1, 0)
+
+
+def test_kv_retractions_are_counted_with_their_tokens() -> None:
+    engine = SimEngine(dataclasses.replace(CPU, kv_capacity_tokens=400, new_token_ratio=0.0))
+    for i in range(4):
+        engine.submit(SimRequest(f"r{i}", prompt(1000 * (i + 1), 50), 60), 0.0)
+    done = finished(run(engine))
+    stats = engine.stats()
+    retracted = sum(e.times.retractions for e in done.values() if e.times is not None)
+    assert stats.retracted_requests_total == stats.preemptions_total == retracted >= 1
+    assert stats.retracted_input_tokens_total == 50 * retracted
+    assert 0 < stats.retracted_output_tokens_total < 60 * retracted
+
+
 # ----- abort, determinism, validation
 def test_abort_frees_the_request() -> None:
     engine = SimEngine(CPU)

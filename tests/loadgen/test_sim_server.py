@@ -79,11 +79,54 @@ def test_non_stream_format_is_sglangs(url: str) -> None:
         "cached_tokens",
         "finish_reason",
         "e2e_latency",
+        *SCHEDULER_TIMES,
+        *FINISHED_TIMES,
     }
     assert meta["id"] == "ns-1" and meta["prompt_tokens"] == 4  # hello | there | , | world
     assert meta["completion_tokens"] == 5 and len(data["text"].split()) == 5
     assert meta["finish_reason"] == {"type": "length", "length": 5}
     assert 0 < meta["e2e_latency"] < 1
+    assert_times_in_order(meta)
+
+
+SCHEDULER_TIMES = {"num_retractions", "queue_time", "forward_entry_time", "prefill_finished_time"}
+FINISHED_TIMES = {
+    "request_received_ts",
+    "api_server_dispatch_finish_ts",
+    "first_token_latency",
+    "request_finished_ts",
+    "response_sent_to_client_ts",
+    "decode_throughput",
+}
+
+
+def assert_times_in_order(meta: dict[str, Any]) -> None:
+    """The last chunk's SGLang 0.5.23 timing fields tell one schedule: received, floor (tokenizer),
+    queue, prefill to the first token, decode, sent; an idle worker's queue is empty."""
+    received, dispatched = meta["request_received_ts"], meta["api_server_dispatch_finish_ts"]
+    entry, prefilled = meta["forward_entry_time"], meta["prefill_finished_time"]
+    assert received < dispatched <= entry < prefilled < meta["request_finished_ts"]
+    assert time.time() - 60 < received < time.time()  # Unix times (speed 1: the wall clock's)
+    assert meta["queue_time"] == pytest.approx(entry - dispatched, abs=1e-5)
+    assert meta["first_token_latency"] == pytest.approx(prefilled - received, abs=1e-5)
+    assert meta["e2e_latency"] == pytest.approx(meta["request_finished_ts"] - received, abs=1e-5)
+    decode_s = meta["request_finished_ts"] - prefilled
+    assert meta["decode_throughput"] == pytest.approx((meta["completion_tokens"] - 1) / decode_s, rel=1e-3)
+    assert meta["response_sent_to_client_ts"] >= prefilled and meta["num_retractions"] == 0
+
+
+def test_stream_chunks_carry_the_scheduler_times_and_the_last_the_tokenizer_s(url: str) -> None:
+    resp = httpx.post(f"{url}/generate", json=body("time me please, simulator", 4, stream=True))
+    metas = [p["meta_info"] for p in sse_payloads(resp.text)]
+    assert SCHEDULER_TIMES | {"response_sent_to_client_ts"} <= set(metas[0])
+    assert not FINISHED_TIMES - {"response_sent_to_client_ts"} & set(metas[0])  # the last chunk's only
+    assert all(set(m) >= SCHEDULER_TIMES and not FINISHED_TIMES & set(m) for m in metas[1:-1])
+    assert set(metas[-1]) >= FINISHED_TIMES
+    assert_times_in_order(metas[-1])
+    for name in ("forward_entry_time", "prefill_finished_time", "queue_time"):  # set once, then kept
+        assert len({m[name] for m in metas}) == 1
+    # a stream's first chunk went out once; the last one repeats that time (SGLang sets it once)
+    assert metas[0]["response_sent_to_client_ts"] == metas[-1]["response_sent_to_client_ts"]
 
 
 def test_stream_format_is_cumulative_sse_ending_with_done(url: str) -> None:

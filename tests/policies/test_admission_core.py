@@ -8,7 +8,14 @@ import gc
 import pytest
 
 from policies.admission_core import AdmissionCore
-from policies.admission_types import AdmissionRequest, CoreConfig, Dispatch, Expire, Shed
+from policies.admission_types import (
+    IDLE_TTFT_PROMPT_TOKENS,
+    AdmissionRequest,
+    CoreConfig,
+    Dispatch,
+    Expire,
+    Shed,
+)
 from policies.classes import ClassPolicy
 from policies.estimates import EstimateConfig
 from policies.windows import LoadReport, WindowConfig
@@ -700,3 +707,29 @@ def test_an_idle_worker_within_its_goal_but_not_the_dispatch_margin_still_serves
         c.first_token(f"s{n}", t + 2.3)
         c.finish(f"s{n}", t + 2.4, ok=True, prompt_tokens=10, cached_tokens=0)
         t += 3.0
+
+
+def test_the_snapshot_shows_the_ttft_models_parts_and_an_idle_workers_prediction() -> None:
+    """/admin/workers' ``engine_ttft_ms`` was the model's fixed part alone (a few ms on a worker whose
+    prefills took hundreds), read as the worker's TTFT: the snapshot now gives the fixed part, the per-token
+    part and the TTFT they predict for a prompt of IDLE_TTFT_PROMPT_TOKENS with nothing ahead."""
+    c = core(window=1, estimates=EstimateConfig(min_history_s=1.0))
+    (snap,) = c.snapshot(0.0)
+    assert (snap.ttft_base_s, snap.prefill_s_per_token, snap.idle_ttft_s) == (None, None, None)
+    t = 0.0
+    for n in range(20):  # alternately: 2,000 uncached tokens, first token 1.0 s after dispatch; 200, 0.15 s
+        tokens, ttft = (2000, 1.0) if n % 2 == 0 else (200, 0.15)
+        c.arrive(req(f"r{n}", at=t, prompt=f"p{n}", tokens=tokens), t)
+        c.first_token(f"r{n}", t + ttft)
+        c.finish(f"r{n}", t + ttft + 0.05)
+        t += ttft + 0.1
+    (snap,) = c.snapshot(t)
+    assert snap.ttft_base_s is not None and snap.prefill_s_per_token is not None
+    assert snap.prefill_s_per_token > 0
+    assert snap.idle_ttft_s == pytest.approx(
+        snap.ttft_base_s + IDLE_TTFT_PROMPT_TOKENS * snap.prefill_s_per_token
+    )
+    # the fixed part is not a TTFT: below the short requests' 0.15 s, and well below the prediction
+    assert snap.ttft_base_s < 0.15 and snap.idle_ttft_s > 2 * snap.ttft_base_s
+    (prediction,) = [c._workers[W1].est.engine_ttft(IDLE_TTFT_PROMPT_TOKENS, t)]
+    assert snap.idle_ttft_s == pytest.approx(prediction)  # what admission predicts for such a request

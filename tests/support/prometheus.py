@@ -19,7 +19,7 @@ import promql_parser
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.sim.profiles import get_profile
+from loadgen.sim.profiles import SimProfile, get_profile
 from loadgen.sim.server import SimServer
 from service.app import create_app
 from service.config.settings import Settings
@@ -173,16 +173,26 @@ class SimStack:
         model_dir: the stub tokenizer folder.
         workers: how many simulated workers.
         speed: the workers' simulated seconds per wall-clock second (< 1: slower than the modelled H100).
+        profile: the workers' step-time profile (loadgen.sim.profiles), or its name.
+        sim: further arguments of each SimServer (``dcgm``, ``knobs``...).
         settings: further settings sections of the gateway (merged over the defaults here).
     """
 
     MODEL = "sim-model"
 
     def __init__(
-        self, redis_url: str, model_dir: Path, workers: int = 2, speed: float = 1.0, **settings: Any
+        self,
+        redis_url: str,
+        model_dir: Path,
+        workers: int = 2,
+        speed: float = 1.0,
+        profile: str | SimProfile = "llama-3.1-8b-h100",
+        sim: dict[str, Any] | None = None,
+        **settings: Any,
     ) -> None:
+        steps = get_profile(profile) if isinstance(profile, str) else profile
         self.sims = [
-            SimServer(get_profile("llama-3.1-8b-h100"), seed=i, model_name=self.MODEL, speed=speed)
+            SimServer(steps, seed=i, model_name=self.MODEL, speed=speed, **(sim or {}))
             for i in range(workers)
         ]
         self.worker_servers = [ThreadedServer(sim.app) for sim in self.sims]

@@ -214,7 +214,7 @@ def build() -> Board:
             "prefill later: TTFT and TPOT both rise).",
             "reqps",
             Query(
-                f"sum by (instance) (rate(sglang:num_retracted_reqs_total{{{INSTANCE}}}[{RATE}]))",
+                f"sum by (instance) (rate(sglang:num_retracted_requests_total{{{INSTANCE}}}[{RATE}]))",
                 "{{instance}}",
             ),
             width=6,

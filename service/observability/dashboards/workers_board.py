@@ -197,7 +197,7 @@ def build() -> Board:
             "per second.",
             "reqps",
             Query(
-                f"sum by (instance) (rate(sglang:num_retracted_reqs_total{{{INSTANCE}}}[{RATE}]))",
+                f"sum by (instance) (rate(sglang:num_retracted_requests_total{{{INSTANCE}}}[{RATE}]))",
                 "{{instance}} retracted",
             ),
             Query(

@@ -103,51 +103,78 @@ def test_worker_urls_carry_no_credentials_query_or_fragment(
     assert workers(r1) == []
 
 
-def test_a_worker_from_the_settings_cannot_be_taken_over_by_the_admin_api(
+def settings_replica(redis_url: str, model_dir: Path, prefix: str, workers: list[str]) -> ThreadedServer:
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": prefix},
+            "engine": {"served_model_name": MODEL},
+            "upstream": {"workers": workers, "health_interval_s": 0.1},
+            "api": {"tokenizer_path": str(model_dir)},
+        }
+    )
+    return ThreadedServer(create_app(settings))
+
+
+def test_a_worker_from_the_settings_is_drained_on_every_replica_and_never_removed(
     redis_url: str, stub_model_dir: Path
 ) -> None:
+    """Workers listed in settings are shared through the registry like admin-added ones (issue 29): a
+    drain on one replica reaches the others within a sync period, ``POST /admin/workers`` makes it active
+    again everywhere, and it cannot be removed (the next sync would register it again)."""
     fake = FakeWorker()
     with ThreadedServer(fake.app) as upstream:
-        settings = Settings.model_validate(
-            {
-                "admin_token": ADMIN_TOKEN,
-                "redis": {"url": redis_url, "key_prefix": "aw-settings:"},
-                "engine": {"served_model_name": MODEL},
-                "upstream": {"workers": [upstream.url], "health_interval_s": 0.1},
-                "api": {"tokenizer_path": str(stub_model_dir)},
-            }
-        )
-        with ThreadedServer(create_app(settings)) as gw, httpx.Client(base_url=gw.url, timeout=30) as http:
-            err = assert_openai_error(
-                http.post("/admin/workers", json={"url": upstream.url}, headers=ADMIN), 409
-            )
-            assert err["code"] == "worker_exists" and err["param"] == "url"
-            (listed,) = workers(http)
-            assert listed["url"] == upstream.url.rstrip("/") and listed["source"] == "settings"
-            # nor drained or removed by it: that reached this replica only, could not be undone (the worker
-            # left the list and the pool: 503 until a restart) and freed its URL to be registered above
-            for method, path in (
-                ("POST", f"/admin/workers/{listed['id']}/drain"),
-                ("DELETE", f"/admin/workers/{listed['id']}"),
-            ):
-                err = assert_openai_error(http.request(method, path, headers=ADMIN), 409)
-                assert err["code"] == "worker_exists"
-            (still,) = workers(http)
-            assert still["in_pool"] and still["mode"] == "active"
-            assert http.post("/admin/workers", json={"url": upstream.url}, headers=ADMIN).status_code == 409
-            _, key = new_tenant(http)
-            assert (
-                http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code
-                == 200
-            )
+        url = upstream.url.rstrip("/")
+        with (
+            settings_replica(redis_url, stub_model_dir, "aw-settings:", [url]) as g1,
+            settings_replica(redis_url, stub_model_dir, "aw-settings:", [url]) as g2,
+            settings_replica(redis_url, stub_model_dir, "aw-settings:", []) as g3,  # does not list it
+            httpx.Client(base_url=g1.url, timeout=30) as r1,
+            httpx.Client(base_url=g2.url, timeout=30) as r2,
+            httpx.Client(base_url=g3.url, timeout=30) as r3,
+        ):
+            (listed,) = workers(r1)
+            assert listed["url"] == url and listed["source"] == "settings" and listed["mode"] == "active"
+            _, key = new_tenant(r1)
+            for http in (r1, r2):
+                wait_for(lambda http=http: any(w["healthy"] for w in workers(http)))
+                assert (
+                    http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code
+                    == 200
+                )
+            assert len(fake.received) == 2
+            # the third replica sees the entry but does not serve a worker only other replicas' settings list
+            (seen,) = workers(r3)
+            assert seen["source"] == "settings" and not seen["in_pool"]
+            # drained over one replica: every replica that serves it stops within a sync period
+            assert r1.post(f"/admin/workers/{listed['id']}/drain", headers=ADMIN).json()["mode"] == "draining"
+            for http in (r1, r2):
+                wait_for(lambda http=http: not any(w["in_pool"] for w in workers(http)))
+                assert workers(http)[0]["mode"] == "draining"
+                assert_openai_error(
+                    http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)), 503
+                )
+            assert len(fake.received) == 2  # no new traffic
+            # never removed over the admin API: a replica's next sync would register it again
+            err = assert_openai_error(r2.delete(f"/admin/workers/{listed['id']}", headers=ADMIN), 409)
+            assert err["code"] == "worker_exists" and "drain" in err["message"]
+            # made active again over one replica: every replica that lists it serves it again
+            again = r2.post("/admin/workers", json={"url": url}, headers=ADMIN)
+            assert again.status_code == 201 and again.json()["mode"] == "active"
+            for http in (r1, r2):
+                wait_for(lambda http=http: any(w["in_pool"] and w["healthy"] for w in workers(http)))
+                assert (
+                    http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code
+                    == 200
+                )
+                assert workers(http)[0]["source"] == "settings"
+            assert len(fake.received) == 4
+            assert not workers(r3)[0]["in_pool"]
             # an admin-added worker may still be registered (and registered again) as before
             other = "http://127.0.0.1:9"
-            assert http.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201
-            assert http.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201
-            assert {w["url"]: w["source"] for w in workers(http)} == {
-                upstream.url.rstrip("/"): "settings",
-                other: "admin",
-            }
+            assert r1.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201
+            assert r1.post("/admin/workers", json={"url": other}, headers=ADMIN).status_code == 201
+            assert {w["url"]: w["source"] for w in workers(r1)} == {url: "settings", other: "admin"}
 
 
 @pytest.mark.parametrize(

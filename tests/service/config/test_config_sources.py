@@ -9,6 +9,7 @@ effective settings with secrets masked and exits 2 on an error; settings may com
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,24 @@ def test_config_check_prints_effective_settings_with_secrets_masked(clean_env: p
         assert secret not in result.output
     names = {line.split("=", 1)[0] for line in lines if line.startswith("RADIXGATE_")}
     assert names == {env for env, _, _ in settings_rows()}  # every setting, once
+
+
+def test_config_check_prints_a_list_of_models(clean_env: pytest.MonkeyPatch, stub_model_dir: Path) -> None:
+    """With RADIXGATE_MODELS set, config check crashed (TypeError: ModelSettings is not JSON serializable)."""
+    models = [{"id": "m", "tokenizer_path": str(stub_model_dir), "scheduler": {"window_max": 64}}]
+    clean_env.setenv("RADIXGATE_ENGINE__SERVED_MODEL_NAME", "m")
+    clean_env.setenv("RADIXGATE_MODELS", json.dumps(models))
+    result = CliRunner().invoke(cli, ["config", "check"])
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("RADIXGATE_MODELS=")]
+    value, _, source = line.removeprefix("RADIXGATE_MODELS=").rpartition("  ")
+    assert source == "[env]"
+    (shown,) = json.loads(value)
+    assert (shown["id"], shown["tokenizer_path"], shown["scheduler"]) == (
+        "m",
+        str(stub_model_dir),
+        {"window_max": 64},
+    )
 
 
 @pytest.mark.parametrize(

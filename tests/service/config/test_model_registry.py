@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from service import __main__ as service_main
 from service.__main__ import cli
-from service.config.models import DEFAULT_CONTEXT_LENGTH, ModelRegistry, ServedModel
+from service.config.models import ModelRegistry, ServedModel
 from service.config.policies import RoutingSettings, SchedulerSettings, default_priority_classes
 from service.config.settings import Settings
 
@@ -99,25 +99,6 @@ def test_each_model_lays_its_settings_over_the_gateways(tmp_path: Path) -> None:
     assert (small.context_length, large.context_length) == (8000, 65536)  # api.context_length is the default
     assert (small.tool_call_format, large.tool_call_format) == ("hermes", "llama3_json")
     assert (small.tools, large.tools, large.structured_outputs) == (True, False, True)
-
-
-@pytest.mark.parametrize(
-    ("setting", "reported", "expected"),
-    [
-        (None, [], DEFAULT_CONTEXT_LENGTH),  # neither says: the default
-        (None, [131_072], 131_072),  # the worker's, never a default that contradicts it
-        (None, [131_072, 32_768], 32_768),  # the tightest worker
-        (4096, [131_072], 4096),  # the setting, when smaller
-        (200_000, [131_072], 131_072),  # the worker, when smaller
-        (16_384, [], 16_384),
-    ],
-)
-def test_context_length_is_the_smaller_of_the_setting_and_the_workers(
-    setting: int | None, reported: list[int], expected: int
-) -> None:
-    classes, sched = default_priority_classes(), SchedulerSettings()
-    model = ServedModel("m", Path("."), classes, sched, RoutingSettings(), context_length=setting)
-    assert model.effective_context_length(reported) == expected
 
 
 def registry_of(*models: tuple[str, tuple[str, ...]]) -> ModelRegistry:

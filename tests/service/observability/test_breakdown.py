@@ -70,6 +70,28 @@ def test_a_stream_s_phases_explain_its_ttft_and_give_tpot_and_itl() -> None:
     assert list(header)[:3] == ["auth", "prepare", "quota"]
 
 
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_request_ended_while_the_worker_had_it_counts_no_worker_time_as_overhead(streamed: bool) -> None:
+    # a client that leaves 2 s into its answer (also a revoked key, a stream cut at shutdown): the answer
+    # never ended, so the worker's span runs to the request's end, not to nothing
+    t = RequestTiming(start=0.0)
+    t.mark("auth", 0.001)
+    t.mark("prepare", 0.003)
+    t.queued(0.0005, 0.0015)  # to 0.005
+    t.attempt(0.006)
+    if streamed:
+        t.headers(0.007)
+        t.first_chunk(0.250, {})
+        t.token(0.270)
+    t.finish()
+    assert t.upstream_end is None
+    assert t.overhead_s(2.0) == pytest.approx(0.006 - 0.0015)  # what came before the attempt, less the queue
+    # and an attempt never made: everything but the queue is the gateway's
+    u = RequestTiming(start=0.0)
+    u.queued(0.0005, 0.5)
+    assert u.overhead_s(0.6) == pytest.approx(0.1)
+
+
 def test_a_non_streamed_answer_s_ttft_is_the_worker_s_first_token_or_unknown() -> None:
     t = RequestTiming(start=0.0)
     t.attempt(0.050)

@@ -140,12 +140,16 @@ def test_desired_workers_rise_under_load_and_fall_back_slowly(stack: SimStack) -
         # 30 requests/s over a capacity of 5 per worker at 90 %: about 7 workers
         assert 5 <= peak <= 9, seen
         assert any(r == "up" for _, _, r in seen)
-        # the load is gone: the need falls at once, the decision holds for the scale-down window first
+        # the load is gone: the need falls at once, the decision holds for the scale-down window first. It is
+        # the largest raw decision of the last window, which may step down from the peak by one as the load's
+        # own early peak leaves the window ("down" to that maximum, never to the need), so either reason holds
+        # while the decision stays far above what the need alone gives.
         time.sleep(0.6)
         desired, needed, reason = read()
         peak_need = max(n or 0 for _, n, _ in seen)
         assert needed is not None and needed < 0.5 * peak_need
-        assert desired is not None and desired >= peak - 1 and reason == "stabilizing"
+        assert desired is not None and desired >= peak - 1 and reason in ("stabilizing", "down")
+        assert desired > needed / 0.9 + 1, (desired, needed)
         deadline = time.monotonic() + 6.0
         while read()[0] != 1.0:
             assert time.monotonic() < deadline, read()

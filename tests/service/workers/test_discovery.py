@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 
 from service.app import create_app
 from service.config.discovery import DiscoverySettings
@@ -107,6 +108,89 @@ async def test_a_failed_lookup_changes_nothing_and_an_empty_answer_drains(
     del records.records[NAME]  # NXDOMAIN: the Service has no ready pod
     assert await found.sync()
     assert await registry.entries() == {"http://10.1.0.1:30000": "draining"}
+
+
+def events(logs: list[dict[str, object]], *names: str) -> list[tuple[object, ...]]:
+    """(event, reason or was) of the captured lines named ``names``, in order."""
+    return [(line["event"], line.get("reason", line.get("was"))) for line in logs if line["event"] in names]
+
+
+STATE_EVENTS = ("discovery_no_records", "discovery_failed", "discovery_resolved")
+
+
+async def test_the_names_state_is_logged_once_per_change(
+    dns: tuple[RecordsResolver, str], registry: WorkerRegistry
+) -> None:
+    """An answer without records was silent (every discovered worker drained, no line said why), and a
+    failed lookup was logged every period: each change of the name's state is one line now."""
+    records, ns = dns
+    clock = Clock()
+    found = follower(ns, registry, clock)
+    with capture_logs() as logs:
+        for _ in range(3):  # NXDOMAIN: no such name (yet)
+            assert await found.sync()
+        records.set(NAME, ["10.1.0.1"])
+        for _ in range(2):
+            assert await found.sync()
+        records.set(NAME, [])  # the name is there, without an address: every worker drained
+        for _ in range(3):
+            assert await found.sync()
+        records.failing = True  # SERVFAIL: nothing changes
+        for _ in range(3):
+            assert not await found.sync()
+        records.failing = False
+        records.set(NAME, ["10.1.0.1", "10.1.0.2"])
+        for _ in range(2):
+            assert await found.sync()
+    assert events(logs, *STATE_EVENTS) == [
+        ("discovery_no_records", "nxdomain"),
+        ("discovery_resolved", "no_records"),
+        ("discovery_no_records", "no_address_records"),
+        ("discovery_failed", "no_nameserver_answered"),
+        ("discovery_resolved", "failed"),
+    ]
+    first, *_ = [line for line in logs if line["event"] == "discovery_no_records"]
+    assert first["name"] == NAME and first["log_level"] == "warning"
+    assert "RADIXGATE_DISCOVERY__DNS_NAME" in str(first["hint"])
+    (failed,) = [line for line in logs if line["event"] == "discovery_failed"]
+    assert failed["log_level"] == "warning" and NAME in str(failed["error"])
+    assert await registry.entries() == {"http://10.1.0.1:30000": "active", "http://10.1.0.2:30000": "active"}
+
+
+async def test_a_lookup_that_times_out_is_logged_once(registry: WorkerRegistry) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:  # a nameserver that never answers
+        silent.bind(("127.0.0.1", 0))
+        ns = f"127.0.0.1:{silent.getsockname()[1]}"
+        found = follower(ns, registry, Clock(), timeout_s=0.2)
+        with capture_logs() as logs:
+            for _ in range(3):
+                assert not await found.sync()
+    assert events(logs, *STATE_EVENTS) == [("discovery_failed", "timeout")]
+
+
+def test_a_gateway_whose_name_gives_no_worker_says_so_at_startup(
+    dns: tuple[RecordsResolver, str], redis_url: str, stub_model_dir: Path
+) -> None:
+    """``no_workers_configured`` said to set upstream.workers or engine.launch, with discovery set."""
+    _, ns = dns
+    app = create_app(
+        Settings.model_validate(
+            {
+                "admin_token": ADMIN_TOKEN,
+                "redis": {"url": redis_url, "key_prefix": "discovery-none:"},
+                "engine": {"served_model_name": MODEL},
+                "upstream": {"workers": []},
+                "api": {"tokenizer_path": str(stub_model_dir)},
+                "discovery": {"dns_name": NAME, "nameserver": ns, "interval_s": 30},
+            }
+        )
+    )
+    with capture_logs() as logs, ThreadedServer(app):
+        pass
+    assert events(logs, *STATE_EVENTS) == [("discovery_no_records", "nxdomain")]
+    (none,) = [line for line in logs if line["event"] == "no_workers_configured"]
+    assert f"RADIXGATE_DISCOVERY__DNS_NAME={NAME}) found no worker" in str(none["hint"])
+    assert "discovery_no_records or discovery_failed line" in str(none["hint"])
 
 
 async def test_a_worker_the_admin_registered_is_never_taken_over(

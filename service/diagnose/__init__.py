@@ -1,0 +1,1 @@
+"""``python -m service diagnose``: read a window of metrics, say where the tail latency went."""
