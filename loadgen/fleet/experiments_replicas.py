@@ -325,7 +325,7 @@ Reading (the diagnostic figures below were measured on this scenario when this w
   served late). A replica's queue at a worker is served only by its own share of the slots, so its wait is
   a sum of fewer completions, relatively noisier; the calibration (99% of the requests admitted as on time
   must meet their goal) then admits a shorter queue: those served waited less, about as many were served.
-  With the calibration off, 4 replicas' standard P50 was 7% above one replica's, its P99 8% and its
+  With the calibration off, 4 replicas' standard P50 was 7% and its P99 8% above one replica's, and its
   goodput 4.2% below. A replica also cannot see another replica's top-class headroom between load polls
   (1 s): with 4 replicas 27% of the standard requests served were dispatched to an engine already running
   its 512 (none with one replica), where they wait behind interactive work; about half of the late ones
