@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from loadgen.sim.profiles import get_profile
 from loadgen.sim.server import SimServer
@@ -18,6 +19,7 @@ from service.app import create_app
 from service.config.settings import Settings
 from service.pipeline.prompting import PromptRenderer
 from service.workers.launcher import WorkerProcess
+from service.workers.worker_info import WorkerInfo
 from tests.conftest import ADMIN_TOKEN
 from tests.service.pipeline.test_two_models import LLAMA, MESSAGES, llama_folder
 from tests.support.engine import engine_home
@@ -69,10 +71,14 @@ def test_two_models_with_the_real_worker(
         issued = http.post("/admin/tenants/two/keys", json={"name": "k"}, headers=ADMIN)
         auth = {"Authorization": f"Bearer {issued.json()['api_key']}"}
         models = {m["id"]: m for m in http.get("/v1/models", headers=auth).json()["data"]}
-        info = httpx.get(f"{engine_worker.url}/server_info", timeout=10).json()
-        reported = info.get("context_length") or info["max_req_input_len"] + 6  # SGLang's max_req_len + 1
-        assert models[SMOL]["context_length"] == reported  # the real worker's own, no setting
-        assert models[LLAMA]["context_length"] == 131_072  # the simulated worker's
+        # /v1/models shows the enforced limit: what each worker's /server_info says it runs (SGLang keeps
+        # a reserve below the model's context), no setting
+        smol_info = httpx.get(f"{engine_worker.url}/server_info", timeout=10).json()
+        llama_info = TestClient(sim.app).get("/server_info").json()
+        for model, body in ((SMOL, smol_info), (LLAMA, llama_info)):
+            info = WorkerInfo.parse(body)
+            assert info.limits is not None and info.context_length is not None
+            assert models[model]["context_length"] == info.limits.max_total_tokens < info.context_length
         before = sim.generate_calls
         smol = http.post("/v1/chat/completions", json=chat(SMOL), headers=auth)
         assert smol.status_code == 200, smol.text

@@ -61,8 +61,20 @@ def gateway_env(
     }
 
 
+def ready_processes(log: Path) -> set[int]:
+    """The pids that have logged ``gateway_ready`` in ``log`` so far."""
+    ready = set()
+    for line in log.read_text().splitlines():
+        if line.startswith("{") and '"gateway_ready"' in line:
+            ready.add(json.loads(line)["pid"])
+    return ready
+
+
 def serve(env: dict[str, str], log: Path, port: int) -> Iterator[str]:
-    """Run ``python -m service serve`` with ``env`` until the generator is closed; yields its URL."""
+    """Run ``python -m service serve`` with ``env`` until the generator is closed; yields its URL once
+    ``/readyz`` answers 200 and every one of its ``RADIXGATE_WORKERS`` processes has logged
+    ``gateway_ready`` (one ready process answers ``/readyz`` and would take every connection)."""
+    processes = int(env.get("RADIXGATE_WORKERS", "1"))
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "service", "serve"],
@@ -78,7 +90,10 @@ def serve(env: dict[str, str], log: Path, port: int) -> Iterator[str]:
             assert proc.poll() is None, log.read_text()[-2000:]
             assert time.monotonic() < deadline, "gateway not ready in 60 s"
             try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                if (
+                    httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+                    and len(ready_processes(log)) >= processes
+                ):
                     break
             except httpx.HTTPError:
                 pass
