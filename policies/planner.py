@@ -1,9 +1,10 @@
 """How many workers a model needs: the autoscaling signal ``radixgate_desired_workers{model}`` (pure).
 
-The gateway (``service/pipeline/planner_task.py``) and the fleet simulation (``loadgen/fleet/scaling.py``)
-call :meth:`Planner.decide` every :attr:`PlannerConfig.interval_s` with what the admission core measured
-(:meth:`EngineModel.from_capacity`) or, in the simulator, the workers' step-time profile; it returns the
-worker count to run and why. No clock, no I/O.
+The gateway (``service/pipeline/planner_task.py``) and the fleet simulation
+(``loadgen/fleet/controllers.py``, driven by ``loadgen/fleet/scaling.py``) call :meth:`Planner.decide`
+every :attr:`PlannerConfig.interval_s` with what the admission core measured, built the same way by both
+(:mod:`policies.planner_inputs`, :meth:`EngineModel.from_capacity`); it returns the worker count to run and
+why. No clock, no I/O.
 
 **Per-worker capacity** (the work one request costs a worker, s). An aggregated SGLang worker runs
 prefill and decode in the same steps (continuous batching); a step over a batch of ``B`` decoding
@@ -32,6 +33,12 @@ requests waiting in the gateway's queues, which must be served within their goal
 
     ``needed = sum_c lambda_c w_c + sum_c Q_c w_c / goal_c``                       (workers, fractional)
 
+where ``Q_c`` is the running median of the class's queue over the forecast's last ``median_samples``
+decisions, like its rates: a queue that a burst shorter than half that window built is drained by
+admission control before any worker asked for now could serve (the fleet experiment's 30 s burst at 3x
+raised the decision of 40 workers to 56 for three minutes when the queue counted at once); one that
+persists is a deficit the arrival rates have not shown.
+
 taken at the larger of now and the forecast (a worker asked for now serves only after its cold start; one
 removed now is gone at once), and ``raw = ceil(needed / target_utilization)``.
 
@@ -44,13 +51,16 @@ removed now is gone at once), and ``raw = ceil(needed / target_utilization)``.
   ``scale_down_margin x target_utilization``: before removing one of ``N`` workers the load is projected
   onto ``N - 1`` (each then carries ``N / (N - 1)`` times its share), as Dynamo's planner does since its
   PR #9294 fixed a 2 <-> 1 flap (removing one of two doubled the survivor's load past the scale-up point);
-  the margin leaves a dead band between the two thresholds;
+  the margin leaves a dead band between the two thresholds, of one worker at most above ``raw``: enough
+  for the 2 <-> 1 boundary, where a relative band held 50 workers for the 40 workers' need of the fleet
+  experiment's peak (40 / 0.81) while one worker (2.5%) is already above the noise of its measured rates;
 - never below ``min_workers`` or above ``max_workers``; without a measured capacity, hold.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -271,6 +281,7 @@ class Planner:
         self._desired = min(cfg.max_workers, max(cfg.min_workers, start))
         self._forecasters: dict[str, RateForecaster] = {}
         self._raw: deque[tuple[float, int]] = deque()  # (time, raw) over the scale-down window
+        self._queues: dict[str, deque[int]] = {}  # per band, its last queue depths (the median's window)
         self.last: PlanDecision | None = None
 
     @property
@@ -301,7 +312,11 @@ class Planner:
         for band, c in inputs.classes.items():
             level, ahead = rates[band]
             w = worker_seconds(engine, c, batch)
-            queue = c.queued * w / c.ttft_goal_s
+            recent = self._queues.get(band)
+            if recent is None:
+                recent = self._queues[band] = deque(maxlen=cfg.forecast.median_samples)
+            recent.append(c.queued)
+            queue = statistics.median(recent) * w / c.ttft_goal_s
             now_need += level * w + queue
             ahead_need += ahead * w + queue
             plans[band] = ClassPlan(level, ahead, w, 1.0 / w if w > 0 else None, level * w + queue)
@@ -317,6 +332,7 @@ class Planner:
         else:
             window_max = max(r for _, r in self._raw)
             projected = math.ceil(now_need / (cfg.target_utilization * cfg.scale_down_margin) - 1e-9)
+            projected = min(projected, raw + 1)  # the dead band: one worker above raw at most
             desired = min(prev, max(raw, window_max, projected))
             reason = "down" if desired < prev else ("hold" if desired == raw else "stabilizing")
         desired = min(cfg.max_workers, max(cfg.min_workers, desired))

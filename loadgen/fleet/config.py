@@ -143,6 +143,14 @@ class FleetConfig:
             (seeded by ``seed``).
         share_windows: each replica takes only its share of a worker's window (the gateway's
             ``replicas.share_windows``, on by default); off, each takes all of it.
+        cold_start_s: from asking for a worker (:meth:`loadgen.fleet.sim.FleetSim.start_worker`) to its
+            first request, s. 300 s, a Llama-3.1-70B TP-8 SGLang worker on H100 scheduled onto a node
+            whose image is cached: its ~140 GB of BF16 weights read from network storage and initialised
+            on 8 GPUs (Anyscale measured 4 min 25 s to download and initialise Llama-2-70B on an 8-GPU
+            node from object storage, "Loading Llama-2 70b 20x faster with Anyscale Endpoints", 2023), then
+            CUDA graph capture and warm-up (54 s of graph capture of vLLM's 5-minute cold start of an 8B
+            model in Tensorfuse's breakdown, "Reducing GPU cold start time when using vLLM", 2025). The
+            gateway's planner plans with the same figure (``planner.cold_start_s``).
     """
 
     profile: str | SimProfile = "llama-3.1-70b-h100-tp8"
@@ -156,6 +164,11 @@ class FleetConfig:
     replicas: int = 1
     balance: Balance = "round_robin"
     share_windows: bool = True
+    cold_start_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cold_start_s < float("inf"):
+            raise ValueError(f"cold_start_s must be finite and >= 0 (got {self.cold_start_s})")
 
     def served_models(self) -> tuple[FleetModel, ...]:
         """The served models: :attr:`models`, or the one ``"default"`` model of this config's workers."""

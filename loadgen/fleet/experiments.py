@@ -16,7 +16,10 @@
 - ``replicas``: the same load (80% and 120% of 4 workers' capacity) through 1, 2, 3 and 4 gateway replicas,
   each with its own admission core and its share of each worker's window: goodput and TTFT per class
   against one replica's (:mod:`.experiments_replicas`);
-- ``all``: all six (25-35 minutes on 2 cores).
+- ``planner``: the gateway's planner scaling Llama-3.1-70B TP-8 workers (each serving a cold start after it
+  is asked for) through a day-shaped trace, against an oracle that knows the trace and the two threshold
+  rules of vLLM's production-stack and llm-d (:mod:`.experiments_planner`);
+- ``all``: all seven.
 
 Every run drives :class:`policies.admission_core.AdmissionCore`, the gateway's own scheduler, configured by
 the gateway's defaults unless a variant says otherwise. The classes' TTFT goals are set to the scenario's
@@ -37,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.fleet import experiments_load, experiments_models, experiments_replicas
+from loadgen.fleet import experiments_load, experiments_models, experiments_planner, experiments_replicas
 from loadgen.fleet.doc import DOC, img_dir, line_plot, table, write_section
 from loadgen.fleet.experiments_common import PROFILE, fleet, parallel, scenario, smallest_fleet
 from loadgen.fleet.provenance import stamp
@@ -163,6 +166,7 @@ def registry() -> dict[str, Experiment]:
         "fairness": experiments_load.exp_fairness,
         "models": experiments_models.exp_models,
         "replicas": experiments_replicas.exp_replicas,
+        "planner": experiments_planner.exp_planner,
     }
 
 

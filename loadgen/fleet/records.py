@@ -88,6 +88,9 @@ class WorkerTally:
         busy_s: virtual seconds it had requests in flight.
         peak_in_flight: the most requests it had at once from every gateway replica together
             (dispatched, not yet finished or aborted), requests.
+        started_s: when it was asked for (0 for the workers a run starts with), s.
+        ready_s: when it could take requests (``started_s`` + the cold start; None if it never did).
+        stopped_s: when it was gone: drained, or cancelled while starting (None while it lives).
     """
 
     requests: int = 0
@@ -97,6 +100,9 @@ class WorkerTally:
     window_sizes: list[int] = field(default_factory=list)
     busy_s: float = 0.0
     peak_in_flight: int = 0
+    started_s: float = 0.0
+    ready_s: float | None = 0.0
+    stopped_s: float | None = None
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from policies.admission_core import AdmissionCore
-from policies.admission_types import AdmissionRequest, CoreConfig, Decision, Dispatch
+from policies.admission_types import AdmissionRequest, CoreConfig, Decision, Dispatch, WorkerSnapshot
 from policies.window_shares import window_share
 from policies.windows import LoadReport
 
@@ -165,6 +165,27 @@ class GatewayReplicas:
     def in_flight(self, url: str) -> int:
         """Requests all replicas have dispatched to ``url`` and not finished."""
         return sum(core.in_flight(url) for core in self.cores)
+
+    def snapshot(self, now: float) -> list[WorkerSnapshot]:
+        """Each worker as the replicas see it together: windows, in-flight and queued requests and
+        measured capacity summed over the replicas (each measures its own share); the TTFT model and
+        prediction scales of the first replica (every replica measures the same engine)."""
+        per_replica = [core.snapshot(now) for core in self.cores]
+        out = []
+        for k, first in enumerate(per_replica[0]):
+            rows = [snaps[k] for snaps in per_replica]
+            capacities = [r.capacity_rps for r in rows if r.capacity_rps is not None]
+            out.append(
+                replace(
+                    first,
+                    eligible=all(r.eligible for r in rows),
+                    window=sum(r.window for r in rows),
+                    in_flight=sum(r.in_flight for r in rows),
+                    queued=sum(r.queued for r in rows),
+                    capacity_rps=sum(capacities) if len(capacities) == len(rows) else None,
+                )
+            )
+        return out
 
     def depth(self, band: str) -> int:
         """Requests of ``band`` waiting on every replica."""

@@ -17,6 +17,13 @@ that are I/O in the gateway: HTTP and Redis are direct calls, the workers are
    ``num_queue_reqs``, ``token_usage`` and ``max_running_requests`` (what the gateway reads from
    ``/metrics`` and ``/server_info``).
 
+A changing worker count (driven by :mod:`loadgen.fleet.scaling`): :meth:`FleetSim.start_worker` asks for a
+worker that joins its model's core after a cold start; :meth:`FleetSim.stop_worker` cancels a starting one,
+or drains a serving one (no new requests, its queued ones placed elsewhere, its running ones finish) and
+removes it once empty; :meth:`FleetSim.call_at` runs a callback at a virtual time (a controller's ticks).
+Each lane counts its demand (:class:`policies.demand.DemandMeter`, as the gateway's scheduler does) and
+keeps each worker's last load report, for the planner.
+
 The event loop is one ``heapq`` of ``(time, seq, kind, payload)``; planned arrivals are merged from a
 sorted list rather than pushed. Equal inputs and seed give equal results. Times are virtual seconds.
 """
@@ -26,7 +33,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from loadgen.fleet.config import FleetConfig, FleetModel, FleetRequest
@@ -38,9 +45,10 @@ from loadgen.sim.engine import SimRequest
 from loadgen.sim.tokens import TOKEN_PATTERN, token_id
 from policies.admission_types import AdmissionRequest, Decision, Dispatch, Shed
 from policies.cost import reserved_tokens
+from policies.demand import DemandMeter
 from policies.windows import LoadReport
 
-_STEP, _EXPIRY, _POLL = 0, 1, 2
+_STEP, _EXPIRY, _POLL, _TIMER = 0, 1, 2, 3
 
 
 class PseudoTokenizer:
@@ -74,17 +82,21 @@ class _Job:
 @dataclass(slots=True)
 class _Lane:
     """One served model: its admission core (the gateway's, one per model; one per replica with
-    ``FleetConfig.replicas``) and its workers' size."""
+    ``FleetConfig.replicas``), its workers' size, its demand (counted as the gateway's scheduler counts
+    it) and each worker's last load report."""
 
     index: int
     model: FleetModel
     core: LaneCore
     max_running: int
+    demand: DemandMeter = field(default_factory=DemandMeter)
+    loads: dict[str, LoadReport] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class _Worker:
-    """One simulated worker: its engine and its tallies (the gateway's view of it is in the core)."""
+    """One simulated worker: its engine and its tallies (the gateway's view of it is in the core); ``state``
+    is ``starting`` (cold start), ``ready``, ``draining`` or ``stopped``."""
 
     index: int
     url: str
@@ -95,6 +107,7 @@ class _Worker:
     scheduled: float | None = None
     busy_since: float | None = None
     jobs: dict[str, _Job] = field(default_factory=dict)
+    state: str = "ready"
 
 
 class FleetSim:
@@ -128,26 +141,20 @@ class FleetSim:
         if unknown:
             raise ValueError(f"requests name models the fleet does not serve: {', '.join(unknown)}")
         self.workers: list[_Worker] = []
+        self._by_url: dict[str, _Worker] = {}
         for lane in self.lanes:
-            profile = lane.model.sim_profile()
-            for j in range(lane.model.workers):
-                i = len(self.workers)
-                url = (
-                    f"sim://worker-{i:03d}"
-                    if not config.models
-                    else f"sim://{lane.model.name}/worker-{j:03d}"
-                )
-                engine = FleetEngine(profile, seed=config.seed * 1000 + i)
-                self.workers.append(_Worker(i, url, engine, WorkerTally(), lane))
+            for _ in range(lane.model.workers):
                 # the gateway reads max_running_requests from /server_info when it first sees a worker
-                lane.core.add_worker(url, lane.max_running)
-        self._by_url = {w.url: w for w in self.workers}
+                lane.core.add_worker(self._new_worker(lane).url, lane.max_running)
         self.core = self.lanes[0].core
         self.buckets = TenantBuckets()
         self._tokenize = PseudoTokenizer()
         self._jobs: dict[str, _Job] = {}
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = itertools.count()
+        self._timers: dict[int, Callable[[float], None]] = {}
+        self._timer_ids = itertools.count()
+        self._next_arrival = 0
         self._expiry_at: float | None = None
         self._now = 0.0
         self._events = 0
@@ -198,6 +205,9 @@ class FleetSim:
                     self._expiry_at = None
                 for lane in self.lanes:
                     self._apply(lane.core.tick(t), t)
+            elif kind == _TIMER:
+                self._next_arrival = nxt
+                self._timers.pop(payload)(t)
             elif not self._idle(nxt):
                 lane = self.lanes[payload]
                 self._poll(lane, t)
@@ -253,6 +263,7 @@ class FleetSim:
             rec.outcome = "too_large" if verdict.never else "quota"
             return rec
         self._jobs[req.rid] = _Job(rec, ids, cost, lane)
+        lane.demand.arrive(band, len(ids), req.max_tokens)
         decisions = lane.core.arrive(
             AdmissionRequest(
                 req.rid, spec.id, band, req.prompt, len(ids), req.max_tokens, now, spec.weight, req.session_id
@@ -333,6 +344,8 @@ class FleetSim:
         if w.in_flight == 0 and w.busy_since is not None:
             w.tally.busy_s += now - w.busy_since
             w.busy_since = None
+        if w.in_flight == 0 and w.state == "draining":
+            self._retire(w, now)
 
     def _release(self, w: _Worker, job: _Job, now: float) -> list[Decision]:
         rec = job.record
@@ -344,6 +357,7 @@ class FleetSim:
         tally.completion_tokens += rec.completion_tokens
         used = rec.prompt_tokens + rec.completion_tokens
         self.buckets.give_back(self.config.tenant(rec.tenant), 0, job.cost - used, now)
+        w.lane.demand.answered(rec.prompt_tokens, rec.cached_tokens)
         return w.lane.core.finish(
             rec.rid, now, ok=True, prompt_tokens=rec.prompt_tokens, cached_tokens=rec.cached_tokens
         )
@@ -352,16 +366,90 @@ class FleetSim:
         decisions: list[Decision] = []
         core = lane.core
         for w in self.workers:
-            if w.lane is not lane:
+            if w.lane is not lane or w.state in ("starting", "stopped"):
                 continue
             stats = w.engine.stats()
             report = LoadReport(
                 stats.num_running_reqs, stats.num_queue_reqs, stats.token_usage, lane.max_running
             )
+            lane.loads[w.url] = report
             decisions += core.load(w.url, report, now)
             window = core.window(w.url)
             w.tally.window_sizes.append(window.size if window is not None else 0)
         self._apply(decisions, now)
+
+    # ----- changing worker count (loadgen.fleet.scaling drives these) ------------------------------------
+    def _new_worker(self, lane: _Lane, state: str = "ready", now: float = 0.0) -> _Worker:
+        """A new worker of ``lane`` (not yet in its core), numbered after every worker so far."""
+        i = len(self.workers)
+        j = sum(w.lane is lane for w in self.workers)
+        url = f"sim://worker-{i:03d}" if not self.config.models else f"sim://{lane.model.name}/worker-{j:03d}"
+        engine = FleetEngine(lane.model.sim_profile(), seed=self.config.seed * 1000 + i)
+        ready = now if state == "ready" else None
+        w = _Worker(i, url, engine, WorkerTally(started_s=now, ready_s=ready), lane, state=state)
+        self.workers.append(w)
+        self._by_url[url] = w
+        return w
+
+    @property
+    def now(self) -> float:
+        """The virtual time of the event being run, s."""
+        return self._now
+
+    @property
+    def finished(self) -> bool:
+        """No planned arrival left and nothing in flight or queued (as of the last timer callback)."""
+        return self._idle(self._next_arrival)
+
+    def call_at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Run ``fn(t)`` at virtual time ``t`` (s) during :meth:`run` (after what is due before it)."""
+        key = next(self._timer_ids)
+        self._timers[key] = fn
+        self._push(t, _TIMER, key)
+
+    def start_worker(self, now: float, cold_start_s: float, lane: int = 0) -> str:
+        """Ask for a worker of lane ``lane`` at ``now``: it joins the lane's core ``cold_start_s`` later
+        (the gateway reads its ``max_running_requests`` then). Returns its URL."""
+        w = self._new_worker(self.lanes[lane], "starting", now)
+        self.call_at(now + cold_start_s, lambda t: self._ready(w, t))
+        return w.url
+
+    def _ready(self, w: _Worker, now: float) -> None:
+        if w.state != "starting":
+            return  # cancelled while starting
+        w.state, w.tally.ready_s = "ready", now
+        lane = w.lane
+        lane.core.add_worker(w.url, lane.max_running)
+        # the gateway's first poll of a new worker: an empty engine, which lets its queue flow there at once
+        report = LoadReport(0, 0, 0.0, lane.max_running)
+        lane.loads[w.url] = report
+        self._apply(lane.core.load(w.url, report, now), now)
+
+    def stop_worker(self, url: str, now: float) -> None:
+        """A starting worker is cancelled at once; a ready one drains: the core sends it nothing new and
+        places its queued requests elsewhere, its running requests finish, then it is removed.
+
+        Raises:
+            KeyError: an unknown URL.
+        """
+        w = self._by_url[url]
+        if w.state == "starting":
+            w.state, w.tally.stopped_s = "stopped", now
+        elif w.state == "ready":
+            w.state = "draining"
+            self._apply(w.lane.core.set_eligible(url, False, now), now)
+            if w.in_flight == 0:
+                self._retire(w, now)
+
+    def _retire(self, w: _Worker, now: float) -> None:
+        """A drained worker leaves its core."""
+        w.state, w.tally.stopped_s = "stopped", now
+        w.lane.loads.pop(w.url, None)
+        self._apply(w.lane.core.remove_worker(w.url, now), now)
+
+    def worker_states(self, lane: int = 0) -> dict[str, str]:
+        """Each worker of lane ``lane`` ever asked for, by URL: its state."""
+        return {w.url: w.state for w in self.workers if w.lane is self.lanes[lane]}
 
 
 def simulate(

@@ -102,8 +102,9 @@ class PlannerSettings(BaseModel):
     prior_capacity_rps: float | None = Field(
         None,
         gt=0,
-        description="A worker's capacity, requests/s at a full window, from a profiling run: used until "
-        "a worker is measured running full (unset: the decision holds until then).",
+        description="A worker's capacity at the classes' TTFT goals, requests/s, from a profiling run: "
+        "the planner plans with it, or with the capacity measured on workers running full where that is "
+        "lower (unset: with the measured one alone; the decision holds until a worker ran full).",
     )
 
     @model_validator(mode="after")

@@ -2,19 +2,22 @@
 
 Every ``planner.interval_s`` for each served model (:class:`service.pipeline.served_models.ModelLane`):
 
-1. **Measure** on this replica (:meth:`PlannerTask.measure`): per class, the arrival rate of every request
-   that reached admission, shed ones included (:class:`service.pipeline.demand.DemandMeter`), its mean
-   prompt and output lengths, and the requests queued now; the cache hit rate of the requests answered;
-   each eligible worker's capacity (:meth:`policies.estimates.WorkerEstimates.capacity`, requests/s at a
-   full window), kept only from moments it ran full (its window at least 90 % used, or requests waiting
-   for it: below saturation Little's law reads a short step and overstates it), scaled from this
-   replica's window share to the engine's whole window; the engines' running batch and KV usage (their
-   load reports); else ``planner.prior_capacity_rps``, a profiled figure.
+1. **Measure** on this replica (:meth:`PlannerTask.measure`, with
+   :class:`policies.planner_inputs.PlannerMeter`, which the fleet simulation's planner uses too): per
+   class, the arrival rate of every request that reached admission, shed ones included
+   (:class:`policies.demand.DemandMeter`), its mean prompt and output lengths, and the requests queued
+   now; the cache hit rate of the requests answered; each eligible worker's capacity
+   (:meth:`policies.estimates.WorkerEstimates.capacity`, requests/s at a full window), kept only from
+   moments it ran full (its window at least 90 % used, or requests waiting for it: below saturation
+   Little's law reads a short step and overstates it), scaled from this replica's window share to the
+   engine's whole window; the engines' running batch and KV usage (their load reports); else
+   ``planner.prior_capacity_rps``, a profiled figure.
 2. **Share** it (:class:`service.workers.replicas.ReplicaRegistry`): the measures ride on the replica's
    heartbeat, and the live replicas' are summed (arrivals, queues, cache tokens) or averaged (capacity,
    batch, KV usage: every replica sees the same engines): each replica decides for the whole gateway
    tier, so one replica's opinion (KEDA's ``max`` over them) is the fleet's.
-3. **Decide** (:meth:`policies.planner.Planner.decide`, hysteresis included) with
+3. **Decide** (:meth:`policies.planner.Planner.decide`, hysteresis included) on the inputs
+   :meth:`policies.planner_inputs.PlannerMeter.inputs` builds, with
    :meth:`policies.planner.EngineModel.from_capacity` and publish the decision
    (:class:`service.observability.planner_metrics.PlannerMetrics`); a change is logged
    (``planner_decision``).
@@ -28,13 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from policies.planner import ClassDemand, EngineModel, PlanDecision, Planner, PlannerInputs
+from policies.planner import PlanDecision, Planner
+from policies.planner_inputs import FULL_FRACTION, PlannerMeter, combine
 from service.config.fleet import PlannerSettings
 from service.observability.planner_metrics import PlannerMetrics
 from service.pipeline.served_models import ModelLane, ServedModels
@@ -43,45 +46,6 @@ from service.workers.replicas import ReplicaRegistry
 from tenancy.errors import StoreUnavailable
 
 log = structlog.get_logger("radixgate.planner")
-
-FULL_FRACTION = 0.9
-"""A worker's capacity counts only while this share of its window runs (or requests wait for it)."""
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
-
-
-def combine(measures: list[dict[str, Any]]) -> dict[str, Any]:
-    """One model's measures of several replicas as one (module docstring, step 2)."""
-    classes: dict[str, list[float]] = {}
-    for m in measures:
-        for band, (rate, prompt, output, queued) in m.get("classes", {}).items():
-            # rate, rate x prompt, rate x output, queued, replicas that report it
-            c = classes.setdefault(band, [0.0, 0.0, 0.0, 0.0, 0.0])
-            c[0] += rate
-            c[1] += rate * prompt if rate > 0 else 0.0
-            c[2] += rate * output if rate > 0 else 0.0
-            c[3] += queued
-            c[4] += 1
-    out: dict[str, list[float]] = {}
-    for band, (rate, prompt, output, queued, n) in classes.items():
-        if rate > 0:
-            out[band] = [rate, prompt / rate, output / rate, queued]
-        else:  # lengths unweighted: no arrivals to weigh them by
-            firsts = [m["classes"][band] for m in measures if band in m.get("classes", {})]
-            out[band] = [0.0, sum(f[1] for f in firsts) / n, sum(f[2] for f in firsts) / n, queued]
-    windows: list[int] = [m["window"] for m in measures if m.get("window")]
-    tokens = [m.get("tokens", [0, 0]) for m in measures]
-    return {
-        "classes": out,
-        "capacity": _mean(m.get("capacity") for m in measures),
-        "window": max(windows) if windows else None,
-        "batch": _mean(m.get("batch") for m in measures),
-        "kv": _mean(m.get("kv") for m in measures),
-        "tokens": [sum(t[0] for t in tokens), sum(t[1] for t in tokens)],
-    }
 
 
 class PlannerTask:
@@ -116,9 +80,7 @@ class PlannerTask:
         for lane in models.lanes:
             eligible = sum(ok for _, ok in pool.eligibility(lane.model.id))
             self._planners[lane.model.id] = Planner(config, initial=eligible)
-        self._full: dict[str, dict[str, float]] = {lane.model.id: {} for lane in models.lanes}
-        self._lengths: dict[str, dict[str, tuple[float, float]]] = {m.model.id: {} for m in models.lanes}
-        self._hit_rate: dict[str, float] = {}
+        self._meters = {lane.model.id: PlannerMeter(settings.prior_capacity_rps) for lane in models.lanes}
         self._last: float | None = None
         self.decisions: dict[str, PlanDecision] = {}  #: the last decision per model id
 
@@ -131,42 +93,16 @@ class PlannerTask:
 
     def _measure_lane(self, lane: ModelLane, elapsed: float) -> dict[str, Any]:
         scheduler, model_id = lane.scheduler, lane.model.id
-        counts = scheduler.demand.take()
-        lengths = self._lengths[model_id]
-        classes: dict[str, list[float]] = {}
-        for band in lane.model.classes:
-            c = counts.bands.get(band)
-            if c is not None and c.requests:
-                lengths[band] = (c.prompt_tokens / c.requests, max(1.0, c.output_tokens / c.requests))
-            prompt, output = lengths.get(band, (0.0, 1.0))
-            rate = c.requests / elapsed if c is not None else 0.0
-            classes[band] = [rate, prompt, output, float(scheduler.depth(band))]
-        full = self._full[model_id]
         eligible = {url for url, ok in self._pool.eligibility(model_id) if ok}
-        for url in [u for u in full if u not in eligible]:
-            del full[url]
-        runs, kvs, windows = [], [], []
-        for snap in scheduler.snapshot():
-            if snap.url not in eligible:
-                continue
-            load = scheduler.loads.get(snap.url)
-            engine_window = load.max_running if load is not None and load.max_running else snap.window
-            windows.append(engine_window)
-            if load is not None:
-                runs.append(float(load.running))
-                kvs.append(load.kv_usage)
-            saturated = snap.in_flight >= FULL_FRACTION * snap.window or snap.queued > 0
-            if snap.capacity_rps and saturated and snap.window > 0:
-                full[snap.url] = snap.capacity_rps * engine_window / snap.window
-        capacity = _mean(full.values()) if full else self._settings.prior_capacity_rps
-        return {
-            "classes": classes,
-            "capacity": capacity,
-            "window": max(windows) if windows else None,
-            "batch": _mean(runs),
-            "kv": _mean(kvs),
-            "tokens": [counts.prompt_tokens, counts.cached_tokens],
-        }
+        return self._meters[model_id].measure(
+            scheduler.demand.take(),
+            elapsed,
+            lane.model.classes,
+            {band: scheduler.depth(band) for band in lane.model.classes},
+            scheduler.snapshot(),
+            scheduler.loads,
+            eligible,
+        )
 
     # -- steps 2 and 3 ------------------------------------------------------------------------------
     async def tick(self) -> dict[str, PlanDecision]:
@@ -191,29 +127,12 @@ class PlannerTask:
 
     def _decide(self, lane: ModelLane, m: dict[str, Any], now: float) -> PlanDecision:
         model_id = lane.model.id
-        prompt, cached = m["tokens"]
-        if prompt > 0:
-            self._hit_rate[model_id] = cached / prompt
         goals = {band: c.ttft_goal_ms / 1e3 for band, c in lane.model.classes.items()}
-        classes = {
-            band: ClassDemand(rate, prompt_len, output_len, round(queued), goals[band])
-            for band, (rate, prompt_len, output_len, queued) in m["classes"].items()
-            if band in goals
-        }
-        engine = None
-        capacity, window = m["capacity"], m["window"]
-        rate = sum(c.arrival_rps for c in classes.values())
-        if capacity and window and classes:
-            if rate > 0:
-                output = sum(c.arrival_rps * c.output_tokens for c in classes.values()) / rate
-            else:
-                output = max(c.output_tokens for c in classes.values())
-            engine = EngineModel.from_capacity(capacity, window, output, self._hit_rate.get(model_id, 0.0))
-            engine = replace(engine, batch=m["batch"], kv_usage=m["kv"])
         workers = sum(ok for _, ok in self._pool.eligibility(model_id))
         planner = self._planners[model_id]
         before = planner.desired
-        decision = planner.decide(PlannerInputs(workers, classes, engine), now)
+        inputs = self._meters[model_id].inputs(m, goals, workers)
+        decision = planner.decide(inputs, now)
         needed = max(decision.needed_now, decision.needed_forecast)
         self._metrics.publish(model_id, decision.desired, needed, decision.reason)
         if decision.desired != before:
@@ -225,8 +144,8 @@ class PlannerTask:
                 reason=decision.reason,
                 needed=round(needed, 3),
                 workers=workers,
-                arrival_rps=round(rate, 3),
-                capacity_rps=capacity,
+                arrival_rps=round(sum(c.arrival_rps for c in inputs.classes.values()), 3),
+                capacity_rps=m["capacity"],
             )
         return decision
 

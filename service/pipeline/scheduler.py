@@ -27,6 +27,7 @@ import structlog
 
 from policies.admission_core import AdmissionCore
 from policies.admission_types import AdmissionRequest, Decision, Dispatch, Expire, Shed, WorkerSnapshot
+from policies.demand import DemandMeter
 from policies.route_types import RouteDecision
 from policies.windows import LoadReport, WorkerWindow
 from service.config.models import ServedModel
@@ -41,7 +42,6 @@ from service.errors import (
 )
 from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
-from service.pipeline.demand import DemandMeter
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 

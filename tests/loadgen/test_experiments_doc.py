@@ -23,7 +23,7 @@ from loadgen.fleet.doc import DOC, REPO
 from loadgen.fleet.experiments import main as experiments_main
 from loadgen.fleet.experiments import registry
 
-SECTIONS = ("workers", "routing", "overload", "fairness", "models", "replicas")
+SECTIONS = ("workers", "routing", "overload", "fairness", "models", "replicas", "planner")
 
 
 def section(text: str, name: str) -> str | None:

@@ -198,3 +198,38 @@ def test_the_decision_reports_each_classes_part() -> None:
     assert d.classes["batch"].capacity_rps == pytest.approx(1.0 / 3.0)
     assert d.needed_now == pytest.approx(5.0) and d.desired == math.ceil(5.0 / 0.9)
     assert d.projected_utilization == pytest.approx(5.0 / 6)
+
+
+@pytest.mark.parametrize(
+    ("queues", "expected"),
+    [
+        ([0, 0, 0, 0, 45], 5),  # a one-interval queue (a burst admission sheds or drains): ignored
+        ([0, 0, 0, 45, 45], 5),  # two of five: still under the median
+        ([0, 0, 45, 45, 45], 10),  # three of five: a persistent queue, 45 within 10 s -> 4.5 more workers
+    ],
+)
+def test_only_a_queue_that_persists_over_half_the_median_window_asks_for_workers(
+    queues: list[int], expected: int
+) -> None:
+    cfg = _config(forecast=ForecastConfig(median_samples=5, level_tau_s=1e-6, trend_tau_s=1e9))
+    planner = Planner(cfg, initial=5)
+    for k, q in enumerate(queues):
+        d = planner.decide(_inputs(4.5, workers=5, queued=q), 10.0 * (k + 1))
+    assert d.desired == expected
+
+
+@pytest.mark.parametrize(
+    ("workers", "rps", "margin", "expected"),
+    [
+        (50, 40.0, 0.9, 46),  # raw 45; the relative band would hold 50 (40 / 0.81): one worker above raw
+        (46, 40.0, 0.9, 46),
+        (46, 39.0, 0.9, 45),  # raw 44 (39 / 0.9 = 43.3): the band keeps 45 (not 49 = ceil(39 / 0.81))
+        (2, 0.85, 0.9, 2),  # the 2 <-> 1 boundary keeps its band
+        (50, 40.0, 1.0, 45),  # no margin: down to raw
+    ],
+)
+def test_the_dead_band_is_one_worker_above_raw_at_most(
+    workers: int, rps: float, margin: float, expected: int
+) -> None:
+    planner = Planner(_config(min_workers=0, scale_down_margin=margin), initial=workers)
+    assert planner.decide(_inputs(rps, workers=workers), 10.0).desired == expected

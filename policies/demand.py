@@ -1,4 +1,6 @@
-"""What one model's admission sees of its demand, for the planner (:mod:`service.pipeline.planner_task`).
+"""What one model's admission sees of its demand, for the planner (pure): counted by the gateway's scheduler
+(:mod:`service.pipeline.scheduler`) and by the fleet simulation (:mod:`loadgen.fleet.sim`), read by
+:mod:`policies.planner_inputs`.
 
 :class:`DemandMeter` counts, per class (band), every request that reached admission -- admitted, queued
 or shed alike: a shed request is demand the workers did not serve -- with its prompt and output lengths,
