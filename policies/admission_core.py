@@ -39,6 +39,7 @@ A worker's window frees -> its queue's head (highest band, smallest WFQ tag) is 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Iterable
 
 from policies.admission_types import (
@@ -112,13 +113,40 @@ class AdmissionCore:
                 url,
                 WorkerWindow(cfg.window, self._ttft_target),
                 PriorityBands(self._band_configs),
-                WorkerEstimates(cfg.estimates),
+                self._seed_estimates(),
                 top_rank=self._classes[self._top].rank,
             )
             w.replica_share = replica_share
             self._workers[url] = w
             if max_running is not None:
                 w.window.on_report(LoadReport(0, 0, 0.0, max_running, replica_share), 0, None)
+
+    def _late_now(self, p: Prediction, cls: ClassPolicy, budget: float) -> bool:
+        """Whether a request predicted ``p`` with ``budget`` s left would be dispatched at once (no
+        predicted wait) and found late there (:meth:`WorkerQueue.late_at_dispatch`: its engine TTFT
+        stretched by ``dispatch_margin``). Admitted as on time, it was expired 0 ms later, while another
+        worker could have served it within its goal: a worker that had just joined, the least loaded,
+        took every cache miss and expired each one while its prefill backlog stood between the goal and
+        the goal over the margin (the planner experiment: 450-1,150 interactive requests a minute)."""
+        return (
+            not cls.serve_late
+            and p.wait_s == 0.0
+            and p.engine_s * (1.0 + self.config.dispatch_margin) > budget
+        )
+
+    def _seed_estimates(self) -> WorkerEstimates:
+        """A joining worker's estimates: a copy of those of the peer measured most (most first tokens),
+        else none. One core serves one model, whose workers run the same engine, so a peer's TTFT model,
+        capacity and calibration are the best first guess, and measurements replace them as fast as
+        they would fill empty ones. Empty, a joining worker's prefill backlog was predicted free: with
+        its whole ``max_running_requests`` window open at once, the cache-aware router's misses all went
+        to it (the least loaded), hundreds of prefills queued in its engine at once and their first
+        tokens came seconds late (the planner experiment: goodput fell to 0.77-0.85 in each minute
+        workers joined)."""
+        measured = [w.est for w in self._workers.values() if w.est.ttft_base.count > 0]
+        if not measured:
+            return WorkerEstimates(self.config.estimates)
+        return copy.deepcopy(max(measured, key=lambda e: e.ttft_base.count))
 
     def remove_worker(self, url: str, now: float) -> list[Decision]:
         """Forget a worker; its queued requests are placed again elsewhere (or shed)."""
@@ -350,7 +378,11 @@ class AdmissionCore:
         prediction = choice.predict(req, uncached, now, self._classes, self._top, cfg.fair_queuing)
         budget = cls.ttft_goal_s - (now - req.arrival)
         long = cfg.estimates.long_prefill_tokens
-        if cfg.slo_admission and prediction.model_ttft_s > budget and cfg.spill:
+        if (
+            cfg.slo_admission
+            and cfg.spill
+            and (prediction.model_ttft_s > budget or self._late_now(prediction, cls, budget))
+        ):
             # weigh a cache miss elsewhere against the wait here: only onto a worker predicted to meet
             # the goal, and never at the price of a long extra prefill (it would delay all that
             # worker's work for its duration and evict other prefixes from its cache). Only where the
@@ -366,7 +398,11 @@ class AdmissionCore:
                 if unc - uncached >= long:
                     continue
                 p = w.predict(req, unc, now, self._classes, self._top, cfg.fair_queuing)
-                if p.ttft_s <= budget and (best is None or p.ttft_s < best[0].ttft_s):
+                if (
+                    p.ttft_s <= budget
+                    and not self._late_now(p, cls, budget)
+                    and (best is None or p.ttft_s < best[0].ttft_s)
+                ):
                     best = (p, w, unc)
             if best is not None:
                 prediction, choice, uncached = best

@@ -92,6 +92,10 @@ class PlannerConfig:
         kv_target: KV cache usage the batch ``B*`` may reach (llm-d: 0.8).
         goal_fraction: share of a class's TTFT goal the two steps and its prefill may take at ``B*``.
         forecast: smoothing of the arrival-rate forecasts.
+        queue_median_samples: decisions in the queue term's running median (None: the forecast's
+            ``median_samples``). A queue lives as long as its requests take to drain, in the requests'
+            own time; a time-lapsed simulation (``loadgen/fleet/planner_runs.py``) keeps it there by
+            spreading the median over as many real seconds as the gateway's would cover.
     """
 
     min_workers: int = 1
@@ -104,8 +108,11 @@ class PlannerConfig:
     kv_target: float = 0.8
     goal_fraction: float = 0.5
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    queue_median_samples: int | None = None
 
     def __post_init__(self) -> None:
+        if self.queue_median_samples is not None and self.queue_median_samples < 1:
+            raise ValueError("queue_median_samples must be >= 1 (or None)")
         if self.min_workers < 0 or self.max_workers < max(1, self.min_workers):
             raise ValueError("0 <= min_workers <= max_workers and max_workers >= 1")
         if self.interval_s <= 0 or self.cold_start_s < 0 or self.scale_down_window_s < 0:
@@ -314,7 +321,8 @@ class Planner:
             w = worker_seconds(engine, c, batch)
             recent = self._queues.get(band)
             if recent is None:
-                recent = self._queues[band] = deque(maxlen=cfg.forecast.median_samples)
+                samples = cfg.queue_median_samples or cfg.forecast.median_samples
+                recent = self._queues[band] = deque(maxlen=samples)
             recent.append(c.queued)
             queue = statistics.median(recent) * w / c.ttft_goal_s
             now_need += level * w + queue

@@ -1,4 +1,4 @@
-"""Experiment 6 of :mod:`loadgen.fleet.experiments` (its command line runs it): the planner over a day.
+"""Experiment 7 of :mod:`loadgen.fleet.experiments` (its command line runs it): the planner over a day.
 
 ``python -m loadgen.fleet.experiments planner [--write-doc]``: the runs and figures are
 :mod:`loadgen.fleet.planner_runs`' (the trace :mod:`loadgen.fleet.planner_trace`'s); this module writes
@@ -18,7 +18,14 @@ import matplotlib.style
 
 from loadgen.fleet.doc import DPI, PNG_METADATA, img_dir, table, write_section
 from loadgen.fleet.experiments_common import PROFILE
-from loadgen.fleet.planner_runs import GPUS_PER_WORKER, POLICIES, Setup, headline, planner_figures
+from loadgen.fleet.planner_runs import (
+    GPUS_PER_WORKER,
+    ORACLE_HEADROOMS,
+    POLICIES,
+    Setup,
+    headline,
+    planner_figures,
+)
 from loadgen.fleet.provenance import stamp
 
 LABELS = {
@@ -69,7 +76,7 @@ def workers_plot(path: Path, figures: dict[str, Any], setup: Setup) -> Path:
 
 
 def write_planner(doc: Path, figures: dict[str, Any], setup: Setup) -> None:
-    """Experiment 6's section of ``doc`` and its plot, from :func:`planner_figures`' results."""
+    """Experiment 7's section of ``doc`` and its plot, from :func:`planner_figures`' results."""
     day, rows, v = setup.day, figures["rows"], figures["verdicts"]
     oracle = rows["oracle"]["gpu_hours"]
     names = [c.name for c in setup.mix]
@@ -135,7 +142,12 @@ def write_planner(doc: Path, figures: dict[str, Any], setup: Setup) -> None:
         for c in setup.mix
     )
     pc = setup.planner
-    body = f"""## 6. The planner over a day (`python -m loadgen.fleet.experiments planner`)
+    oracles = "; ".join(
+        f"headroom {o['headroom']:.0%}: {o['gpu_hours']:.0f} GPU-hours, goodput outside the burst "
+        + ", ".join(f"{n} {_pct(o['goodput_outside'][n])}" for n in names)
+        for o in figures["oracles"]
+    )
+    body = f"""## 7. The planner over a day (`python -m loadgen.fleet.experiments planner`)
 
 The gateway's planner (`policies/planner.py`, fed by `policies/planner_inputs.py` exactly as the gateway's
 planner task feeds it: the demand counted at admission, the queues, the engines' load reports, capacity)
@@ -162,8 +174,12 @@ periods); requests live a few seconds, far below every scaled period. Times here
 {pc.target_utilization:g}; down only to the highest need of the last {pc.scale_down_window_s:.0f} s and
 only while the load projected onto N-1 workers stays under {pc.scale_down_margin:g} x the target), with the
 profiling run's capacity as `planner.prior_capacity_rps`. *Oracle*: per minute, the fewest workers that
-serve that minute's peak rate (burst left out) at the measured capacity per worker, asked for one cold
-start ahead (`OracleController`); its own run shows its goodput. *Waiting > 5* (vLLM production-stack's
+serve that minute's peak rate (burst left out) at the measured capacity per worker times (1 + headroom),
+asked for one cold start ahead (`OracleController`), with the smallest headroom of {
+        ", ".join(f"{h:.0%}" for h in ORACLE_HEADROOMS)
+    } whose run meets both goodput goals: the fewest workers that meet the goal ({
+        oracles
+    }). *Waiting > 5* (vLLM production-stack's
 KEDA trigger on `num_requests_waiting`, here the requests waiting for a worker in the gateway plus in its
 engine): the HPA that KEDA creates, `ceil(total waiting / 5)` every 15 s, up by at most max(+100%, +4) per
 sync, down to the highest recommendation of the last 300 s and by one worker per minute at most (the
@@ -193,7 +209,7 @@ within the steady stretches (the three plateaus, burst included:
 
 
 def exp_planner(doc: Path | None = None) -> dict[str, Any]:
-    """Experiment 6: its headline; its section and plot go into ``doc`` (and ``img/`` beside it) only when
+    """Experiment 7: its headline; its section and plot go into ``doc`` (and ``img/`` beside it) only when
     ``doc`` is given."""
     figures = planner_figures()
     if doc is not None:

@@ -1,4 +1,4 @@
-"""The runs of experiment 6 (:mod:`loadgen.fleet.experiments_planner`): the planner over a day.
+"""The runs of experiment 7 (:mod:`loadgen.fleet.experiments_planner`): the planner over a day.
 
 The gateway's planner (:class:`policies.planner.Planner`,
 fed as the gateway feeds it) scales a fleet of Llama-3.1-70B TP-8 workers through a day-shaped trace
@@ -49,6 +49,14 @@ GPUS_PER_WORKER = 8
 POLICIES = ("planner", "oracle", "queue rule", "saturation rule")
 """The controllers compared, in the table's order."""
 
+ORACLE_HEADROOMS = (0.0, 0.05, 0.1)
+"""The oracle's headrooms over the unit capacity (:attr:`Setup.oracle_headroom`), tried in order: the
+issue's oracle is the fewest workers per minute *that meet the goal*. At exactly the unit (the highest rate
+per worker at which 4 workers met both goals over a minute at a constant rate) a day's oracle misses them:
+the unit sits on the goal's edge, and 4 workers' minute at it passing says little of 40 workers' 10 minutes
+(its standard goodput was 94.2% over the day). The experiment runs each and keeps the first that meets
+both goodput goals (the last when none does)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Setup:
@@ -66,6 +74,9 @@ class Setup:
             smallest tree and takes every miss until its tree has caught up with the others', so that with
             prompts that share no prefix, each scale-up sends all new traffic to the new workers while the
             others idle (the section shows the oracle's goodput both ways).
+        oracle_headroom: the oracle's workers per minute are ``ceil(peak x (1 + oracle_headroom))``
+            workers' worth (:data:`ORACLE_HEADROOMS`: the experiment keeps the cheapest that meets the
+            goals).
     """
 
     day: DayShape = field(default_factory=DayShape)
@@ -75,6 +86,7 @@ class Setup:
     mix: tuple[ClassMix, ...] = MIX
     seed: int = 1
     miss_policy: Literal["smallest_tree", "least_load"] = "least_load"
+    oracle_headroom: float = 0.0
 
     @property
     def speed(self) -> float:
@@ -91,7 +103,7 @@ class Setup:
         counts = []
         for m in range(math.ceil(day.day_s / 60.0)):
             peak = max(day.base(m * 60.0 + k) for k in range(0, 61, 5))
-            counts.append(max(1, math.ceil(peak * day.scale - 1e-9)))
+            counts.append(max(1, math.ceil(peak * day.scale * (1.0 + self.oracle_headroom) - 1e-9)))
         return counts
 
     def fleet(self, workers: int, tenants: dict[str, TenantSpec]) -> FleetConfig:
@@ -104,10 +116,16 @@ class Setup:
 
 def lapsed_planner(config: PlannerConfig, speed: float, cold_start_s: float) -> PlannerConfig:
     """The planner's settings with every period divided by ``speed`` (the forecast's samples and damping
-    per step stay: the number of steps per period is the same)."""
+    per step stay: the number of steps per period is the same), except the queue term's median: a queue
+    drains in the requests' time, which the time-lapse keeps, so its median spans ``speed`` times as many
+    decisions, the same real seconds as the gateway's (lapsed too, the queue of the 30 s burst, which took some 20 s
+    of the requests' time to drain, outlasted the median's 90 day-seconds and asked for 17 workers that
+    came 5 minutes after it)."""
     f = config.forecast
+    queue = config.queue_median_samples or f.median_samples
     return replace(
         config,
+        queue_median_samples=max(1, round(queue * speed)),
         interval_s=config.interval_s / speed,
         cold_start_s=cold_start_s / speed,
         scale_down_window_s=config.scale_down_window_s / speed,
@@ -200,7 +218,7 @@ def run_policy(name: str, setup: Setup) -> dict[str, Any]:
             return {"reasons": reasons}
 
     run = run_scaled(setup.fleet(initial, tenants), requests, ctl, extra=extra)
-    return policy_figures(run, setup, decision_series(ctl))
+    return policy_figures(run, setup, decision_series(ctl)) | {"headroom": setup.oracle_headroom}
 
 
 def meets_goals(records: Sequence[RequestRecord], mix: Sequence[ClassMix], warmup_s: float) -> bool:
@@ -272,9 +290,20 @@ def planner_figures(setup: Setup | None = None, capacity_workers: int = 4) -> di
     """The experiment: the unit (measured unless ``setup`` gives one), every policy's run, the verdicts."""
     if setup is None:
         setup = Setup(unit_rps=goal_capacity(capacity_workers))
-    runs = parallel(run_policy, [(name, setup) for name in POLICIES])
-    rows = {r["name"]: r for r in runs}
+    jobs = [(name, setup) for name in POLICIES if name != "oracle"]
+    jobs += [("oracle", replace(setup, oracle_headroom=h)) for h in ORACLE_HEADROOMS]
+    runs = parallel(run_policy, jobs)
+    rows = {r["name"]: r for r in runs if r["name"] != "oracle"}
+    oracles = [r for r in runs if r["name"] == "oracle"]
+    meeting = [
+        r for r in oracles if all((r["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in setup.mix)
+    ]
+    rows["oracle"] = meeting[0] if meeting else oracles[-1]
     return {
+        "oracles": [
+            {"headroom": r["headroom"], "gpu_hours": r["gpu_hours"], "goodput_outside": r["goodput_outside"]}
+            for r in oracles
+        ],
         "experiment": "planner",
         "unit_rps": setup.unit_rps,
         "speed": setup.speed,
@@ -306,6 +335,7 @@ def headline(figures: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "GPUS_PER_WORKER",
+    "ORACLE_HEADROOMS",
     "POLICIES",
     "Setup",
     "controller",

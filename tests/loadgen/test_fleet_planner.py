@@ -10,8 +10,10 @@ import pytest
 from loadgen.fleet.config import FleetConfig, FleetRequest
 from loadgen.fleet.controllers import OracleController, QueueRule, SaturationRule
 from loadgen.fleet.experiments_common import PROFILE
+from loadgen.fleet.planner_runs import Setup, lapsed_planner
 from loadgen.fleet.scaling import LaneView, direction_changes, run_scaled
 from loadgen.fleet.sim import FleetSim
+from service.config.fleet import PlannerSettings
 
 WORDS = [
     "the",
@@ -228,3 +230,17 @@ def test_scaled_runs_are_deterministic() -> None:
         (r.rid, r.worker, r.first_token_s) for r in b.result.records
     ]
     assert replace(a.timeline[0]) == b.timeline[0]
+
+
+@pytest.mark.parametrize(("headroom", "first", "peak"), [(0.0, 6, 40), (0.05, 7, 42), (0.1, 7, 44)])
+def test_the_oracle_s_headroom_scales_its_workers_per_minute(headroom: float, first: int, peak: int) -> None:
+    counts = Setup(oracle_headroom=headroom).oracle_counts()  # the day: 0.3x -> 2x of 20 workers
+    assert (counts[0], max(counts)) == (first, peak)
+
+
+def test_the_lapsed_planner_keeps_its_queue_median_in_the_requests_time() -> None:
+    base = PlannerSettings().config()
+    lapsed = lapsed_planner(base, speed=10.0, cold_start_s=300.0)
+    assert (lapsed.interval_s, lapsed.cold_start_s, lapsed.scale_down_window_s) == (1.0, 30.0, 12.0)
+    assert lapsed.forecast.median_samples == base.forecast.median_samples  # rates: the day's samples
+    assert lapsed.queue_median_samples == 10 * base.forecast.median_samples  # queues: the same real s

@@ -176,6 +176,7 @@ def test_the_forecast_asks_for_workers_a_cold_start_ahead_of_a_ramp() -> None:
         {"target_utilization": 0.0},
         {"scale_down_margin": 1.5},
         {"kv_target": 0.0},
+        {"queue_median_samples": 0},
     ],
 )
 def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
@@ -213,6 +214,25 @@ def test_only_a_queue_that_persists_over_half_the_median_window_asks_for_workers
 ) -> None:
     cfg = _config(forecast=ForecastConfig(median_samples=5, level_tau_s=1e-6, trend_tau_s=1e9))
     planner = Planner(cfg, initial=5)
+    for k, q in enumerate(queues):
+        d = planner.decide(_inputs(4.5, workers=5, queued=q), 10.0 * (k + 1))
+    assert d.desired == expected
+
+
+@pytest.mark.parametrize(
+    ("queue_samples", "queues", "expected"),
+    [
+        (None, [0, 0, 45, 45, 45], 10),  # the forecast's 5 samples: three of five persist
+        (9, [0, 0, 0, 0, 0, 45, 45, 45, 45], 5),  # its own 9 (the rates' 5): four of nine do not
+        (9, [0, 0, 0, 0, 45, 45, 45, 45, 45], 10),  # five of nine do
+        (1, [0, 0, 0, 0, 45], 10),  # one sample: every queue counts at once
+    ],
+)
+def test_the_queue_term_has_its_own_median_when_set(
+    queue_samples: int | None, queues: list[int], expected: int
+) -> None:
+    forecast = ForecastConfig(median_samples=5, level_tau_s=1e-6, trend_tau_s=1e9)
+    planner = Planner(_config(forecast=forecast, queue_median_samples=queue_samples), initial=5)
     for k, q in enumerate(queues):
         d = planner.decide(_inputs(4.5, workers=5, queued=q), 10.0 * (k + 1))
     assert d.desired == expected
