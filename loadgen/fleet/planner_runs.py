@@ -118,9 +118,9 @@ def lapsed_planner(config: PlannerConfig, speed: float, cold_start_s: float) -> 
     """The planner's settings with every period divided by ``speed`` (the forecast's samples and damping
     per step stay: the number of steps per period is the same), except the queue term's median: a queue
     drains in the requests' time, which the time-lapse keeps, so its median spans ``speed`` times as many
-    decisions, the same real seconds as the gateway's (lapsed too, the queue of the 30 s burst, which took some 20 s
-    of the requests' time to drain, outlasted the median's 90 day-seconds and asked for 17 workers that
-    came 5 minutes after it)."""
+    decisions, the same real seconds as the gateway's (lapsed too, the queue of the 30 s burst, which took
+    some 20 s of the requests' time to drain, outlasted the median's 90 day-seconds and asked for 17
+    workers that came 5 minutes after it)."""
     f = config.forecast
     queue = config.queue_median_samples or f.median_samples
     return replace(

@@ -91,13 +91,16 @@ class PlannerSettings(BaseModel):
         0.5, gt=0, le=1, description="Share of a class's TTFT goal the planned batch's steps may take."
     )
     forecast_median_samples: int = Field(
-        7,
+        9,
         ge=1,
         le=1000,
         description="Arrival-rate samples in the forecast's running median (bursts "
         "shorter than half of them x interval_s are ignored).",
     )
     forecast_level_tau_s: float = Field(20.0, gt=0, description="Time constant of the forecast's level, s.")
+    forecast_damping: float = Field(
+        0.995, gt=0, le=1, description="Share of the forecast's trend kept per interval ahead (1: undamped)."
+    )
     forecast_trend_tau_s: float = Field(60.0, gt=0, description="Time constant of the forecast's trend, s.")
     prior_capacity_rps: float | None = Field(
         None,
@@ -132,6 +135,7 @@ class PlannerSettings(BaseModel):
             goal_fraction=self.goal_fraction,
             forecast=ForecastConfig(
                 median_samples=self.forecast_median_samples,
+                damping=self.forecast_damping,
                 level_tau_s=self.forecast_level_tau_s,
                 trend_tau_s=self.forecast_trend_tau_s,
             ),

@@ -32,8 +32,8 @@ def test_a_steady_rate_forecasts_itself(rate: float) -> None:
 @pytest.mark.parametrize(
     ("burst_samples", "moves"),
     [
-        (3, False),  # 30 s at a 10 s interval: under half of the 7-sample median
-        (4, True),  # 40 s: a majority of the window, the median follows
+        (4, False),  # a 30 s burst over 4 intervals (straddling their edges): under half of 9 samples
+        (5, True),  # 50 s: a majority of the window, the median follows
     ],
 )
 def test_a_burst_shorter_than_half_the_median_window_is_ignored(burst_samples: int, moves: bool) -> None:
