@@ -121,19 +121,6 @@ class AdmissionCore:
             if max_running is not None:
                 w.window.on_report(LoadReport(0, 0, 0.0, max_running, replica_share), 0, None)
 
-    def _late_now(self, p: Prediction, cls: ClassPolicy, budget: float) -> bool:
-        """Whether a request predicted ``p`` with ``budget`` s left would be dispatched at once (no
-        predicted wait) and found late there (:meth:`WorkerQueue.late_at_dispatch`: its engine TTFT
-        stretched by ``dispatch_margin``). Admitted as on time, it was expired 0 ms later, while another
-        worker could have served it within its goal: a worker that had just joined, the least loaded,
-        took every cache miss and expired each one while its prefill backlog stood between the goal and
-        the goal over the margin (the planner experiment: 450-1,150 interactive requests a minute)."""
-        return (
-            not cls.serve_late
-            and p.wait_s == 0.0
-            and p.engine_s * (1.0 + self.config.dispatch_margin) > budget
-        )
-
     def _seed_estimates(self) -> WorkerEstimates:
         """A joining worker's estimates: a copy of those of the peer measured most (most first tokens),
         else none. One core serves one model, whose workers run the same engine, so a peer's TTFT model,
@@ -378,11 +365,7 @@ class AdmissionCore:
         prediction = choice.predict(req, uncached, now, self._classes, self._top, cfg.fair_queuing)
         budget = cls.ttft_goal_s - (now - req.arrival)
         long = cfg.estimates.long_prefill_tokens
-        if (
-            cfg.slo_admission
-            and cfg.spill
-            and (prediction.model_ttft_s > budget or self._late_now(prediction, cls, budget))
-        ):
+        if cfg.slo_admission and prediction.model_ttft_s > budget and cfg.spill:
             # weigh a cache miss elsewhere against the wait here: only onto a worker predicted to meet
             # the goal, and never at the price of a long extra prefill (it would delay all that
             # worker's work for its duration and evict other prefixes from its cache). Only where the
@@ -398,11 +381,7 @@ class AdmissionCore:
                 if unc - uncached >= long:
                     continue
                 p = w.predict(req, unc, now, self._classes, self._top, cfg.fair_queuing)
-                if (
-                    p.ttft_s <= budget
-                    and not self._late_now(p, cls, budget)
-                    and (best is None or p.ttft_s < best[0].ttft_s)
-                ):
+                if p.ttft_s <= budget and (best is None or p.ttft_s < best[0].ttft_s):
                     best = (p, w, unc)
             if best is not None:
                 prediction, choice, uncached = best
@@ -471,11 +450,17 @@ class AdmissionCore:
             if not w.band_fits(e.req, e.cls, self._top) or self._guarded(w, e, now):
                 break
             bands.pop()
+            placed_now = head.enqueued_at == now
             e.item = None  # see _unqueue
             self._depth[e.req.band] -= 1
             self._queued -= 1
-            if e.deadline < now or w.late_at_dispatch(e, now, self.config):
-                # never spend capacity on an answer that is already late (unless late is useful)
+            if e.deadline < now or (not placed_now and w.late_at_dispatch(e, now, self.config)):
+                # never spend capacity on an answer that is already late (unless late is useful); one
+                # placed this instant was judged on time by admission, on the same prediction: stretched
+                # by the margin here, it was expired 0 ms later (a worker that had just joined, the
+                # least loaded, took every cache miss and expired each one while its prefill backlog
+                # stood between the goal and the goal over the margin: 450-1,150 interactive requests a
+                # minute in the planner experiment)
                 self._entries.pop(e.req.rid, None)
                 out.append(Expire(e.req.rid, e.req.band, now - e.req.arrival, predicted_ttft_s=e.predicted))
                 continue
