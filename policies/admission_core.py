@@ -125,11 +125,9 @@ class AdmissionCore:
         """A joining worker's estimates: a copy of those of the peer measured most (most first tokens),
         else none. One core serves one model, whose workers run the same engine, so a peer's TTFT model,
         capacity and calibration are the best first guess, and measurements replace them as fast as
-        they would fill empty ones. Empty, a joining worker's prefill backlog was predicted free: with
-        its whole ``max_running_requests`` window open at once, the cache-aware router's misses all went
-        to it (the least loaded), hundreds of prefills queued in its engine at once and their first
-        tokens came seconds late (the planner experiment: goodput fell to 0.77-0.85 in each minute
-        workers joined)."""
+        they would fill empty ones. Empty, a joining worker's prefill backlog is predicted free, so
+        nothing bounds what the router sends it (it is the least loaded) while its whole
+        ``max_running_requests`` window is open."""
         measured = [w.est for w in self._workers.values() if w.est.ttft_base.count > 0]
         if not measured:
             return WorkerEstimates(self.config.estimates)

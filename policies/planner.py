@@ -33,10 +33,11 @@ requests waiting in the gateway's queues, which must be served within their goal
 
     ``needed = sum_c lambda_c w_c + sum_c Q_c w_c / goal_c``                       (workers, fractional)
 
-where ``Q_c`` is the running median of the class's queue over the forecast's last ``median_samples``
-decisions, like its rates: a queue that a burst shorter than half that window built is drained by
-admission control before any worker asked for now could serve (the fleet experiment's 30 s burst at 3x
-raised the decision of 40 workers to 56 for three minutes when the queue counted at once); one that
+where ``Q_c`` is the running median of the class's queue over its last ``queue_median_samples``
+decisions (the forecast's ``median_samples`` unless set), like its rates: a queue that a burst shorter
+than half that window built is drained by admission control before any worker asked for now could
+serve (the fleet experiment's 30 s burst at 3x raised the decision of 40 workers to 56 for three minutes
+when the queue counted at once); one that
 persists is a deficit the arrival rates have not shown.
 
 taken at the larger of now and the forecast (a worker asked for now serves only after its cold start; one
