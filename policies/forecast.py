@@ -18,6 +18,23 @@ interval (arrivals in the interval / its length, requests/s) and forecasts with:
    with ``a = 1 - exp(-dt / level_tau_s)`` and ``b = 1 - exp(-dt / trend_tau_s)`` (the smoothing weights of
    time constants, so the interval can change without retuning); the forecast ``h`` seconds ahead is
    ``L + T x sum_{k=1..n} phi^k x dt`` with ``n = h / dt`` steps (``phi`` per step), never below 0.
+
+The median is Hampel's (Hampel, *The influence curve and its role in robust estimation*, JASA 69(346),
+1974; the Hampel identifier, Pearson, *Outliers in process modeling and identification*, IEEE Trans.
+Control Systems Technology 10(1), 2002): samples further than ``outlier_mads`` scaled median absolute
+deviations (``1.4826 MAD``, the normal's standard deviation) from the window's median are left out before
+the median is taken. A plain running median ignores a short burst's samples, but they still displace
+the window's order statistics: 4 burst samples of 9 lift the median to the highest of the other 5, by
+about a standard deviation of the rate's noise, and the trend extrapolated the lift over the cold start
+(after the planner experiment's burst at 1.5x the plateau, it asked for up to 8 more workers); left out,
+they move nothing. The threshold is 2, not the usual 3: with 4 of 9 samples out, the median sits at the
+edge of the other 5, which inflates the MAD to about their range. Over 200 windows of a rate with 3%
+noise and 4 samples at 1.5x (``tests/policies/test_planner_forecast.py``), the plain median rose by 3.4%
+on average; at 3 the burst's samples were kept in 27 windows and the median rose by 0.7%; at 2 they were
+kept in 3 and it did not rise (the normal samples left out with them lie on both sides of it). A steady
+ramp loses no sample (within 9 samples its spread is 4 steps, its MAD 2). A sustained change is the
+window's majority after half the window, as before: its samples are then the median's and the old ones
+the outliers.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -40,16 +58,22 @@ class ForecastConfig:
         damping: ``phi``, the trend kept per step ahead (1 = Holt's undamped trend). 0.995: over a 310 s
             horizon of 10 s steps the forecast takes 93% of the trend (0.98 took 74%: the planner
             experiment's fleet lagged the ramp more; undamped, it overshoots the ramp's top the most).
+        outlier_mads: the Hampel identifier's threshold, scaled MADs (2, module docstring; 0: every
+            sample counts, a plain running median). On the planner experiment's day: 2 direction changes
+            at steady load against 3 with the plain median, the same GPU-hours and goodput.
     """
 
     median_samples: int = 9
     level_tau_s: float = 20.0
     trend_tau_s: float = 60.0
     damping: float = 0.995
+    outlier_mads: float = 2.0
 
     def __post_init__(self) -> None:
         if self.median_samples < 1 or self.level_tau_s <= 0 or self.trend_tau_s <= 0:
             raise ValueError("median_samples >= 1 and positive time constants")
+        if self.outlier_mads < 0:
+            raise ValueError("outlier_mads must be >= 0")
         if not 0 < self.damping <= 1:
             raise ValueError("damping must be in (0, 1]")
 
@@ -79,14 +103,15 @@ class RateForecaster:
 
     @property
     def median(self) -> float | None:
-        """The running median of the recent samples, requests/s (None before the first)."""
-        return statistics.median(self._recent) if self._recent else None
+        """The running median of the recent samples without their outliers, requests/s (None before the
+        first)."""
+        return hampel_median(self._recent, self._config.outlier_mads) if self._recent else None
 
     def add(self, rate: float, now: float) -> None:
         """Fold in the rate measured over the interval that ended at ``now`` (s), requests/s."""
         cfg = self._config
         self._recent.append(max(0.0, rate))
-        m = statistics.median(self._recent)
+        m = hampel_median(self._recent, cfg.outlier_mads)
         if self._level is None or self._at is None or now <= self._at:
             if self._level is None:
                 self._level = m
@@ -111,3 +136,18 @@ class RateForecaster:
         steps = horizon_s / self._step
         ahead = steps if phi == 1.0 else phi * (1.0 - phi**steps) / (1.0 - phi)
         return max(0.0, self._level + self._trend * ahead * self._step)
+
+
+def hampel_median(samples: Sequence[float], outlier_mads: float) -> float:
+    """The median of ``samples`` (non-empty) without those further than ``outlier_mads`` scaled median
+    absolute deviations (``1.4826 MAD``) from their median (the Hampel identifier; module docstring).
+    ``outlier_mads`` 0: the plain median.
+
+    Raises:
+        statistics.StatisticsError: ``samples`` is empty.
+    """
+    m = statistics.median(samples)
+    if outlier_mads == 0.0:
+        return m
+    limit = outlier_mads * 1.4826 * statistics.median(abs(x - m) for x in samples)
+    return statistics.median(x for x in samples if abs(x - m) <= limit)

@@ -24,6 +24,7 @@ from loadgen.fleet.planner_runs import (
     POLICIES,
     Setup,
     headline,
+    meets_goodput,
     planner_figures,
 )
 from loadgen.fleet.provenance import stamp
@@ -123,7 +124,7 @@ def write_planner(doc: Path, figures: dict[str, Any], setup: Setup) -> None:
             "same goodput, more GPU-hours"
             if r["same_goodput"]
             else "the rule misses the goodput goals"
-            if not all((rows[name]["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in setup.mix)
+            if not meets_goodput(rows[name], setup.mix)
             else "the rule's goodput is higher"
         )
         goals.append(

@@ -254,12 +254,15 @@ def goal_capacity(
     return lo
 
 
+def meets_goodput(row: dict[str, Any], mix: Sequence[ClassMix]) -> bool:
+    """Whether a run's figures (:func:`policy_figures`) have every class's goodput outside the burst at or
+    above its goal."""
+    return all((row["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in mix)
+
+
 def verdicts(rows: dict[str, dict[str, Any]], mix: Sequence[ClassMix]) -> dict[str, Any]:
     """The goals, each with its figure and whether the planner meets it."""
     p, o = rows["planner"], rows["oracle"]
-
-    def meets(row: dict[str, Any]) -> bool:
-        return all((row["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in mix)
 
     ratio = p["gpu_hours"] / o["gpu_hours"]
     rules = {}
@@ -274,15 +277,16 @@ def verdicts(rows: dict[str, dict[str, Any]], mix: Sequence[ClassMix]) -> dict[s
         rules[name] = {
             "same_goodput": same,
             "gpu_hours": r["gpu_hours"],
-            "beaten": meets(p) and (p["gpu_hours"] < r["gpu_hours"] or (not same and not meets(r))),
+            "beaten": meets_goodput(p, mix)
+            and (p["gpu_hours"] < r["gpu_hours"] or (not same and not meets_goodput(r, mix))),
         }
     return {
-        "goodput": meets(p),
+        "goodput": meets_goodput(p, mix),
         "ratio": ratio,
         "ratio_ok": ratio <= 1.15,
         "changes_ok": p["changes_per_10min"] <= 1.0,
         "rules": rules,
-        "oracle_meets": meets(o),
+        "oracle_meets": meets_goodput(o, mix),
     }
 
 
@@ -295,9 +299,7 @@ def planner_figures(setup: Setup | None = None, capacity_workers: int = 4) -> di
     runs = parallel(run_policy, jobs)
     rows = {r["name"]: r for r in runs if r["name"] != "oracle"}
     oracles = [r for r in runs if r["name"] == "oracle"]
-    meeting = [
-        r for r in oracles if all((r["goodput_outside"][c.name] or 0.0) >= c.goodput_goal for c in setup.mix)
-    ]
+    meeting = [r for r in oracles if meets_goodput(r, setup.mix)]
     rows["oracle"] = meeting[0] if meeting else oracles[-1]
     return {
         "oracles": [
@@ -343,6 +345,7 @@ __all__ = [
     "goodput",
     "headline",
     "lapsed_planner",
+    "meets_goodput",
     "planner_figures",
     "policy_figures",
     "run_policy",

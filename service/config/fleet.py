@@ -97,6 +97,13 @@ class PlannerSettings(BaseModel):
         description="Arrival-rate samples in the forecast's running median (bursts "
         "shorter than half of them x interval_s are ignored).",
     )
+    forecast_outlier_mads: float = Field(
+        2.0,
+        ge=0,
+        le=100,
+        description="Rate samples further than this many scaled median absolute deviations from the "
+        "median's window are left out of it (the Hampel identifier; 0: a plain running median).",
+    )
     forecast_level_tau_s: float = Field(20.0, gt=0, description="Time constant of the forecast's level, s.")
     forecast_damping: float = Field(
         0.995, gt=0, le=1, description="Share of the forecast's trend kept per interval ahead (1: undamped)."
@@ -135,6 +142,7 @@ class PlannerSettings(BaseModel):
             goal_fraction=self.goal_fraction,
             forecast=ForecastConfig(
                 median_samples=self.forecast_median_samples,
+                outlier_mads=self.forecast_outlier_mads,
                 damping=self.forecast_damping,
                 level_tau_s=self.forecast_level_tau_s,
                 trend_tau_s=self.forecast_trend_tau_s,

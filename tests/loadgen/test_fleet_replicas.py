@@ -177,7 +177,7 @@ def test_replicas_serve_as_one_does_within_five_percent() -> None:
     P99 TTFT at 120% rose 8% with 2 replicas."""
     cap = capacity(workers=2, lo=20.0, hi=200.0, steps=5, duration_s=30.0)
     head, runs = replicas_figures(
-        workers=2, duration_s=30, cap=cap, replicas=(1, 2, 3), contrasts=False, beyond=()
+        workers=2, duration_s=30, cap=cap, replicas=(1, 2, 3), contrasts=False, beyond=(), seeds=(1,)
     )
     assert [r["variant"] for r in runs] == [Variant(n) for n in (1, 2, 3)] * 2
     assert head["misses"] == [] and head["within_goal"]

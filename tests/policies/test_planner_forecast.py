@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
 
-from policies.forecast import ForecastConfig, RateForecaster
+from policies.forecast import ForecastConfig, RateForecaster, hampel_median
 
 
 def _feed(fc: RateForecaster, rates: list[float], dt: float = 10.0) -> float:
@@ -58,6 +61,39 @@ def test_a_ramp_is_forecast_ahead_and_the_damped_trend_stays_below_the_linear_on
     assert lin == pytest.approx(linear.level + linear.trend * 300.0)  # type: ignore[operator]
 
 
+@pytest.mark.parametrize(
+    ("samples", "mads", "median"),
+    [
+        ([10.0, 11.0, 9.0, 10.0, 12.0, 30.0, 31.0, 29.0, 10.0], 3.0, 10.0),  # the burst's three left out
+        ([10.0, 11.0, 9.0, 10.0, 12.0, 30.0, 31.0, 29.0, 10.0], 0.0, 11.0),  # plain: lifted a rank
+        ([10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 26.0], 3.0, 18.0),  # a ramp: nothing is an outlier
+        ([10.0] * 5 + [30.0] * 4, 3.0, 10.0),  # MAD 0: only the median's value counts
+        ([10.0] * 4 + [30.0] * 5, 3.0, 30.0),  # a majority: the new level, the old one left out
+        ([7.0], 3.0, 7.0),
+    ],
+)
+def test_the_hampel_median_leaves_out_outliers(samples: list[float], mads: float, median: float) -> None:
+    assert hampel_median(samples, mads) == median
+
+
+def _noisy(level: float, n: int, rng: random.Random) -> list[float]:
+    """``n`` rates measured over 10 s intervals of a Poisson stream at ``level`` requests/s (the count's
+    sampling noise, normal approximation)."""
+    return [max(0.0, rng.gauss(level * 10.0, (level * 10.0) ** 0.5) / 10.0) for _ in range(n)]
+
+
+def test_a_burst_does_not_lift_the_median_that_its_samples_displace() -> None:
+    rng = random.Random(7)
+    lifts: dict[float, list[float]] = {0.0: [], 2.0: []}
+    for _ in range(200):
+        base = _noisy(100.0, 9, rng)
+        burst = base[:5] + [150.0] * 4  # 4 of 9 samples at 1.5x, as the experiment's 30 s burst
+        for mads, lift in lifts.items():
+            lift.append(hampel_median(burst, mads) - hampel_median(base, mads))
+    assert statistics.mean(lifts[0.0]) > 1.5  # the plain median rises by about a standard deviation
+    assert abs(statistics.mean(lifts[2.0])) < 0.5
+
+
 def test_a_falling_rate_is_never_forecast_below_zero() -> None:
     fc = RateForecaster(ForecastConfig(damping=1.0))
     _feed(fc, [max(0.0, 50.0 - 2.0 * k) for k in range(30)])
@@ -66,7 +102,14 @@ def test_a_falling_rate_is_never_forecast_below_zero() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"median_samples": 0}, {"level_tau_s": 0.0}, {"trend_tau_s": -1.0}, {"damping": 0.0}, {"damping": 1.1}],
+    [
+        {"median_samples": 0},
+        {"level_tau_s": 0.0},
+        {"trend_tau_s": -1.0},
+        {"damping": 0.0},
+        {"damping": 1.1},
+        {"outlier_mads": -1.0},
+    ],
 )
 def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):

@@ -215,3 +215,21 @@ def test_dns_name_syntax(name: str, ok: bool) -> None:
     else:
         with pytest.raises(ValueError, match="not a DNS name"):
             dns_name(name)
+
+
+def test_every_forecast_setting_reaches_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ``RADIXGATE_PLANNER__FORECAST_*`` variable is the value of its field in the pure planner's
+    configuration (a setting the docs list and nothing reads is a defect)."""
+    values = {
+        "MEDIAN_SAMPLES": ("median_samples", 5),
+        "OUTLIER_MADS": ("outlier_mads", 0.0),
+        "LEVEL_TAU_S": ("level_tau_s", 7.0),
+        "TREND_TAU_S": ("trend_tau_s", 90.0),
+        "DAMPING": ("damping", 0.9),
+    }
+    for name, (_, value) in values.items():
+        monkeypatch.setenv(f"RADIXGATE_PLANNER__FORECAST_{name}", str(value))
+    forecast = Settings().planner.config().forecast
+    assert {field: getattr(forecast, field) for field, _ in values.values()} == dict(values.values())
+    fields = {f.removeprefix("forecast_") for f in type(Settings().planner).model_fields if "forecast" in f}
+    assert fields == {field for field, _ in values.values()}  # every forecast setting is in the table
