@@ -141,7 +141,9 @@ class RateForecaster:
 def hampel_median(samples: Sequence[float], outlier_mads: float) -> float:
     """The median of ``samples`` (non-empty) without those further than ``outlier_mads`` scaled median
     absolute deviations (``1.4826 MAD``) from their median (the Hampel identifier; module docstring).
-    ``outlier_mads`` 0: the plain median.
+    ``outlier_mads`` 0: the plain median. Below ``1 / 1.4826`` (about 0.67) an even number of samples can
+    leave none within the limit (their median is then the mean of the middle two, none of them on it, and
+    the MAD can be the smallest deviation: two samples 1 and 2 at 0.5 MADs); the plain median then.
 
     Raises:
         statistics.StatisticsError: ``samples`` is empty.
@@ -150,4 +152,5 @@ def hampel_median(samples: Sequence[float], outlier_mads: float) -> float:
     if outlier_mads == 0.0:
         return m
     limit = outlier_mads * 1.4826 * statistics.median(abs(x - m) for x in samples)
-    return statistics.median(x for x in samples if abs(x - m) <= limit)
+    kept = [x for x in samples if abs(x - m) <= limit]
+    return statistics.median(kept) if kept else m

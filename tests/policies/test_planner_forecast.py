@@ -114,3 +114,14 @@ def test_a_falling_rate_is_never_forecast_below_zero() -> None:
 def test_bad_configs_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ForecastConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mads", [0.1, 0.5, 0.67])
+def test_a_small_threshold_with_no_sample_within_it_falls_back_to_the_plain_median(mads: float) -> None:
+    # an even count: the median (1.5) is no sample, every sample lies 1 MAD (0.5) from it, beyond the limit
+    assert hampel_median([1.0, 2.0], mads) == 1.5
+    assert hampel_median([1.0, 2.0, 3.0, 4.0], mads) == 2.5
+    forecaster = RateForecaster(ForecastConfig(outlier_mads=mads))
+    for k, rate in enumerate([1.0, 2.0, 3.0, 4.0]):  # the planner's first intervals (2 and 4 samples)
+        forecaster.add(rate, 10.0 * (k + 1))
+    assert forecaster.median == 2.5
