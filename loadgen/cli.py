@@ -291,7 +291,8 @@ def rolling_restart(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
     """Restart every gateway process and every simulated worker, one at a time, under a steady stream
-    load (loadgen/rolling_restart.py); exit 1 when a client saw an error or the ledger does not balance."""
+    load (loadgen/rolling_restart.py); exit 1 when a client saw an error, the ledger does not balance or
+    a restart began after the load had ended (too few --streams to cover the restarts)."""
     from loadgen.rolling_restart import figures_json, run_rolling_restart
 
     figures = run_rolling_restart(
@@ -310,7 +311,13 @@ def rolling_restart(
             console.print(f"{name:>18}: {len(value) if name == 'errors' else value}")
         for line in figures.errors[:20]:
             console.print(f"  error: {line}")
-    if figures.errors or not figures.balanced:
+    if figures.restarts_after_load:
+        typer.echo(
+            f"{figures.restarts_after_load} of the restarts began after the load had ended "
+            f"({figures.streams} streams in {figures.duration_s:.1f} s): no stream saw them; raise --streams",
+            err=True,
+        )
+    if figures.errors or not figures.balanced or figures.restarts_after_load:
         raise typer.Exit(1)
 
 

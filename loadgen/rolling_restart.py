@@ -73,6 +73,8 @@ class RestartFigures:
         moved: streams served whole after moving off a draining worker at its drain deadline
             (``moves`` > 0 in the gateway's ``request`` log lines); ``worker_drain_deadline_s``: that
             deadline, s; ``drain_wait_s``: the longest a worker took from its drain to running nothing, s.
+        restarts_after_load: restarts (gateway or worker) that began after the last stream had ended, so
+            that no load saw them: too few ``streams`` for the restarts' time (each takes seconds).
     """
 
     streams: int = 0
@@ -90,6 +92,7 @@ class RestartFigures:
     moved: int = 0
     worker_drain_deadline_s: float = 0.0
     drain_wait_s: float = 0.0
+    restarts_after_load: int = 0
 
     @property
     def balanced(self) -> bool:
@@ -414,11 +417,14 @@ def run_rolling_restart(
             load_task = asyncio.create_task(offered)
             total = streams / rate_rps
             await asyncio.sleep(total * 0.15)
+            figures.restarts_after_load += load_task.done()
             ready = await asyncio.to_thread(restart_gateway, stack, processes, first)
             for sim in sims:
+                figures.restarts_after_load += load_task.done()
                 waited = await asyncio.to_thread(restart_worker, admin, sim, sync_s)
                 figures.drain_wait_s = max(figures.drain_wait_s, round(waited, 3))
                 figures.worker_restarts += 1
+            figures.restarts_after_load += load_task.done()
             await asyncio.to_thread(restart_gateway, stack, processes, ready)
             return await load_task
 
