@@ -45,6 +45,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+MIN_OUTLIER_MADS = 1.0 / 1.4826
+"""The smallest Hampel threshold that always keeps half the window: at least half the samples lie within
+one MAD of their median, and ``1.4826 MAD`` is the threshold's unit (:func:`hampel_median`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ForecastConfig:
@@ -59,8 +63,9 @@ class ForecastConfig:
             horizon of 10 s steps the forecast takes 93% of the trend (0.98 took 74%: the planner
             experiment's fleet lagged the ramp more; undamped, it overshoots the ramp's top the most).
         outlier_mads: the Hampel identifier's threshold, scaled MADs (2, module docstring; 0: every
-            sample counts, a plain running median). On the planner experiment's day: 2 direction changes
-            at steady load against 3 with the plain median, the same GPU-hours and goodput.
+            sample counts, a plain running median; else at least :data:`MIN_OUTLIER_MADS`). On the
+            planner experiment's day: 2 direction changes at steady load against 3 with the plain
+            median, 301 GPU-hours against 303, goodput within 0.12 points per class.
     """
 
     median_samples: int = 9
@@ -72,8 +77,8 @@ class ForecastConfig:
     def __post_init__(self) -> None:
         if self.median_samples < 1 or self.level_tau_s <= 0 or self.trend_tau_s <= 0:
             raise ValueError("median_samples >= 1 and positive time constants")
-        if self.outlier_mads < 0:
-            raise ValueError("outlier_mads must be >= 0")
+        if self.outlier_mads != 0.0 and self.outlier_mads < MIN_OUTLIER_MADS:
+            raise ValueError(f"outlier_mads must be 0 (off) or at least {MIN_OUTLIER_MADS:.4f}")
         if not 0 < self.damping <= 1:
             raise ValueError("damping must be in (0, 1]")
 

@@ -280,7 +280,9 @@ class Planner:
 
     Args:
         config: the settings.
-        initial: the decision before the first call (e.g. the workers running at start).
+        initial: the decision before the first call (e.g. the workers running at start); it counts as a
+            decision of the first call's time in the scale-down window, so that a planner restarted with
+            the gateway does not scale a running fleet down before it has measured anything.
     """
 
     def __init__(self, config: PlannerConfig | None = None, initial: int | None = None) -> None:
@@ -289,6 +291,7 @@ class Planner:
         self._desired = min(cfg.max_workers, max(cfg.min_workers, start))
         self._forecasters: dict[str, RateForecaster] = {}
         self._raw: deque[tuple[float, int]] = deque()  # (time, raw) over the scale-down window
+        self._started = initial is None  # the first decision puts ``initial`` in the window
         self._queues: dict[str, deque[int]] = {}  # per band, its last queue depths (the median's window)
         self.last: PlanDecision | None = None
 
@@ -331,6 +334,12 @@ class Planner:
             plans[band] = ClassPlan(level, ahead, w, 1.0 / w if w > 0 else None, level * w + queue)
         need = max(now_need, ahead_need)
         raw = min(cfg.max_workers, max(cfg.min_workers, math.ceil(need / cfg.target_utilization - 1e-9)))
+        if not self._started:
+            # a planner that starts (a gateway restarted) holds what runs for a scale-down window: it has
+            # measured nothing yet, and a first tick before any request came in decided the floor
+            self._started = True
+            if cfg.scale_down_window_s > 0:
+                self._raw.append((now, self._desired))
         self._raw.append((now, raw))
         while self._raw and self._raw[0][0] < now - cfg.scale_down_window_s:
             self._raw.popleft()

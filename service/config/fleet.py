@@ -8,9 +8,9 @@ Split from :mod:`service.config.settings`, which assembles the tree. What is don
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from policies.forecast import ForecastConfig
+from policies.forecast import MIN_OUTLIER_MADS, ForecastConfig
 from policies.planner import PlannerConfig
 from service.config.checks import field_error
 from service.config.policies import FINITE
@@ -66,13 +66,14 @@ class PlannerSettings(BaseModel):
     enabled: bool = Field(True, description="Publish radixgate_desired_workers{model} (the planner).")
     interval_s: float = Field(10.0, gt=0, le=3600, description="How often the planner decides, s.")
     min_workers: int = Field(1, ge=0, description="Floor of the decision, workers.")
-    max_workers: int = Field(64, ge=1, description="Ceiling of the decision, workers.")
+    max_workers: int = Field(64, ge=1, le=100_000, description="Ceiling of the decision, workers.")
     target_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of a worker's capacity the decision plans to fill."
     )
     cold_start_s: float = Field(
         300.0,
         ge=0,
+        le=86_400,
         description="From asking for a worker to its first answer, s (the forecast's horizon; 300 s: a "
         "70B TP-8 worker, docs/scaling.md).",
     )
@@ -102,7 +103,8 @@ class PlannerSettings(BaseModel):
         ge=0,
         le=100,
         description="Rate samples further than this many scaled median absolute deviations from the "
-        "median's window are left out of it (the Hampel identifier; 0: a plain running median).",
+        "median's window are left out of it (the Hampel identifier; 0: a plain running median; else at "
+        "least 0.6745, below which it could leave out every sample).",
     )
     forecast_level_tau_s: float = Field(20.0, gt=0, description="Time constant of the forecast's level, s.")
     forecast_damping: float = Field(
@@ -116,6 +118,16 @@ class PlannerSettings(BaseModel):
         "the planner plans with it, or with the capacity measured on workers running full where that is "
         "lower (unset: with the measured one alone; the decision holds until a worker ran full).",
     )
+
+    @field_validator("forecast_outlier_mads")
+    @classmethod
+    def _outlier_mads(cls, mads: float) -> float:
+        if mads != 0.0 and mads < MIN_OUTLIER_MADS:
+            raise ValueError(
+                f"must be 0 (no outliers left out) or at least {MIN_OUTLIER_MADS:.4f}: below it a window "
+                "of an even number of samples can keep none"
+            )
+        return mads
 
     @model_validator(mode="after")
     def _bounds(self) -> PlannerSettings:

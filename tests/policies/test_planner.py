@@ -253,3 +253,21 @@ def test_the_dead_band_is_one_worker_above_raw_at_most(
 ) -> None:
     planner = Planner(_config(min_workers=0, scale_down_margin=margin), initial=workers)
     assert planner.decide(_inputs(rps, workers=workers), 10.0).desired == expected
+
+
+@pytest.mark.parametrize(
+    ("window_s", "initial", "first", "down_at"),
+    [
+        (120.0, 5, 5, 140.0),  # holds what runs: the start (t = 10) leaves the 120 s window at t = 140
+        (0.0, 5, 1, 10.0),  # no window: nothing holds it
+        (120.0, None, 1, 10.0),  # no workers told: the floor at once (min_workers 1)
+    ],
+)
+def test_a_starting_planner_holds_the_workers_that_run_for_a_scale_down_window(
+    window_s: float, initial: int | None, first: int, down_at: float
+) -> None:
+    planner = Planner(_config(scale_down_window_s=window_s), initial=initial)
+    decisions = [(t, planner.decide(_inputs(0.0, workers=5), t)) for t in (10.0 * k for k in range(1, 20))]
+    assert decisions[0][1].desired == first
+    assert next(t for t, d in decisions if d.desired == 1) == down_at
+    assert all(d.reason == "stabilizing" for t, d in decisions if t < down_at)

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from policies.forecast import ForecastConfig, RateForecaster, hampel_median
+from policies.forecast import MIN_OUTLIER_MADS, ForecastConfig, RateForecaster, hampel_median
 
 
 def _feed(fc: RateForecaster, rates: list[float], dt: float = 10.0) -> float:
@@ -121,6 +121,20 @@ def test_a_small_threshold_with_no_sample_within_it_falls_back_to_the_plain_medi
     # an even count: the median (1.5) is no sample, every sample lies 1 MAD (0.5) from it, beyond the limit
     assert hampel_median([1.0, 2.0], mads) == 1.5
     assert hampel_median([1.0, 2.0, 3.0, 4.0], mads) == 2.5
+    with pytest.raises(ValueError, match=r"at least 0\.6745"):  # a forecaster is not given such a threshold
+        ForecastConfig(outlier_mads=mads)
+
+
+@pytest.mark.parametrize("mads", [MIN_OUTLIER_MADS, 1.0, 2.0, 3.0])
+def test_a_threshold_from_its_minimum_on_keeps_half_of_any_window(mads: float) -> None:
+    rng = random.Random(3)
+    for n in range(1, 12):
+        for _ in range(50):
+            samples = [rng.choice([1.0, 2.0, 2.5, 7.0, rng.uniform(0, 10)]) for _ in range(n)]
+            m = statistics.median(samples)
+            limit = mads * 1.4826 * statistics.median(abs(x - m) for x in samples)
+            assert 2 * sum(abs(x - m) <= limit + 1e-12 for x in samples) >= n
+            assert min(samples) <= hampel_median(samples, mads) <= max(samples)
     forecaster = RateForecaster(ForecastConfig(outlier_mads=mads))
     for k, rate in enumerate([1.0, 2.0, 3.0, 4.0]):  # the planner's first intervals (2 and 4 samples)
         forecaster.add(rate, 10.0 * (k + 1))
