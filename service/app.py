@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
-from service.api import admin_routes, admin_workers, health_routes, openai_routes
+from service.api import admin_planner, admin_routes, admin_workers, health_routes, openai_routes
 from service.api.deps import new_request_id
 from service.api.errors import http_status, install_error_handlers, response_for
 from service.api.openai_routes import COMPLETION_ROUTES
@@ -365,6 +365,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 sync_loop(pool, worker_registry, up.health_interval_s, managed), name="worker-registry"
             )
         )
+        planner = None
         if settings.planner.enabled:  # radixgate_desired_workers{model} (service/pipeline/planner_task.py)
             planner = PlannerTask(settings.planner, models, pool, metrics.planner, replicas)
             background.append(asyncio.create_task(planner.run(), name="planner"))
@@ -382,6 +383,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             worker_registry,
             drain,
             models,
+            planner,
         )
         if isinstance(app, GatewayApp):
             app.drain = drain
@@ -483,6 +485,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_workers.router)
+    app.include_router(admin_planner.router)
     app.include_router(health_routes.router)
     install_body_schemas(app, list(openai_routes.BODY_MODELS))
     app.add_middleware(RequestIdMiddleware)

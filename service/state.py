@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from service.config.settings import Settings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.dispatch import Dispatcher
+from service.pipeline.planner_task import PlannerTask
 from service.pipeline.scheduler import Scheduler
 from service.pipeline.served_models import ServedModels
 from service.runtime.drain import Drain
@@ -35,3 +36,4 @@ class GatewayState:
     registry: WorkerRegistry
     drain: Drain  # the process's stopping state: readiness and admission read ``drain.draining``
     models: ServedModels  # every served model: its tokenizer, scheduler, workers' reports
+    planner: PlannerTask | None = None  # radixgate_desired_workers' decisions (None: planner.enabled off)

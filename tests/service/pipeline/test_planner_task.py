@@ -17,6 +17,7 @@ import pytest
 from policies.planner import Reason
 from service.observability.planner_metrics import REASONS
 from service.pipeline.planner_task import combine
+from tests.conftest import ADMIN_TOKEN
 from tests.support.prometheus import SimStack
 
 PRIOR_RPS = 5.0  # the profiled capacity the planner plans with until a worker is measured running full
@@ -155,3 +156,38 @@ def test_desired_workers_rise_under_load_and_fall_back_slowly(stack: SimStack) -
             assert time.monotonic() < deadline, read()
             time.sleep(0.1)
         assert read() == (1.0, 0.0, "floor")
+
+
+def test_admin_planner_shows_each_models_last_decision(stack: SimStack) -> None:
+    """``GET /admin/planner``: the decision the series publish, with each class's part; admin only."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        key = stack.new_key(http)
+        assert http.get("/admin/planner").status_code == 401
+        assert http.get("/admin/planner", headers={"Authorization": f"Bearer {key}"}).status_code in (
+            401,
+            403,
+        )
+        assert send_load(stack, key, rps=20.0, seconds=1.0).count(200) == 20
+        time.sleep(0.5)  # a tick or two after the load
+        answer = http.get("/admin/planner", headers=admin)
+        desired = gauge(http.get("/metrics").text, "radixgate_desired_workers", model=SimStack.MODEL)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["object"] == "list" and body["interval_s"] == 0.2
+    [entry] = body["data"]
+    decision = entry["decision"]
+    assert entry["model"] == SimStack.MODEL and decision is not None
+    assert decision["reason"] in get_args(Reason)
+    assert abs(decision["desired"] - (desired or 0)) <= 1  # the gauge may be one tick apart
+    assert decision["raw"] >= 1 and decision["needed_now"] >= 0.0
+    part = decision["classes"]["standard"]  # the classes of the model, each with its part
+    assert set(decision["classes"]) >= {"standard"}
+    assert part["arrival_rps"] > 0 and part["capacity_rps"] == pytest.approx(PRIOR_RPS, rel=0.5)
+
+
+def test_admin_planner_is_404_when_the_planner_is_off(redis_url: str, stub_model_dir: Path) -> None:
+    with SimStack(redis_url, stub_model_dir, workers=1, planner={"enabled": False}) as s:
+        answer = httpx.get(f"{s.url}/admin/planner", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "planner_disabled"
