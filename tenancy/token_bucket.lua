@@ -13,9 +13,12 @@
 --          beyond amount_i, and an earlier lease's units given back first (capped at the capacity;
 --          written even when the take is refused)
 --
+-- Buckets are checked in KEYS order (tenancy/quota.py puts a key's and a model's before the tenant's own).
+--
 -- Returns {status, wait_ms, limiting_index, level_1, ..., level_n[, grant_1, ..., grant_n]}
 --   (grants in mode "lease" only, when status is 1)
---   status 1: done; 0: refused, retry after wait_ms (bucket limiting_index is the slowest);
+--   status 1: done; 0: refused, retry after wait_ms (the slowest bucket's wait); limiting_index is the
+--     first bucket short;
 --   status -1: amount above capacity of bucket limiting_index, can never pass;
 --   status -2: the tenant is gone (deleted, or re-created with another epoch): nothing written.
 -- Levels are returned as strings (Lua numbers would be truncated to integers).
@@ -37,7 +40,7 @@ if ARGV[2] == 'adjust' then -- under each bucket's stored terms (bucket_adjust i
 end
 local leasing = ARGV[2] == 'lease'
 local rates, caps, amounts, levels, stamps, extras = {}, {}, {}, {}, {}, {}
-local worst_wait, worst_idx = 0, 0
+local worst_wait, first_short = 0, 0
 local credited = false
 
 for i = 1, n do
@@ -59,15 +62,18 @@ for i = 1, n do
   end
   if levels[i] < amount then
     local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
+    if first_short == 0 then
+      first_short = i
+    end
     if wait > worst_wait then
-      worst_wait, worst_idx = wait, i
+      worst_wait = wait
     end
   end
 end
 
 local out = {1, 0, 0}
 if worst_wait > 0 then
-  out = {0, worst_wait, worst_idx}
+  out = {0, worst_wait, first_short}
   for i = 1, n do
     if credited then
       bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
