@@ -39,9 +39,7 @@ TOKENS = BucketLevel("tokens", 1000, 1000, 10)
         ((TOKENS, BucketLevel("tokens", 10, 10, 10)), {"tokens": TOKENS}),  # equal: longer refill
     ],
 )
-def test_closest_to_empty_per_kind(
-    levels: tuple[BucketLevel, ...], expected: dict[str, BucketLevel]
-) -> None:
+def test_closest_to_empty_per_kind(levels: tuple[BucketLevel, ...], expected: dict[str, BucketLevel]) -> None:
     assert closest_to_empty(levels) == expected
 
 

@@ -312,7 +312,7 @@ def test_headers_on_answers_streams_and_429s(http: httpx.Client) -> None:
     tenant_id = tenant(http, quotas={"requests_per_min": 60, "tokens_per_min": 60, "token_burst": 100})
     key = issue(http, tenant_id)["api_key"]
     first = http.post("/v1/chat/completions", json=chat(max_tokens=2), headers=auth(key))
-    assert first.status_code == 200 and RATE_HEADERS <= set(first.headers)
+    assert first.status_code == 200 and set(first.headers) >= RATE_HEADERS
     tokens_left = int(first.headers["x-ratelimit-remaining-tokens"])
     assert 50 < tokens_left <= 100 - 2 - 1  # after its reservation: the prompt and max_tokens
     assert first.headers["x-ratelimit-limit-requests"] == "60"
@@ -322,13 +322,13 @@ def test_headers_on_answers_streams_and_429s(http: httpx.Client) -> None:
     assert first.headers["x-ratelimit-reset-tokens"].endswith("s")
     req = chat(max_tokens=3, stream=True)
     with http.stream("POST", "/v1/chat/completions", json=req, headers=auth(key)) as resp:
-        assert resp.status_code == 200 and RATE_HEADERS <= set(resp.headers)
+        assert resp.status_code == 200 and set(resp.headers) >= RATE_HEADERS
         assert resp.headers["x-ratelimit-remaining-requests"] == "58"
         lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     big = http.post("/v1/chat/completions", json=chat(max_tokens=85), headers=auth(key))  # 13 + 85 tokens
     assert_openai_error(big, 429, "rate_limit_exceeded")
-    assert RATE_HEADERS <= set(big.headers) and int(big.headers["x-ratelimit-remaining-tokens"]) < 98
+    assert set(big.headers) >= RATE_HEADERS and int(big.headers["x-ratelimit-remaining-tokens"]) < 98
     assert big.headers["x-ratelimit-remaining-requests"] == "58"  # nothing taken
     unlimited = issue(http, tenant(http))["api_key"]  # no bucket, no header
     plain = http.post("/v1/chat/completions", json=chat(), headers=auth(unlimited))
