@@ -306,10 +306,6 @@ class KeyTerms(BaseModel):
         None, description="The key's own RPM/TPM buckets, at most its tenant's."
     )
 
-    def expired(self, now_s: float) -> bool:
-        """Whether the key is past its expiry at unix time ``now_s``."""
-        return self.expires_at is not None and now_s >= self.expires_at
-
 
 class KeyCreate(KeyTerms):
     """Body of ``POST /admin/tenants/{id}/keys``."""

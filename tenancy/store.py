@@ -28,13 +28,13 @@ from tenancy.errors import (
     store_operation,
     untimed_store_operation,
 )
+from tenancy.key_records import KeyRecords, key_info
 from tenancy.keys import digest_matches, generate_key, key_digest, parse_key, tokens_equal
 from tenancy.layout import BUCKETS, KeyLayout, lua
 from tenancy.models import (
     ApiKeyInfo,
     ApiKeyRecord,
     IssuedKey,
-    KeyPatch,
     KeyTerms,
     Quotas,
     Tenant,
@@ -70,7 +70,7 @@ async def eviction_policy(redis: Redis) -> str | None:
     return str(policy) if policy is not None else None
 
 
-class TenantStore:
+class TenantStore(KeyRecords):
     """CRUD for tenants and their API keys.
 
     Args:
@@ -296,71 +296,8 @@ class TenantStore:
             if stored == -1:
                 raise TenantNotFoundError(tenant_id)
             if stored == 1:
-                return IssuedKey(**_info(record).model_dump(), api_key=parsed.full)
+                return IssuedKey(**key_info(record).model_dump(), api_key=parsed.full)
         raise RuntimeError("could not draw an unused API key id")
-
-    async def _key_record(self, tenant_id: str, key_id: str) -> ApiKeyRecord:
-        raw = await self._redis.get(self._key_key(key_id))
-        if raw is None:
-            raise KeyNotFoundError(key_id)
-        record = ApiKeyRecord.model_validate_json(raw)
-        if record.tenant_id != tenant_id:
-            raise KeyNotFoundError(key_id)
-        return record
-
-    @store_operation
-    async def get_key(self, tenant_id: str, key_id: str) -> ApiKeyInfo:
-        """One key of a tenant (no digest). Raises :class:`KeyNotFoundError` (also another tenant's)."""
-        return _info(await self._key_record(tenant_id, key_id))
-
-    @store_operation
-    async def update_key(
-        self,
-        tenant_id: str,
-        key_id: str,
-        patch: KeyPatch,
-        check: Callable[[ApiKeyRecord], None] | None = None,
-    ) -> ApiKeyInfo:
-        """Change a key's name or terms: the fields ``patch`` sets replace the stored ones (``null``
-        clears a term), and ``patch.quotas`` merges field by field with the stored quotas (RFC 7386).
-        ``check`` is called with the record about to be written and may raise to write nothing.
-
-        Optimistic concurrency (``WATCH``/``MULTI``/``EXEC``), as :meth:`update`: two patches of different
-        fields that race both land, and a patch racing a revoke keeps the key revoked. Every replica drops
-        its cached entry of the key.
-
-        Raises:
-            KeyNotFoundError: no such key of that tenant.
-        """
-        key = self._key_key(key_id)
-        changes = patch.model_dump(exclude_unset=True)
-        quota_fields = (
-            {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}
-            if patch.quotas is not None
-            else None
-        )
-        async with self._redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    current = None if raw is None else ApiKeyRecord.model_validate_json(raw)
-                    if current is None or current.tenant_id != tenant_id:
-                        raise KeyNotFoundError(key_id)
-                    fields = current.model_dump()
-                    if quota_fields is not None:
-                        changes["quotas"] = {**(fields["quotas"] or {}), **quota_fields}
-                    merged = ApiKeyRecord.model_validate({**fields, **changes})
-                    if check is not None:
-                        check(merged)
-                    pipe.multi()  # type: ignore[no-untyped-call, unused-ignore]
-                    pipe.set(key, merged.model_dump_json(), xx=True)
-                    await pipe.execute()
-                    break
-                except WatchError:
-                    continue
-        await self._invalidate(f"key:{key_id}")
-        return _info(merged)
 
     @store_operation
     async def list_keys(self, tenant_id: str) -> list[ApiKeyInfo]:
@@ -406,7 +343,7 @@ class TenantStore:
         if reply == -2:
             raise KeyNotFoundError(str(after))
         more, *raws = reply
-        return [_info(ApiKeyRecord.model_validate_json(raw)) for raw in raws], bool(more)
+        return [key_info(ApiKeyRecord.model_validate_json(raw)) for raw in raws], bool(more)
 
     @store_operation
     async def revoke_key(self, tenant_id: str, key_id: str) -> ApiKeyInfo:
@@ -415,7 +352,7 @@ class TenantStore:
         record.revoked = True
         await self._redis.set(self._key_key(key_id), record.model_dump_json(), xx=True)
         await self._invalidate(f"key:{key_id}")
-        return _info(record)
+        return key_info(record)
 
     @store_operation
     async def key_revoked(self, key_id: str) -> bool:
@@ -517,17 +454,3 @@ def _matched(found: _KeyRead, presented: str, pepper: bytes) -> Authenticated | 
     if found is None or found[0].revoked or not digest_matches(presented, found[0].digest, pepper):
         return None
     return Authenticated(found[1], found[0])
-
-
-def _info(record: ApiKeyRecord) -> ApiKeyInfo:
-    return ApiKeyInfo(
-        key_id=record.key_id,
-        tenant_id=record.tenant_id,
-        name=record.name,
-        created_at=record.created_at,
-        revoked=record.revoked,
-        prefix=f"rg-{record.key_id}",
-        expires_at=record.expires_at,
-        allowed_models=record.allowed_models,
-        quotas=record.quotas,
-    )

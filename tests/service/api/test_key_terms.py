@@ -330,6 +330,9 @@ def test_headers_on_answers_streams_and_429s(http: httpx.Client) -> None:
     assert_openai_error(big, 429, "rate_limit_exceeded")
     assert set(big.headers) >= RATE_HEADERS and int(big.headers["x-ratelimit-remaining-tokens"]) < 98
     assert big.headers["x-ratelimit-remaining-requests"] == "58"  # nothing taken
+    never = http.post("/v1/chat/completions", json=chat(max_tokens=99), headers=auth(key))  # above the burst
+    assert assert_openai_error(never, 413, "request_exceeds_burst")["quota"]["bucket"] == "tokens"
+    assert set(never.headers) >= RATE_HEADERS and never.headers["x-ratelimit-limit-tokens"] == "100"
     unlimited = issue(http, tenant(http))["api_key"]  # no bucket, no header
     plain = http.post("/v1/chat/completions", json=chat(), headers=auth(unlimited))
     assert plain.status_code == 200 and not RATE_HEADERS & set(plain.headers)
