@@ -10,14 +10,12 @@ limits (:class:`LimitState`, per kind) and which bucket refused (``details``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class LimitState:
+class LimitState(NamedTuple):
     """One kind of rate limit (requests or tokens) as a client is told it, for the bucket of that kind
-    closest to empty (OpenAI's ``x-ratelimit-*`` headers).
+    closest to empty (OpenAI's ``x-ratelimit-*`` headers; a named tuple, made for every answer).
 
     Attributes:
         limit: units the bucket holds full (its burst).

@@ -40,12 +40,20 @@ def _whole(value: float) -> str:
     return str(math.floor(value))
 
 
+_NAMES = {
+    kind: (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
+    for kind in ("requests", "tokens")
+}
+"""The three header names of each kind."""
+
+
 def rate_limit_headers(states: Mapping[str, LimitState]) -> dict[str, str]:
     """The ``x-ratelimit-*`` headers of ``states`` (``"requests"``/``"tokens"`` -> state); a kind without
     a bucket (unlimited) has none."""
     headers: dict[str, str] = {}
-    for kind, state in states.items():
-        headers[f"x-ratelimit-limit-{kind}"] = _whole(state.limit)
-        headers[f"x-ratelimit-remaining-{kind}"] = str(state.remaining)
-        headers[f"x-ratelimit-reset-{kind}"] = go_duration(state.reset_s)
+    for kind, (limit, remaining, reset_s) in states.items():
+        limit_name, remaining_name, reset_name = _NAMES[kind]
+        headers[limit_name] = _whole(limit)
+        headers[remaining_name] = str(remaining)
+        headers[reset_name] = "0s" if reset_s <= 0 else go_duration(reset_s)
     return headers

@@ -11,6 +11,7 @@ tenant's local lease, as before.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from policies.rate_limits import BucketLevel, closest_to_empty
 from service.errors import GatewayError, LimitState, RateLimited, RequestTooLarge
@@ -43,10 +44,10 @@ def limit_states(levels: tuple[BucketLevel, ...]) -> dict[str, LimitState]:
     ``{}`` when the request took from no bucket."""
     if not levels:
         return {}
-    return {
-        kind: LimitState(level.capacity, level.remaining, level.reset_s)
-        for kind, level in closest_to_empty(levels).items()
-    }
+    chosen: Iterable[BucketLevel] = levels
+    if len(levels) > 2 or (len(levels) == 2 and levels[0].bucket == levels[1].bucket):
+        chosen = closest_to_empty(levels).values()  # several of a kind (a key's, a model's): pick
+    return {level.bucket: LimitState(level.capacity, level.remaining, level.reset_s) for level in chosen}
 
 
 def metric_bucket(decision: QuotaDecision) -> str:
