@@ -307,6 +307,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             2 * settings.redis.quota_lease_s,
             on_reserve=lease_counter(metrics),
             before_remote=settler.ahead_of_reservation,  # summed refunds land before the reservation
+            report_levels=settings.api.rate_limit_headers,
         )
 
         def on_invalidation(message: str) -> None:

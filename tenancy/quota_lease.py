@@ -85,6 +85,8 @@ class LeasedQuota:
         before_remote: awaited with the tenant id before a reservation the lease cannot cover goes to
             Redis (the settler sends that tenant's settles still collecting ahead of it, in the same
             write: :meth:`service.pipeline.settlement.Settler.ahead_of_reservation`).
+        report_levels: give an admission from a lease the levels this replica sees (for the rate-limit
+            headers); False: none (``levels`` empty), nothing computed.
 
     Counters ``local`` and ``remote`` count the same.
     """
@@ -98,8 +100,10 @@ class LeasedQuota:
         clock: Callable[[], float] = time.monotonic,
         on_reserve: Callable[[bool], None] | None = None,
         before_remote: Callable[[str], Awaitable[None]] | None = None,
+        report_levels: bool = True,
     ) -> None:
         self._limiter = limiter
+        self._report_levels = report_levels
         self._before_remote = before_remote
         self._horizon_s = horizon_s
         self._max_fraction = max_fraction
@@ -225,6 +229,8 @@ class LeasedQuota:
         """The decision of a reservation the lease covered (counted), with this replica's levels."""
         self.local += 1
         self._on_reserve(True)
+        if not self._report_levels:
+            return _ALLOWED
         levels = self._levels(tenant_id, lease, self._clock())
         return QuotaDecision(True, False, 0.0, None, {}, leased=True, levels=levels) if levels else _ALLOWED
 

@@ -168,6 +168,7 @@ class Dispatcher:
         self._settler = settler
         self._revocations = revocations
         api = settings.api
+        self._rate_limit_headers = api.rate_limit_headers
         self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
 
     # 1. validation -------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ class Dispatcher:
             reservation = Reservation(
                 tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes
             )
-            return Admitted(reservation, limit_states(decision.levels))
+            return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
         # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
         reason = "exceeds_burst" if decision.never else "rate_limited"
         self._metrics.quota_rejections.labels(
@@ -252,7 +253,7 @@ class Dispatcher:
             await self._usage.record(tenant.id, tenant.epoch, **{counter: 1})
         except StoreUnavailable:
             log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
-        raise refusal(prepared, decision)
+        raise refusal(prepared, decision, self._rate_limit_headers)
 
     # 3. upstream -----------------------------------------------------------------------------------
     def shaper(self, prepared: PreparedRequest) -> Shaper:

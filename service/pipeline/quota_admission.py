@@ -57,11 +57,11 @@ def metric_bucket(decision: QuotaDecision) -> str:
     return bucket if decision.scope is None else f"{decision.scope.kind}_{bucket}"
 
 
-def refusal(prepared: PreparedRequest, decision: QuotaDecision) -> GatewayError:
+def refusal(prepared: PreparedRequest, decision: QuotaDecision, headers: bool = True) -> GatewayError:
     """The error of a refused reservation: 413 ``request_exceeds_burst`` when it can never pass, else 429
     ``rate_limit_exceeded`` with ``Retry-After``. Both name the bucket in the message and in the error
     object's ``quota`` (``{"scope": "tenant"|"key"|"model", "id", "bucket": "requests"|"tokens"}``) and
-    carry the rate-limit state for the headers."""
+    carry the rate-limit state for the headers (unless ``headers`` is False: ``api.rate_limit_headers``)."""
     tenant = prepared.tenant
     bucket = decision.limiting or "requests"
     scope = decision.scope
@@ -92,5 +92,6 @@ def refusal(prepared: PreparedRequest, decision: QuotaDecision) -> GatewayError:
             retry_after_s=decision.retry_after_s,
         )
     err.details = {"quota": quota}
-    err.rate_limits = limit_states(decision.levels)
+    if headers:
+        err.rate_limits = limit_states(decision.levels)
     return err

@@ -20,7 +20,7 @@ import redis
 
 from service.app import create_app
 from service.config.settings import Settings
-from tests.conftest import ADMIN_TOKEN, MODEL
+from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.service.api.test_api import assert_openai_error, auth, usage_of
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer
@@ -364,3 +364,23 @@ def test_the_openai_client_sees_the_headers(http: httpx.Client, gateway: tuple[s
     body = json.loads(refused.value.response.text)["error"]
     assert body["quota"] == {"scope": "tenant", "id": tenant_id, "bucket": "requests"}
     client.close()
+
+
+def test_headers_can_be_turned_off(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]
+) -> None:
+    settings = gateway_settings(redis_url, stub_model_dir, [fake[1]], rate_limit_headers=False)
+    app = create_app(settings)
+    with ThreadedServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        leased = {"requests_per_min": 1e9, "tokens_per_min": 1e12}  # admitted from a lease after the first
+        small = {"requests_per_min": 60, "request_burst": 1}  # decided in Redis
+        for quotas in (leased, small):
+            key = issue(http, tenant(http, quotas=quotas))["api_key"]
+            answers = [http.post("/v1/chat/completions", json=chat(), headers=auth(key)) for _ in range(3)]
+            for resp in answers:
+                assert not RATE_HEADERS & set(resp.headers) and "retry-after-ms" not in resp.headers
+            if quotas is small:  # the refusal still names its bucket
+                assert [r.status_code for r in answers] == [200, 429, 429]
+                assert assert_openai_error(answers[1], 429)["quota"]["scope"] == "tenant"
+            else:
+                assert [r.status_code for r in answers] == [200] * 3
