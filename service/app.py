@@ -19,11 +19,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
-from service.api import admin_planner, admin_routes, admin_workers, health_routes, openai_routes
+from service.api import (
+    admin_keys,
+    admin_planner,
+    admin_routes,
+    admin_workers,
+    health_routes,
+    openai_routes,
+)
 from service.api.deps import new_request_id
 from service.api.errors import http_status, install_error_handlers, response_for
 from service.api.openai_routes import COMPLETION_ROUTES
-from service.api.openapi_bodies import install_body_schemas
+from service.api.openapi_bodies import ADMIN_SUFFIX, install_body_schemas
 from service.api.request_ids import client_request_id, id_headers
 from service.config.settings import RedisSettings, Settings
 from service.observability.logs import configure_logging
@@ -307,6 +314,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             2 * settings.redis.quota_lease_s,
             on_reserve=lease_counter(metrics),
             before_remote=settler.ahead_of_reservation,  # summed refunds land before the reservation
+            report_levels=settings.api.rate_limit_headers,
         )
 
         def on_invalidation(message: str) -> None:
@@ -484,9 +492,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(admin_keys.router)
     app.include_router(admin_workers.router)
     app.include_router(admin_planner.router)
     app.include_router(health_routes.router)
     install_body_schemas(app, list(openai_routes.BODY_MODELS))
+    install_body_schemas(
+        app, [*admin_routes.ADMIN_BODY_MODELS, *admin_keys.ADMIN_BODY_MODELS], suffix=ADMIN_SUFFIX
+    )
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -3,10 +3,29 @@
 Everything below ``service/api/`` raises these; only :mod:`service.api.errors` maps them to an HTTP status,
 headers (``Retry-After``) and OpenAI's error shape. Each carries a machine-readable ``code`` (OpenAI's
 ``error.code``), the offending request field (``param``) when there is one, and, for the retryable ones,
-``retry_after_s`` (seconds).
+``retry_after_s`` (seconds). A refusal by a token bucket also carries what the client is told of its rate
+limits (:class:`LimitState`, per kind) and which bucket refused (``details``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+
+class LimitState(NamedTuple):
+    """One kind of rate limit (requests or tokens) as a client is told it, for the bucket of that kind
+    closest to empty (OpenAI's ``x-ratelimit-*`` headers; a named tuple, made for every answer).
+
+    Attributes:
+        limit: units the bucket holds full (its burst).
+        remaining: whole units left now.
+        reset_s: seconds until it is full again.
+    """
+
+    limit: float
+    remaining: int
+    reset_s: float
 
 
 class GatewayError(Exception):
@@ -17,9 +36,16 @@ class GatewayError(Exception):
         code: machine-readable code, e.g. ``"overloaded"``.
         param: the offending request field, if any.
         retry_after_s: when a retry may succeed, s (None: retrying the same request will not help).
+
+    Attributes:
+        rate_limits: ``"requests"``/``"tokens"`` -> :class:`LimitState`, when a token bucket refused it
+            (answered as OpenAI's rate-limit headers); None otherwise.
+        details: more fields of the error object (e.g. ``quota``: the bucket that refused), or None.
     """
 
     default_code = "error"
+    rate_limits: Mapping[str, LimitState] | None = None
+    details: Mapping[str, Any] | None = None
 
     def __init__(
         self,

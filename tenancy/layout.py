@@ -11,12 +11,16 @@ key                                holds
                                    issued before it existed)
 ``P key:<key_id>``                 JSON :class:`~tenancy.models.ApiKeyRecord` (names its tenant)
 ``P bucket:<id>:requests|tokens``  token-bucket hashes (``level``, ``ts``), expire when full
+``P bucket:<id>:key:<key_id>:...``  an API key's own buckets (``requests|tokens``), likewise
+``P bucket:<id>:model:<model>:...`` the tenant's buckets for one model (``requests|tokens``), likewise
+``P tenant:<id>:quota_models``     set of every model id its quotas have named (what delete clears)
 ``P usage:<id>``                   usage counters hash
 ``P settled:<request_id>``         marker of a settled request (expires): a retried settle lands once
 =================================  ==================================================================
 
-A tenant owns its record, key set, key records, buckets and usage; deleting it removes all of them in
-one Lua call (``tenant_delete.lua``). Scripts that write buckets or usage first check that the tenant
+A tenant owns its record, key set, key records, buckets (its own, its keys' and its models') and usage;
+deleting it removes all of them in one Lua call (``tenant_delete.lua``). Scripts that write buckets or
+usage first check that the tenant
 record still exists with the epoch the caller saw (``tenant_guard.lua``), so a request racing the delete
 (or the deleted tenant's re-creation under the same id) writes nothing.
 """
@@ -29,6 +33,8 @@ from typing import Literal
 
 BucketName = Literal["requests", "tokens"]
 BUCKETS: tuple[BucketName, ...] = ("requests", "tokens")
+ScopeKind = Literal["tenant", "key", "model"]
+"""Whose buckets: the tenant's own, one of its API keys', or the tenant's for one model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,21 @@ class KeyLayout:
     def bucket(self, tenant_id: str, bucket: BucketName) -> str:
         """One of a tenant's token buckets."""
         return f"{self.prefix}bucket:{tenant_id}:{bucket}"
+
+    def scoped_bucket(self, tenant_id: str, kind: ScopeKind, name: str, bucket: BucketName) -> str:
+        """One bucket of a tenant's scope: its own (``kind`` "tenant", ``name`` ignored), an API key's
+        (``name``: the key id) or one model's (``name``: the model id)."""
+        if kind == "tenant":
+            return self.bucket(tenant_id, bucket)
+        return f"{self.prefix}bucket:{tenant_id}:{kind}:{name}:{bucket}"
+
+    def scoped_bucket_prefix(self, tenant_id: str) -> str:
+        """What :meth:`scoped_bucket` puts before ``<kind>:<name>:<bucket>``."""
+        return f"{self.prefix}bucket:{tenant_id}:"
+
+    def quota_models(self, tenant_id: str) -> str:
+        """Set of every model id the tenant's quotas have named (its model buckets, for delete)."""
+        return f"{self.prefix}tenant:{tenant_id}:quota_models"
 
     def usage(self, tenant_id: str) -> str:
         """A tenant's usage counters."""

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -39,6 +42,10 @@ unbounded (nu13: 40,000 copies of one id made a 1 MB record)."""
 MAX_MODEL_ID_CHARS = 256
 """Longest model id in ``allowed_models``, characters."""
 
+MAX_MODEL_QUOTAS = 64
+"""Most per-model entries in a tenant's ``quotas.models`` (each a served model id; read on every request
+of the tenant, so the list is short)."""
+
 MIN_REQUEST_BURST = 1.0
 """Smallest request-bucket capacity, requests: a bucket below one request never admits any."""
 
@@ -59,8 +66,9 @@ AllowedModels = Annotated[
 """An admin's ``allowed_models``: at most :data:`MAX_ALLOWED_MODELS` ids, repeats dropped."""
 
 
-class Quotas(BaseModel):
-    """Per-tenant token-bucket limits. ``None`` means unlimited for that bucket.
+class BucketLimits(BaseModel):
+    """The limits of one pair of token buckets (requests and tokens). ``None`` means unlimited for that
+    bucket.
 
     Attributes:
         requests_per_min: RPM refill rate, requests/min.
@@ -89,6 +97,56 @@ class Quotas(BaseModel):
     def effective_token_burst(self) -> float | None:
         """Capacity of the token bucket, tokens."""
         return self.token_burst or self.tokens_per_min
+
+    @property
+    def limited(self) -> bool:
+        """Whether either bucket has a rate (a limits object without one takes nothing)."""
+        return self.requests_per_min is not None or self.tokens_per_min is not None
+
+
+class ModelQuota(BucketLimits):
+    """A tenant's limits on one model (``quotas.models[]``), on top of its own: a request for that model
+    takes from both.
+
+    Attributes:
+        model: the model's canonical id (an alias is refused when it is set: aliases fold into the id).
+    """
+
+    model: str = Field(..., min_length=1, max_length=MAX_MODEL_ID_CHARS, description="A served model id.")
+
+
+class Quotas(BucketLimits):
+    """Per-tenant token-bucket limits (:class:`BucketLimits`), and per-model ones.
+
+    Attributes:
+        models: at most :data:`MAX_MODEL_QUOTAS` entries, one per model id (None: no model has limits of
+            its own).
+    """
+
+    models: list[ModelQuota] | None = Field(
+        None,
+        max_length=MAX_MODEL_QUOTAS,
+        description="Per-model limits [{model, requests_per_min, tokens_per_min, bursts}], one per model.",
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _one_per_model(cls, value: list[ModelQuota] | None) -> list[ModelQuota] | None:
+        """Refuse two entries for one model id (which of them would apply?)."""
+        if value is not None:
+            seen: set[str] = set()
+            for entry in value:
+                if entry.model in seen:
+                    raise ValueError(f"model '{entry.model[:80]}' has two entries; give one per model")
+                seen.add(entry.model)
+        return value
+
+    def for_model(self, model_id: str) -> ModelQuota | None:
+        """The entry of ``model_id`` that limits anything (None: none, or one without a rate)."""
+        for entry in self.models or ():
+            if entry.model == model_id:
+                return entry if entry.limited else None
+        return None
 
 
 class TenantSpec(BaseModel):
@@ -184,16 +242,94 @@ class Tenant(TenantCreate):
         return self
 
 
-class KeyCreate(BaseModel):
-    """Body of ``POST /admin/tenants/{id}/keys``."""
+MAX_EXPIRES_AT = 253_402_300_799.0
+"""Latest ``expires_at`` an admin may set, unix s (9999-12-31T23:59:59Z, the last second RFC 3339 writes)."""
+
+
+def _expiry(value: Any) -> Any:
+    """``expires_at`` as unix seconds: a number as given, an RFC 3339 string (with its offset, e.g.
+    ``2027-01-31T00:00:00Z``) converted; anything else is left for the field's own check to refuse."""
+    if isinstance(value, bool):
+        raise ValueError("expires_at must be unix seconds or an RFC 3339 date-time, not a boolean")
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(
+                "expires_at must be unix seconds or an RFC 3339 date-time such as 2027-01-31T00:00:00Z"
+            ) from None
+        if moment.tzinfo is None:
+            raise ValueError("expires_at needs a UTC offset (RFC 3339: 'Z' or '+01:00')")
+        return moment.timestamp()
+    return value
+
+
+ExpiresAt = Annotated[
+    Annotated[float, Field(gt=0, le=MAX_EXPIRES_AT)] | None,
+    BeforeValidator(_expiry),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_EXPIRES_AT},
+                {"type": "string", "format": "date-time"},
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+"""A key's expiry: unix seconds, given as a number or an RFC 3339 date-time; at most year 9999."""
+
+
+class KeyTerms(BaseModel):
+    """What an API key carries beyond its tenant's terms (all optional; a key without them is its
+    tenant's).
+
+    Attributes:
+        expires_at: unix s after which the key is refused (401 ``expired_api_key``); None: never.
+        allowed_models: model ids or aliases the key may use, each also allowed to its tenant; None: its
+            tenant's models.
+        quotas: the key's own token buckets, each at most its tenant's (checked when set); a request
+            takes from them and from its tenant's. None: none.
+    """
 
     model_config = _ADMIN_INPUT
+
+    expires_at: ExpiresAt = Field(
+        None, description="Unix seconds, or an RFC 3339 date-time; the key gets 401 expired_api_key after it."
+    )
+    allowed_models: AllowedModels = Field(
+        None, description="Model ids this key may use (a subset of its tenant's); None = its tenant's."
+    )
+    quotas: BucketLimits | None = Field(
+        None, description="The key's own RPM/TPM buckets, at most its tenant's."
+    )
+
+
+class KeyCreate(KeyTerms):
+    """Body of ``POST /admin/tenants/{id}/keys``."""
 
     name: str = Field("", max_length=200, description="A label for the key (not secret).")
 
 
+class KeyPatch(KeyTerms):
+    """Body of ``PATCH /admin/tenants/{id}/keys/{key_id}``: absent fields are kept, ``null`` clears a term
+    (never expires, its tenant's models, no quotas of its own); ``quotas`` merges field by field
+    (RFC 7386), as a tenant's does."""
+
+    name: str | None = Field(None, max_length=200)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("name cannot be null (an empty string clears it)")
+        return value
+
+
 class ApiKeyRecord(BaseModel):
-    """A stored API key: never the key itself, only its HMAC-SHA256 digest."""
+    """A stored API key: never the key itself, only its HMAC-SHA256 digest, and its terms."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -203,6 +339,19 @@ class ApiKeyRecord(BaseModel):
     name: str = ""
     created_at: float = Field(default_factory=time.time)
     revoked: bool = False
+    expires_at: float | None = None
+    allowed_models: list[str] | None = None
+    quotas: BucketLimits | None = None
+
+    def expired(self, now_s: float) -> bool:
+        """Whether the key is past its expiry at unix time ``now_s``."""
+        return self.expires_at is not None and now_s >= self.expires_at
+
+    @property
+    def limits(self) -> BucketLimits | None:
+        """The key's own buckets' limits when any has a rate (None: the key takes from no bucket)."""
+        quotas = self.quotas
+        return quotas if quotas is not None and quotas.limited else None
 
 
 class ApiKeyInfo(BaseModel):
@@ -214,6 +363,9 @@ class ApiKeyInfo(BaseModel):
     created_at: float
     revoked: bool
     prefix: str = Field(..., description="The key's visible prefix, e.g. 'rg-ab12cd34ef56'.")
+    expires_at: float | None = Field(None, description="Unix s after which the key is refused; None: never.")
+    allowed_models: list[str] | None = Field(None, description="The key's models; None: its tenant's.")
+    quotas: BucketLimits | None = Field(None, description="The key's own buckets; None: none.")
 
 
 class IssuedKey(ApiKeyInfo):

@@ -5,6 +5,11 @@ max_tokens) are checked and debited together or not at all, so many gateway repl
 over-admit. Time comes from the Redis server's clock unless a test passes ``now_ms``.
 The arithmetic mirrors :mod:`policies.token_bucket`.
 
+A request may also take from buckets of narrower scopes (:class:`Scope`): its API key's own and its
+tenant's for its model. They go into the same script call, in the order key, model, tenant: all are
+debited or none, the refusal names the first one short, and a settle gives back to (or charges) each
+bucket it took from.
+
 Given the tenant's ``epoch``, the script first checks that the tenant record still exists with that epoch
 and writes nothing otherwise (:mod:`tenancy.layout`), so a request racing the tenant's deletion cannot
 leave a bucket behind, nor charge or refund a re-created tenant of the same id.
@@ -15,19 +20,52 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from redis.asyncio import Redis
 
+from policies.rate_limits import BucketLevel
 from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untimed_store_operation
-from tenancy.layout import BucketName, KeyLayout, lua
-from tenancy.models import USAGE_FIELDS, Quotas
+from tenancy.layout import BucketName, KeyLayout, ScopeKind, lua
+from tenancy.models import USAGE_FIELDS, BucketLimits, Quotas
 from tenancy.script_batch import ScriptBatcher
 
 
 @dataclass(frozen=True, slots=True)
+class Scope:
+    """Buckets beyond a tenant's own that a request takes from.
+
+    Attributes:
+        kind: ``"key"`` (an API key's own buckets) or ``"model"`` (the tenant's for one model).
+        name: the key id or the model id.
+        limits: their rates and bursts (a bucket without a rate is not taken from).
+    """
+
+    kind: ScopeKind
+    name: str
+    limits: BucketLimits
+
+    def describe(self) -> str:
+        """How an error names it: ``API key 'rg-<id>'`` or ``model '<id>'``."""
+        return f"API key 'rg-{self.name}'" if self.kind == "key" else f"model '{self.name}'"
+
+
+class _Bucket(NamedTuple):
+    """One bucket of a script call: whose (scope kind and name), which, its Redis key, terms and amount."""
+
+    scope: ScopeKind
+    name: str
+    bucket: BucketName
+    key: str
+    rate: float
+    cap: float
+    amount: float
+
+
+@dataclass(slots=True)
 class QuotaDecision:
-    """Outcome of :meth:`QuotaLimiter.reserve`.
+    """Outcome of :meth:`QuotaLimiter.reserve` (read, never changed: not frozen only because one is made for
+    every admission from a lease, and a frozen dataclass of these fields takes three times as long to make).
 
     Attributes:
         allowed: the reservation was taken from every bucket.
@@ -40,6 +78,10 @@ class QuotaDecision:
         leased: admitted from a local lease, or a lease was taken with it
             (:class:`tenancy.quota_lease.LeasedQuota`): the tenant's bucket had at least a lease's
             headroom.
+        scope: whose bucket refused (``limiting``): None for the tenant's own, else the key's or the
+            model's (:class:`Scope`).
+        levels: every bucket the call touched, as it left them (refused: as they were), with its terms;
+            what the rate-limit headers are made from (:mod:`policies.rate_limits`).
     """
 
     allowed: bool
@@ -49,6 +91,8 @@ class QuotaDecision:
     remaining: dict[str, float]
     granted: dict[str, int] | None = None
     leased: bool = False
+    scope: Scope | None = None
+    levels: tuple[BucketLevel, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +103,9 @@ class Reservation:
     requests admitted under a lease (:attr:`QuotaDecision.leased`): their tenant's bucket had a lease's
     headroom, so a refund that lands 2 ms later does not refuse the tenant's next request on another
     replica. Small quotas, which lease nothing, settle at once.
+
+    ``scopes``: the key's and model's buckets it also took from (:class:`Scope`); its settle gives back
+    to (or charges) them as it does the tenant's.
     """
 
     tenant_id: str
@@ -67,6 +114,7 @@ class Reservation:
     tokens: int
     epoch: str | None = None
     linger: bool = False
+    scopes: tuple[Scope, ...] = ()
 
 
 class QuotaLimiter:
@@ -92,24 +140,35 @@ class QuotaLimiter:
         self._batch = ScriptBatcher(redis)  # concurrent requests' scripts share a pipeline
         self._settle_linger_s = settle_linger_s
 
-    def bucket_key(self, tenant_id: str, bucket: BucketName) -> str:
-        """Redis key of one of a tenant's buckets."""
-        return self._layout.bucket(tenant_id, bucket)
+    def bucket_key(self, tenant_id: str, bucket: BucketName, scope: Scope | None = None) -> str:
+        """Redis key of one of a tenant's buckets (of ``scope``'s, when given)."""
+        if scope is None:
+            return self._layout.bucket(tenant_id, bucket)
+        return self._layout.scoped_bucket(tenant_id, scope.kind, scope.name, bucket)
 
     def _buckets(
-        self, tenant_id: str, quotas: Quotas, requests: float, tokens: float
-    ) -> list[tuple[BucketName, str, float, float, float]]:
-        out: list[tuple[BucketName, str, float, float, float]] = []
-        if quotas.requests_per_min is not None:
-            cap = quotas.effective_request_burst
-            assert cap is not None
-            out.append(
-                ("requests", self.bucket_key(tenant_id, "requests"), quotas.requests_per_min, cap, requests)
-            )
-        if quotas.tokens_per_min is not None:
-            cap = quotas.effective_token_burst
-            assert cap is not None
-            out.append(("tokens", self.bucket_key(tenant_id, "tokens"), quotas.tokens_per_min, cap, tokens))
+        self,
+        tenant_id: str,
+        quotas: BucketLimits,
+        requests: float,
+        tokens: float,
+        scopes: tuple[Scope, ...] = (),
+    ) -> list[_Bucket]:
+        """The buckets a call touches, the scopes' first (in order) and the tenant's own last: the order
+        the script checks them in, so the first one short is the one a refusal names."""
+        out: list[_Bucket] = []
+        layout = self._layout
+        for kind, name, limits in (*((s.kind, s.name, s.limits) for s in scopes), ("tenant", "", quotas)):
+            if limits.requests_per_min is not None:
+                cap = limits.effective_request_burst
+                assert cap is not None
+                key = layout.scoped_bucket(tenant_id, kind, name, "requests")
+                out.append(_Bucket(kind, name, "requests", key, limits.requests_per_min, cap, requests))
+            if limits.tokens_per_min is not None:
+                cap = limits.effective_token_burst
+                assert cap is not None
+                key = layout.scoped_bucket(tenant_id, kind, name, "tokens")
+                out.append(_Bucket(kind, name, "tokens", key, limits.tokens_per_min, cap, tokens))
         return out
 
     async def _run(
@@ -117,20 +176,20 @@ class QuotaLimiter:
         tenant_id: str,
         epoch: str | None,
         mode: Literal["take", "adjust", "lease"],
-        buckets: list[tuple[BucketName, str, float, float, float]],
+        buckets: list[_Bucket],
         now_ms: float | None,
         tail: list[str | float] | None = None,
         operation: str = "QuotaLimiter.reserve",
     ) -> list[str | int]:
-        keys = [self._layout.tenant(tenant_id), *(b[1] for b in buckets)]
+        keys = [self._layout.tenant(tenant_id), *(b.key for b in buckets)]
         args: list[str | float] = [
             "" if now_ms is None else repr(float(now_ms)),
             mode,
             "0" if epoch is None else "1",
             epoch or "",
         ]
-        for _, _, rate, cap, amount in buckets:
-            args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
+        for b in buckets:
+            args.extend([repr(float(b.rate)), repr(float(b.cap)), repr(float(b.amount))])
         if tail:
             args.extend(tail)
         result: list[str | int] = await timed_call(
@@ -147,8 +206,10 @@ class QuotaLimiter:
         now_ms: float | None = None,
         epoch: str | None = None,
         lease: Mapping[BucketName, tuple[float, float]] | None = None,
+        scopes: tuple[Scope, ...] = (),
     ) -> QuotaDecision:
-        """Take 1 request and ``tokens`` tokens from the tenant's buckets, all or nothing.
+        """Take 1 request and ``tokens`` tokens from the tenant's buckets and its ``scopes``' (its key's,
+        its model's), all or nothing.
 
         Args:
             tenant_id: whose buckets.
@@ -159,40 +220,55 @@ class QuotaLimiter:
             lease: bucket -> ``(extra, credit)``: first give ``credit`` units back (an earlier lease's
                 leftover, written even when refused), then, when the request passes, also take up to
                 ``extra`` whole units more, as much as the bucket holds (``QuotaDecision.granted``).
-                Buckets absent lease nothing. Used by :class:`tenancy.quota_lease.LeasedQuota`.
+                Buckets absent lease nothing. Used by :class:`tenancy.quota_lease.LeasedQuota`; only
+                the tenant's own buckets lease (not with ``scopes``).
+            scopes: the narrower buckets the request also takes from, checked first, in order.
 
         Returns:
-            A :class:`QuotaDecision`.
+            A :class:`QuotaDecision`: refused, it names the first bucket short (``limiting`` and
+            ``scope``) and waits for the slowest.
 
         Raises:
             TenantNotFoundError: ``epoch`` was given and the tenant is gone (nothing was written).
+            ValueError: ``lease`` with ``scopes``.
         """
-        buckets = self._buckets(tenant_id, quotas, 1, tokens)
+        if lease is not None and scopes:
+            raise ValueError("only the tenant's own buckets lease")
+        buckets = self._buckets(tenant_id, quotas, 1, tokens, scopes)
         if not buckets:
             return QuotaDecision(True, False, 0.0, None, {})
         tail: list[str | float] | None = None
         if lease is not None:
             tail = []
-            for name, *_ in buckets:
-                extra, credit = lease.get(name, (0, 0))
+            for b in buckets:
+                extra, credit = lease.get(b.bucket, (0, 0))
                 tail.extend([repr(float(extra)), repr(float(credit))])
         result = await self._run(tenant_id, epoch, "lease" if tail else "take", buckets, now_ms, tail)
         status, wait_ms, idx = int(result[0]), int(result[1]), int(result[2])
         if status == -2:
             raise TenantNotFoundError(tenant_id)
-        limiting = buckets[idx - 1][0] if idx > 0 else None
         n = len(buckets)
+        found = buckets[idx - 1] if idx > 0 else None
+        limiting = found.bucket if found is not None else None
+        scope = None
+        if found is not None and found.scope != "tenant":
+            scope = next(s for s in scopes if s.kind == found.scope and s.name == found.name)
+        levels = tuple(
+            BucketLevel(b.bucket, b.rate, b.cap, float(v))
+            for b, v in zip(buckets, result[3 : 3 + n], strict=False)
+        )
         remaining: dict[str, float] = {
-            b[0]: float(v) for b, v in zip(buckets, result[3 : 3 + n], strict=False)
+            b.bucket: level.level for b, level in zip(buckets, levels, strict=False) if b.scope == "tenant"
         }
         if status == -1:
-            return QuotaDecision(False, True, math.inf, limiting, remaining)
+            return QuotaDecision(False, True, math.inf, limiting, remaining, scope=scope, levels=levels)
         if status == 0:
-            return QuotaDecision(False, False, wait_ms / 1000.0, limiting, remaining)
+            wait_s = wait_ms / 1000.0
+            return QuotaDecision(False, False, wait_s, limiting, remaining, scope=scope, levels=levels)
         granted: dict[str, int] | None = (
-            {b[0]: int(v) for b, v in zip(buckets, result[3 + n :], strict=False)} if tail else None
+            {b.bucket: int(v) for b, v in zip(buckets, result[3 + n :], strict=False)} if tail else None
         )
-        return QuotaDecision(True, False, 0.0, None, remaining, granted)
+        return QuotaDecision(True, False, 0.0, None, remaining, granted, levels=levels)
 
     @untimed_store_operation
     async def adjust(
@@ -203,29 +279,31 @@ class QuotaLimiter:
         tokens: float = 0,
         now_ms: float | None = None,
         epoch: str | None = None,
+        scopes: tuple[Scope, ...] = (),
     ) -> dict[str, float]:
-        """Add units back to (positive) or charge (negative) the tenant's buckets.
+        """Add units back to (positive) or charge (negative) the tenant's buckets, and its ``scopes``'.
 
-        Levels are capped at the burst and floored at minus the burst. Returns bucket -> new level; empty
-        when nothing changed, or when ``epoch`` was given and the tenant is gone (nothing written).
+        Levels are capped at the burst and floored at minus the burst. Returns bucket -> new level of the
+        tenant's own buckets; empty when nothing changed, or when ``epoch`` was given and the tenant is
+        gone (nothing written).
         """
-        buckets = [b for b in self._buckets(tenant_id, quotas, requests, tokens) if b[4] != 0]
+        buckets = [b for b in self._buckets(tenant_id, quotas, requests, tokens, scopes) if b.amount != 0]
         if not buckets:
             return {}
         result = await self._run(tenant_id, epoch, "adjust", buckets, now_ms, operation="QuotaLimiter.adjust")
         if int(result[0]) == -2:
             return {}
-        return {b[0]: float(v) for b, v in zip(buckets, result[3:], strict=False)}
+        return {b.bucket: float(v) for b, v in zip(buckets, result[3:], strict=False) if b.scope == "tenant"}
 
     async def refund(self, reservation: Reservation) -> None:
         """Give a whole reservation back (request rejected downstream, failed upstream, or cancelled)."""
         r = reservation
-        await self.adjust(r.tenant_id, r.quotas, r.requests, r.tokens, epoch=r.epoch)
+        await self.adjust(r.tenant_id, r.quotas, r.requests, r.tokens, epoch=r.epoch, scopes=r.scopes)
 
     async def reconcile(self, reservation: Reservation, used_tokens: int) -> None:
         """Settle a finished request: refund unused reserved tokens, or charge the overrun."""
         r = reservation
-        await self.adjust(r.tenant_id, r.quotas, 0, r.tokens - used_tokens, epoch=r.epoch)
+        await self.adjust(r.tenant_id, r.quotas, 0, r.tokens - used_tokens, epoch=r.epoch, scopes=r.scopes)
 
     @untimed_store_operation
     async def settle(
@@ -238,7 +316,8 @@ class QuotaLimiter:
     ) -> bool:
         """Settle a request and record its usage in one atomic round trip (``settle.lua``): what
         :meth:`reconcile` (``used_tokens`` given) or :meth:`refund` (None: nothing was served) and then
-        :meth:`tenancy.usage.UsageRecorder.record` do, with one tenant check for both.
+        :meth:`tenancy.usage.UsageRecorder.record` do, with one tenant check for both. Every bucket the
+        reservation took from (its scopes' too) gets its unused units back, or the overrun charged.
 
         Args:
             reservation: what :meth:`reserve` took.
@@ -264,13 +343,14 @@ class QuotaLimiter:
             requests, tokens = float(r.requests), float(r.tokens)
         else:
             requests, tokens = 0.0, float(r.tokens - used_tokens)
-        buckets = [b for b in self._buckets(r.tenant_id, r.quotas, requests, tokens) if b[4] != 0]
+        touched = self._buckets(r.tenant_id, r.quotas, requests, tokens, r.scopes)
+        buckets = [b for b in touched if b.amount != 0]
         counts = [(field, value) for field, value in usage.items() if value]
         if not buckets and not counts:
             return True
         layout = self._layout
         marker = layout.settled(once[0]) if once is not None else layout.settled("")
-        keys = [layout.tenant(r.tenant_id), layout.usage(r.tenant_id), marker, *(b[1] for b in buckets)]
+        keys = [layout.tenant(r.tenant_id), layout.usage(r.tenant_id), marker, *(b.key for b in buckets)]
         args: list[str | int] = [
             "" if now_ms is None else repr(float(now_ms)),
             "0" if r.epoch is None else "1",
@@ -278,8 +358,8 @@ class QuotaLimiter:
             len(buckets),
             "" if once is None else max(1, int(once[1])),
         ]
-        for _, _, rate, cap, amount in buckets:
-            args.extend([repr(float(rate)), repr(float(cap)), repr(float(amount))])
+        for b in buckets:
+            args.extend([repr(float(b.rate)), repr(float(b.cap)), repr(float(b.amount))])
         for field, value in counts:
             args.extend([field, value])
         linger = self._settle_linger_s if r.linger else 0.0

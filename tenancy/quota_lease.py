@@ -9,6 +9,17 @@ leases exist and sleeps until the earliest expiry) or when the gateway stops (:m
 
 What a request reserved is settled exactly as before (:meth:`tenancy.quota.QuotaLimiter.settle`):
 unused tokens and refused or failed requests go back to the shared bucket, not to the lease.
+
+A request that also takes from an API key's or a model's buckets (``scopes``) bypasses the lease: one
+script call takes from all its buckets at once, as without leases. A lease is one replica's units of one
+tenant's buckets; leasing a key's or a model's too would take one lease per key and model combination, each
+holding units of the tenant's bucket back from the other replicas, and a lease could not say which of its
+buckets would have refused. Those buckets are typically small (a key's 60 RPM leases nothing anyway, see
+:func:`policies.quota_lease.lease_size`), so they are decided in Redis, exact across replicas.
+
+An admission from a lease reports levels for the rate-limit headers without asking Redis
+(:func:`policies.rate_limits.leased_level`): the levels of the tenant's last Redis call on this replica,
+refilled since, plus the lease's units still held here.
 """
 
 from __future__ import annotations
@@ -23,14 +34,19 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from policies.quota_lease import QuotaLease, Terms, lease_size
+from policies.rate_limits import BucketLevel, leased_level
 from tenancy.errors import StoreUnavailable
 from tenancy.layout import BucketName
 from tenancy.models import Quotas
-from tenancy.quota import QuotaDecision, QuotaLimiter
+from tenancy.quota import QuotaDecision, QuotaLimiter, Scope
 
 log = structlog.get_logger("radixgate.quota_lease")
 
 _ALLOWED = QuotaDecision(True, False, 0.0, None, {}, leased=True)
+
+_Seen = tuple[tuple[BucketLevel, ...], float]
+"""The levels of a tenant's buckets at this replica's last Redis call for them (after its take and lease)
+and the monotonic time of that call, s."""
 
 
 def lease_terms(quotas: Quotas, epoch: str | None) -> Terms:
@@ -69,6 +85,8 @@ class LeasedQuota:
         before_remote: awaited with the tenant id before a reservation the lease cannot cover goes to
             Redis (the settler sends that tenant's settles still collecting ahead of it, in the same
             write: :meth:`service.pipeline.settlement.Settler.ahead_of_reservation`).
+        report_levels: give an admission from a lease the levels this replica sees (for the rate-limit
+            headers); False: none (``levels`` empty), nothing computed.
 
     Counters ``local`` and ``remote`` count the same.
     """
@@ -82,8 +100,10 @@ class LeasedQuota:
         clock: Callable[[], float] = time.monotonic,
         on_reserve: Callable[[bool], None] | None = None,
         before_remote: Callable[[str], Awaitable[None]] | None = None,
+        report_levels: bool = True,
     ) -> None:
         self._limiter = limiter
+        self._report_levels = report_levels
         self._before_remote = before_remote
         self._horizon_s = horizon_s
         self._max_fraction = max_fraction
@@ -95,6 +115,7 @@ class LeasedQuota:
         self._returns: set[asyncio.Task[None]] = set()
         # tenants with a lease-taking call in flight, each with the event set at its end
         self._asking: dict[str, asyncio.Event] = {}
+        self._seen: dict[str, _Seen] = {}  # tenant -> levels at its lease's grant (lease admissions' levels)
         self.local = 0
         self.remote = 0
 
@@ -104,17 +125,28 @@ class LeasedQuota:
         return len(self._leases)
 
     async def reserve(
-        self, tenant_id: str, quotas: Quotas, tokens: int, epoch: str | None = None
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        tokens: int,
+        epoch: str | None = None,
+        scopes: tuple[Scope, ...] = (),
     ) -> QuotaDecision:
-        """Reserve 1 request and ``tokens`` tokens of ``tenant_id``; as :meth:`QuotaLimiter.reserve`
-        (same decision, same errors: ``TenantNotFoundError``, ``StoreUnavailable``), except that an
-        admission from the lease returns ``remaining`` empty (Redis was not asked)."""
+        """Reserve 1 request and ``tokens`` tokens of ``tenant_id`` (and of its ``scopes``: then without a
+        lease, see the module); as :meth:`QuotaLimiter.reserve` (same decision, same errors:
+        ``TenantNotFoundError``, ``StoreUnavailable``), except that an admission from the lease returns
+        ``remaining`` empty (Redis was not asked) and ``levels`` as this replica sees them
+        (:func:`policies.rate_limits.leased_level`)."""
+        if scopes:
+            if self._before_remote is not None:
+                await self._before_remote(tenant_id)
+            self.remote += 1
+            self._on_reserve(False)
+            return await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, scopes=scopes)
         terms = lease_terms(quotas, epoch)
         held = self._leases.get(tenant_id)
         if held is not None and held[0].take(terms, 1, tokens, self._clock()):
-            self.local += 1
-            self._on_reserve(True)
-            return _ALLOWED
+            return self._from_lease(tenant_id, held[0])
         asking = self._asking.get(tenant_id)
         if asking is not None:
             # a lease is on its way (single flight): its units may admit this request too, without a Redis
@@ -122,16 +154,12 @@ class LeasedQuota:
             await asking.wait()
             held = self._leases.get(tenant_id)
             if held is not None and held[0].take(terms, 1, tokens, self._clock()):
-                self.local += 1
-                self._on_reserve(True)
-                return _ALLOWED
+                return self._from_lease(tenant_id, held[0])
         if self._before_remote is not None:
             await self._before_remote(tenant_id)
             held = self._leases.get(tenant_id)  # another request may have replaced it meanwhile
             if held is not None and held[0].take(terms, 1, tokens, self._clock()):
-                self.local += 1
-                self._on_reserve(True)
-                return _ALLOWED
+                return self._from_lease(tenant_id, held[0])
         self.remote += 1
         self._on_reserve(False)
         asks: dict[BucketName, tuple[float, float]] = {}
@@ -181,18 +209,45 @@ class LeasedQuota:
             requests = decision.granted.get("requests", 0) if quotas.requests_per_min is not None else None
             tokens_left = decision.granted.get("tokens", 0) if quotas.tokens_per_min is not None else None
             if requests != 0 and tokens_left != 0:
+                now = self._clock()
                 lease = QuotaLease(
                     terms,
                     float("inf") if requests is None else float(requests),
                     float("inf") if tokens_left is None else float(tokens_left),
-                    self._clock() + self._ttl_s,
+                    now + self._ttl_s,
                 )
                 self._install(tenant_id, lease, quotas)
-                return dataclasses.replace(decision, leased=True)
+                self._seen[tenant_id] = (decision.levels, now)
+                levels = self._levels(tenant_id, self._leases[tenant_id][0], now)
+                return dataclasses.replace(decision, leased=True, levels=levels)
             # a lease that can serve no request (one bucket granted nothing): give it back now
             unused = QuotaLease(terms, float(requests or 0), float(tokens_left or 0), 0.0)
             self._give_back_later(tenant_id, unused, quotas)
         return decision
+
+    def _from_lease(self, tenant_id: str, lease: QuotaLease) -> QuotaDecision:
+        """The decision of a reservation the lease covered (counted), with this replica's levels."""
+        self.local += 1
+        self._on_reserve(True)
+        if not self._report_levels:
+            return _ALLOWED
+        levels = self._levels(tenant_id, lease, self._clock())
+        return QuotaDecision(True, False, 0.0, None, {}, leased=True, levels=levels) if levels else _ALLOWED
+
+    def _levels(self, tenant_id: str, lease: QuotaLease, now_s: float) -> tuple[BucketLevel, ...]:
+        """The tenant's bucket levels as this replica sees them with ``lease`` held (the module)."""
+        seen = self._seen.get(tenant_id)
+        if seen is None:
+            return ()
+        levels, at = seen
+        elapsed = now_s - at
+        out = []
+        for b in levels:
+            held = lease.requests if b.bucket == "requests" else lease.tokens
+            held = 0.0 if math.isinf(held) else held
+            level = leased_level(b.level, b.rate_per_min, b.capacity, elapsed, held)
+            out.append(BucketLevel(b.bucket, b.rate_per_min, b.capacity, level))
+        return tuple(out)
 
     def on_invalidation(self, message: str) -> None:
         """Drop the lease of a tenant that changed (``tenant:<id>``, published by every tenant write:
@@ -202,6 +257,7 @@ class LeasedQuota:
         kind, _, tenant_id = message.partition(":")
         if kind == "tenant":
             self._leases.pop(tenant_id, None)
+            self._seen.pop(tenant_id, None)
 
     def _install(self, tenant_id: str, lease: QuotaLease, quotas: Quotas) -> None:
         current = self._leases.get(tenant_id)
@@ -244,6 +300,7 @@ class LeasedQuota:
                 expired = [(t, h) for t, h in self._leases.items() if h[0].expires_s <= now]
                 for tenant_id, _ in expired:
                     del self._leases[tenant_id]
+                    self._seen.pop(tenant_id, None)
                 for tenant_id, (lease, quotas) in expired:
                     await self._give_back(tenant_id, lease, quotas)
         finally:
@@ -256,6 +313,7 @@ class LeasedQuota:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         held, self._leases = self._leases, {}
+        self._seen.clear()
         for tenant_id, (lease, quotas) in held.items():
             await self._give_back(tenant_id, lease, quotas)
         if self._returns:

@@ -12,9 +12,11 @@ import bisect
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import structlog
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, WatchError
 
 from tenancy.auth_cache import AuthCache, invalidation_channel
@@ -26,18 +28,31 @@ from tenancy.errors import (
     store_operation,
     untimed_store_operation,
 )
+from tenancy.key_records import KeyRecords, key_info
 from tenancy.keys import digest_matches, generate_key, key_digest, parse_key, tokens_equal
 from tenancy.layout import BUCKETS, KeyLayout, lua
 from tenancy.models import (
     ApiKeyInfo,
     ApiKeyRecord,
     IssuedKey,
+    KeyTerms,
+    Quotas,
     Tenant,
     TenantCreate,
     TenantPatch,
 )
 
-__all__ = ["KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
+__all__ = ["Authenticated", "KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
+
+
+class Authenticated(NamedTuple):
+    """A presented API key that matched: its tenant and its record (the key's terms: expiry, models,
+    quotas). An expired key is returned too (:meth:`ApiKeyRecord.expired` says so): the caller answers it
+    with its own error."""
+
+    tenant: Tenant
+    key: ApiKeyRecord
+
 
 log = structlog.get_logger("radixgate.tenants")
 
@@ -55,7 +70,7 @@ async def eviction_policy(redis: Redis) -> str | None:
     return str(policy) if policy is not None else None
 
 
-class TenantStore:
+class TenantStore(KeyRecords):
     """CRUD for tenants and their API keys.
 
     Args:
@@ -73,12 +88,22 @@ class TenantStore:
 
     ``observe_call``: told each Redis call's latency (:func:`tenancy.errors.store_operation`); an
     authentication is timed only when it reads Redis (as ``TenantStore.authenticate``).
+
+    ``wall_clock``: unix time, s (keys' expiry; a test hook).
     """
 
     observe_call: CallObserver | None = None
 
-    def __init__(self, redis: Redis, prefix: str, pepper: bytes, cache: AuthCache | None = None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        pepper: bytes,
+        cache: AuthCache | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self._redis = redis
+        self._wall_clock = wall_clock
         self._layout = KeyLayout(prefix)
         self._pepper = pepper
         self._cache = cache
@@ -117,7 +142,8 @@ class TenantStore:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self._tenant_key(tenant.id), tenant.model_dump_json(), nx=True)
             pipe.sadd(self._index, tenant.id)
-            created, _ = await pipe.execute()
+            self._note_quota_models(pipe, tenant.id, tenant.quotas)
+            created, *_ = await pipe.execute()
         if not created:
             raise TenantExistsError(tenant.id)
         return tenant
@@ -198,6 +224,7 @@ class TenantStore:
                         check(merged)
                     pipe.multi()  # type: ignore[no-untyped-call, unused-ignore]
                     pipe.set(key, merged.model_dump_json(), xx=True)
+                    self._note_quota_models(pipe, tenant_id, merged.quotas)
                     await pipe.execute()
                     break
                 except WatchError:
@@ -205,9 +232,17 @@ class TenantStore:
         await self._invalidate(f"tenant:{tenant_id}")
         return merged
 
+    def _note_quota_models(self, pipe: Pipeline, tenant_id: str, quotas: Quotas) -> None:
+        """Add the model ids ``quotas`` names to the tenant's set of them, in ``pipe`` (the transaction
+        that writes the record): every model bucket a request can write is then named there, also after
+        its entry is removed, so :meth:`delete` clears them all."""
+        if quotas.models:
+            pipe.sadd(self._layout.quota_models(tenant_id), *(m.model for m in quotas.models))
+
     @store_operation
     async def delete(self, tenant_id: str) -> None:
-        """Delete a tenant and every key it owns (record, API keys, buckets, usage) in one atomic call.
+        """Delete a tenant and every key it owns (record, API keys, buckets of its own, of its keys and of
+        its models, usage) in one atomic call.
 
         Raises:
             TenantNotFoundError: no such tenant.
@@ -220,14 +255,22 @@ class TenantStore:
             layout.usage(tenant_id),
             layout.tenant_keys_by_time(tenant_id),
             *(layout.bucket(tenant_id, b) for b in BUCKETS),
+            layout.quota_models(tenant_id),
         ]
-        if not await self._delete_script(keys=keys, args=[layout.api_key_prefix, tenant_id]):
+        args = [
+            layout.api_key_prefix,
+            tenant_id,
+            layout.scoped_bucket_prefix(tenant_id),
+            layout.quota_models(tenant_id),
+        ]
+        if not await self._delete_script(keys=keys, args=args):
             raise TenantNotFoundError(tenant_id)
         await self._invalidate(f"tenant:{tenant_id}")
 
     @store_operation
-    async def issue_key(self, tenant_id: str, name: str = "") -> IssuedKey:
-        """Create an API key for a tenant; the returned ``api_key`` is never stored.
+    async def issue_key(self, tenant_id: str, name: str = "", terms: KeyTerms | None = None) -> IssuedKey:
+        """Create an API key for a tenant, with ``terms`` (expiry, models, quotas; the caller checks them
+        against the tenant); the returned ``api_key`` is never stored.
 
         Raises:
             TenantNotFoundError: no such tenant (also when it is deleted meanwhile).
@@ -240,6 +283,7 @@ class TenantStore:
                 tenant_id=tenant_id,
                 digest=key_digest(parsed.full, self._pepper),
                 name=name,
+                **(terms.model_dump(include=set(KeyTerms.model_fields)) if terms is not None else {}),
             )
             keys = [
                 self._tenant_key(tenant_id),
@@ -252,7 +296,7 @@ class TenantStore:
             if stored == -1:
                 raise TenantNotFoundError(tenant_id)
             if stored == 1:
-                return IssuedKey(**_info(record).model_dump(), api_key=parsed.full)
+                return IssuedKey(**key_info(record).model_dump(), api_key=parsed.full)
         raise RuntimeError("could not draw an unused API key id")
 
     @store_operation
@@ -299,21 +343,16 @@ class TenantStore:
         if reply == -2:
             raise KeyNotFoundError(str(after))
         more, *raws = reply
-        return [_info(ApiKeyRecord.model_validate_json(raw)) for raw in raws], bool(more)
+        return [key_info(ApiKeyRecord.model_validate_json(raw)) for raw in raws], bool(more)
 
     @store_operation
     async def revoke_key(self, tenant_id: str, key_id: str) -> ApiKeyInfo:
         """Mark a key revoked (kept for audit). Raises :class:`KeyNotFoundError`."""
-        raw = await self._redis.get(self._key_key(key_id))
-        if raw is None:
-            raise KeyNotFoundError(key_id)
-        record = ApiKeyRecord.model_validate_json(raw)
-        if record.tenant_id != tenant_id:
-            raise KeyNotFoundError(key_id)
+        record = await self._key_record(tenant_id, key_id)
         record.revoked = True
         await self._redis.set(self._key_key(key_id), record.model_dump_json(), xx=True)
         await self._invalidate(f"key:{key_id}")
-        return _info(record)
+        return key_info(record)
 
     @store_operation
     async def key_revoked(self, key_id: str) -> bool:
@@ -332,13 +371,22 @@ class TenantStore:
         except RedisError as exc:
             log.warning("auth_invalidation_not_published", message=message, error=str(exc))
 
-    @untimed_store_operation
     async def authenticate(self, presented: str) -> Tenant | None:
-        """Resolve a presented API key to its tenant.
+        """Resolve a presented API key to its tenant (:meth:`authenticate_key`); None also for an expired
+        key."""
+        found = await self.authenticate_key(presented)
+        if found is None or found.key.expired(self._wall_clock()):
+            return None
+        return found.tenant
+
+    @untimed_store_operation
+    async def authenticate_key(self, presented: str) -> Authenticated | None:
+        """Resolve a presented API key to its tenant and its record (terms).
 
         Returns ``None`` for a malformed, unknown, revoked or wrong key, or a key whose tenant is gone.
-        The caller decides what a disabled tenant means (403). A key that passed within the cache's TTL
-        is answered from the cache (its digest still checked); otherwise Redis is read.
+        The caller decides what a disabled tenant (403) or an expired key (401) means. A key that passed
+        within the cache's TTL is answered from the cache (its digest still checked), never past the
+        key's expiry; otherwise Redis is read.
         """
         parsed = parse_key(presented)
         if parsed is None:
@@ -346,27 +394,31 @@ class TenantStore:
         cache = self._cache
         if cache is None or not cache.enabled:  # off: every authentication reads Redis itself
             found = await self._read_key(parsed.key_id)
-            return found[1] if found is not None and _passes(found, parsed.full, self._pepper) else None
+            return _matched(found, parsed.full, self._pepper)
         hit = cache.get(parsed.key_id)
-        if hit is not None:
+        if hit is not None and hit.key is not None:
             if tokens_equal(parsed.full, hit.verified) or digest_matches(
                 parsed.full, hit.digest, self._pepper
             ):
-                return hit.tenant
+                return Authenticated(hit.tenant, hit.key)
             return None
         read_at, generation = cache.now(), cache.generation
         shared = self._reads.get(parsed.key_id)
         if shared is not None and shared[0] == generation:  # a read begun since the last invalidation
             found = await asyncio.shield(shared[1])
-            return found[1] if found is not None and _passes(found, parsed.full, self._pepper) else None
+            return _matched(found, parsed.full, self._pepper)
         read = asyncio.ensure_future(self._read_key(parsed.key_id))
         self._reads[parsed.key_id] = (generation, read)
         read.add_done_callback(lambda done: self._read_done(parsed.key_id, done))
         found = await asyncio.shield(read)  # the first caller leaving does not fail the others
-        if found is None or not _passes(found, parsed.full, self._pepper):
+        matched = _matched(found, parsed.full, self._pepper)
+        if matched is None:
             return None
-        cache.put(parsed.key_id, found[0].digest, found[1], read_at, generation, parsed.full)
-        return found[1]
+        record, tenant = matched.key, matched.tenant
+        # an entry never outlives its key: past the expiry the record is read again (and refused)
+        life = None if record.expires_at is None else max(0.0, record.expires_at - self._wall_clock())
+        cache.put(parsed.key_id, record.digest, tenant, read_at, generation, parsed.full, record, life)
+        return matched
 
     async def _read_key(self, key_id: str) -> _KeyRead:
         """The key record and its tenant from Redis; None when the key or its tenant is gone. Timed as
@@ -397,17 +449,8 @@ _KeyRead = tuple[ApiKeyRecord, Tenant] | None
 """A key record and its tenant as read together, or None (key or tenant gone)."""
 
 
-def _passes(found: tuple[ApiKeyRecord, Tenant], presented: str, pepper: bytes) -> bool:
-    """The presented key matches the record read, which is not revoked."""
-    return not found[0].revoked and digest_matches(presented, found[0].digest, pepper)
-
-
-def _info(record: ApiKeyRecord) -> ApiKeyInfo:
-    return ApiKeyInfo(
-        key_id=record.key_id,
-        tenant_id=record.tenant_id,
-        name=record.name,
-        created_at=record.created_at,
-        revoked=record.revoked,
-        prefix=f"rg-{record.key_id}",
-    )
+def _matched(found: _KeyRead, presented: str, pepper: bytes) -> Authenticated | None:
+    """The key and tenant read when the presented key matches the record, which is not revoked."""
+    if found is None or found[0].revoked or not digest_matches(presented, found[0].digest, pepper):
+        return None
+    return Authenticated(found[1], found[0])

@@ -13,10 +13,14 @@
 --          beyond amount_i, and an earlier lease's units given back first (capped at the capacity;
 --          written even when the take is refused)
 --
+-- Buckets are checked in KEYS order (tenancy/quota.py puts a key's and a model's before the tenant's own).
+--
 -- Returns {status, wait_ms, limiting_index, level_1, ..., level_n[, grant_1, ..., grant_n]}
 --   (grants in mode "lease" only, when status is 1)
---   status 1: done; 0: refused, retry after wait_ms (bucket limiting_index is the slowest);
---   status -1: amount above capacity of bucket limiting_index, can never pass;
+--   status 1: done; 0: refused, retry after wait_ms (the slowest bucket's wait); limiting_index is the
+--     first bucket short;
+--   status -1: amount above capacity of bucket limiting_index (the first such), can never pass; nothing is
+--     written (not even a credit), and the levels are the stored ones;
 --   status -2: the tenant is gone (deleted, or re-created with another epoch): nothing written.
 -- Levels are returned as strings (Lua numbers would be truncated to integers).
 
@@ -37,7 +41,8 @@ if ARGV[2] == 'adjust' then -- under each bucket's stored terms (bucket_adjust i
 end
 local leasing = ARGV[2] == 'lease'
 local rates, caps, amounts, levels, stamps, extras = {}, {}, {}, {}, {}, {}
-local worst_wait, worst_idx = 0, 0
+local worst_wait, first_short, too_large = 0, 0, 0
+local stored = {}  -- levels as stored (refilled), before any credit: what a refusal by size reports
 local credited = false
 
 for i = 1, n do
@@ -46,6 +51,7 @@ for i = 1, n do
   local amount = tonumber(ARGV[3 * i + 4])
   rates[i], caps[i], amounts[i] = rate, cap, amount
   levels[i], stamps[i] = bucket_level(KEYS[1 + i], rate, cap, now)
+  stored[i] = levels[i]
   if leasing then
     extras[i] = tonumber(ARGV[3 * n + 3 + 2 * i])
     local credit = tonumber(ARGV[3 * n + 4 + 2 * i])
@@ -55,19 +61,30 @@ for i = 1, n do
     end
   end
   if amount > cap then
-    return {-1, 0, i}
-  end
-  if levels[i] < amount then
+    if too_large == 0 then
+      too_large = i
+    end
+  elseif levels[i] < amount then
     local wait = math.min(math.ceil((amount - levels[i]) * 60000 / rate), MAX_WAIT_MS)
+    if first_short == 0 then
+      first_short = i
+    end
     if wait > worst_wait then
-      worst_wait, worst_idx = wait, i
+      worst_wait = wait
     end
   end
 end
 
 local out = {1, 0, 0}
+if too_large > 0 then -- nothing written, not even a credit (the caller keeps its lease)
+  out = {-1, 0, too_large}
+  for i = 1, n do
+    out[3 + i] = string.format('%.17g', stored[i])
+  end
+  return out
+end
 if worst_wait > 0 then
-  out = {0, worst_wait, worst_idx}
+  out = {0, worst_wait, first_short}
   for i = 1, n do
     if credited then
       bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])

@@ -7,9 +7,11 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 
+from service.api.admin_keys import check_key_terms, check_limits, check_model_quotas
 from service.api.deps import AdminDep, JsonBody, StateDep
 from service.api.errors import APIError
 from service.api.openai_routes import parse
+from service.api.openapi_bodies import ADMIN_SUFFIX, json_body
 from service.api.paging import DEFAULT_PAGE, After, Limit, list_object
 from service.config.settings import Settings
 from tenancy.models import (
@@ -113,7 +115,11 @@ def _check_quotas(quotas: Quotas | None, given: Collection[str] | None = None) -
             )
 
 
-@router.post("/tenants", status_code=201)
+ADMIN_BODY_MODELS = (TenantCreate, TenantPatch, Quotas, KeyCreate)
+"""JSON bodies of the admin routes here, in the OpenAPI document (:mod:`service.api.openapi_bodies`)."""
+
+
+@router.post("/tenants", status_code=201, openapi_extra=json_body(TenantCreate, ADMIN_SUFFIX))
 async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
     """Create a tenant (409 if the id exists)."""
     spec = parse(TenantCreate, body)
@@ -121,6 +127,7 @@ async def create_tenant(body: JsonBody, state: StateDep) -> Tenant:
         spec = spec.model_copy(update={"priority_class": state.settings.default_priority_class})
     _check_tenant(state.settings, spec.priority_class, spec.max_priority_class, spec.allowed_models)
     _check_quotas(spec.quotas)
+    check_model_quotas(state.settings, spec.quotas)
     try:
         return await state.tenants.create(spec)
     except TenantExistsError as exc:
@@ -146,7 +153,7 @@ async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
         raise _not_found(tenant_id) from exc
 
 
-@router.patch("/tenants/{tenant_id}")
+@router.patch("/tenants/{tenant_id}", openapi_extra=json_body(TenantPatch, ADMIN_SUFFIX))
 async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
     """Partial update (name, class, weight, quotas, caps, models, enabled), as a JSON merge patch
     (RFC 7386): absent fields are kept, and so are the quota fields ``quotas`` leaves out
@@ -164,6 +171,8 @@ async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tena
         given = {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}
         patch = patch.model_copy(update={"quotas": current.quotas.model_copy(update=given)})
     _check_quotas(patch.quotas, () if given is None else given.keys())
+    if given is not None and "models" in given:
+        check_model_quotas(state.settings, patch.quotas)
     named = patch.model_fields_set & set(_CLASS_FIELDS)
     _check_tenant(
         state.settings,
@@ -198,7 +207,7 @@ async def enable_tenant(tenant_id: str, state: StateDep) -> Tenant:
     return await update_tenant_fields(state, tenant_id, TenantPatch(enabled=True))
 
 
-@router.put("/tenants/{tenant_id}/quotas")
+@router.put("/tenants/{tenant_id}/quotas", openapi_extra=json_body(Quotas, ADMIN_SUFFIX))
 async def set_quotas(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
     """Replace a tenant's quotas (RPM/TPM and bursts; omitted = unlimited)."""
     return await update_tenant_fields(state, tenant_id, TenantPatch(quotas=parse(Quotas, body)))
@@ -207,6 +216,7 @@ async def set_quotas(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
 async def update_tenant_fields(state: StateDep, tenant_id: str, patch: TenantPatch) -> Tenant:
     """Apply a patch built by a route."""
     _check_quotas(patch.quotas)
+    check_model_quotas(state.settings, patch.quotas)
     try:
         return await state.tenants.update(tenant_id, patch)
     except TenantNotFoundError as exc:
@@ -223,12 +233,18 @@ async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/tenants/{tenant_id}/keys", status_code=201)
+@router.post("/tenants/{tenant_id}/keys", status_code=201, openapi_extra=json_body(KeyCreate, ADMIN_SUFFIX))
 async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKey:
-    """Issue an API key; the response holds the key, shown this once."""
+    """Issue an API key, with its terms (``expires_at``, ``allowed_models``, ``quotas``: checked against
+    its tenant, :func:`service.api.admin_keys.check_key_terms`); the response holds the key, shown this
+    once."""
     spec = parse(KeyCreate, body)
     try:
-        return await state.tenants.issue_key(tenant_id, spec.name)
+        if spec.allowed_models is not None or spec.quotas is not None:
+            check_limits(spec.quotas, "quotas")
+            tenant = await state.tenants.get(tenant_id)
+            check_key_terms(state.settings, tenant, spec.allowed_models, spec.quotas)
+        return await state.tenants.issue_key(tenant_id, spec.name, spec)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
 

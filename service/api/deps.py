@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import re
+import time
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -20,7 +22,7 @@ from fastapi import Depends, Request
 from service.api.body_encoding import body_decoder
 from service.api.errors import APIError
 from service.state import GatewayState
-from tenancy.keys import parse_key, tokens_equal
+from tenancy.keys import tokens_equal
 from tenancy.models import Tenant
 
 
@@ -50,11 +52,12 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def authenticate(request: Request, state: GatewayState) -> Tenant:
-    """Resolve the caller's API key to an enabled tenant (its id and the key's id are left in the
-    request's scope state as ``tenant_id`` and ``key_id``).
+    """Resolve the caller's API key to an enabled tenant (its id, the key's id and the key's record are
+    left in the request's scope state as ``tenant_id``, ``key_id`` and ``api_key``).
 
     Raises:
-        APIError: 401 missing/unknown/revoked key; 403 disabled tenant.
+        APIError: 401 missing/unknown/revoked key, or ``expired_api_key`` past the key's ``expires_at``
+            (unix time of this replica's clock); 403 disabled tenant.
         StoreUnavailable: Redis is exhausted, slow or unreachable.
     """
     token = bearer_token(request)
@@ -62,16 +65,28 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
         raise APIError(
             401, "You didn't provide an API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key"
         )
-    tenant = await state.tenants.authenticate(token)
-    if tenant is None:
+    found = await state.tenants.authenticate_key(token)
+    if found is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    tenant, record = found
+    if record.expires_at is not None and record.expired(time.time()):
+        raise APIError(
+            401,
+            f"The API key rg-{record.key_id} expired at {_utc(record.expires_at)}; ask for a new one.",
+            code="expired_api_key",
+        )
     scope_state = request.scope.setdefault("state", {})
     scope_state["tenant_id"] = tenant.id  # for the log of a refusal
-    parsed = parse_key(token)
-    scope_state["key_id"] = parsed.key_id if parsed is not None else ""  # service.pipeline.revocation
+    scope_state["key_id"] = record.key_id  # service.pipeline.revocation
+    scope_state["api_key"] = record  # the key's terms (models, quotas): service.api.openai_routes
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant
+
+
+def _utc(unix_s: float) -> str:
+    """``unix_s`` as an RFC 3339 UTC date-time, to the second."""
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def authenticated_tenant(request: Request, state: StateDep) -> Tenant:

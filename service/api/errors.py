@@ -4,7 +4,7 @@ OpenAI's error shape (:mod:`service.protocol.errors`); the app's exception handl
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from service.api.rate_limit_headers import rate_limit_headers
 from service.errors import (
     FirstTokenTimeout,
     GatewayError,
@@ -61,6 +62,7 @@ class APIError(Exception):
         code: machine-readable code, e.g. ``"invalid_api_key"``, ``"rate_limit_exceeded"``.
         param: the offending request field, if any.
         headers: extra response headers (e.g. ``Retry-After``).
+        details: more fields of the error object (:attr:`service.errors.GatewayError.details`).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class APIError(Exception):
         param: str | None = None,
         headers: dict[str, str] | None = None,
         error_type: str | None = None,
+        details: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -78,13 +81,14 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
+        self.details = details
         self.error_type = error_type or _TYPE_BY_STATUS.get(
             status, "server_error" if status >= 500 else "invalid_request_error"
         )
 
     def body(self) -> dict[str, Any]:
         """The JSON body ``{"error": {...}}``."""
-        return error_object(self.message, self.error_type, self.param, self.code)
+        return error_object(self.message, self.error_type, self.param, self.code, self.details)
 
     def sse_event(self) -> bytes:
         """The error as one server-sent event (used once a stream has started)."""
@@ -147,10 +151,17 @@ def http_status(exc: GatewayError) -> int:
 
 
 def to_api_error(exc: GatewayError) -> APIError:
-    """A domain error as an :class:`APIError`: status, OpenAI shape, ``Retry-After`` when retryable."""
+    """A domain error as an :class:`APIError`: status, OpenAI shape, ``Retry-After`` when retryable. A
+    token bucket's refusal (``rate_limits`` set) also gets OpenAI's ``x-ratelimit-*`` headers and
+    ``retry-after-ms`` (the wait to the millisecond, which the ``openai`` client reads before
+    ``Retry-After``'s whole seconds)."""
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if exc.rate_limits is not None:
+        headers.update(rate_limit_headers(exc.rate_limits))
+        if exc.retry_after_s is not None and math.isfinite(exc.retry_after_s):
+            headers["retry-after-ms"] = str(max(1, math.ceil(exc.retry_after_s * 1000)))
     return APIError(
         http_status(exc),
         exc.message,
@@ -158,6 +169,7 @@ def to_api_error(exc: GatewayError) -> APIError:
         param=exc.param,
         headers=headers,
         error_type=error_type(exc),
+        details=exc.details,
     )
 
 

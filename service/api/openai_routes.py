@@ -25,11 +25,12 @@ from service.api.deps import (
 )
 from service.api.errors import FastJSONResponse, validation_error
 from service.api.openapi_bodies import json_body
+from service.api.rate_limit_headers import rate_limit_headers
 from service.errors import GatewayError, NotFound
 from service.observability.breakdown import RequestTiming
 from service.openai.responses import ResponsesShaper
 from service.openai.shapes import Shaper
-from service.pipeline.prepare import PreparedRequest, may_use
+from service.pipeline.prepare import PreparedRequest, may_use, may_use_models
 from service.pipeline.request_trace import begin_trace
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest, now_s
 from service.protocol.conversation import check_chat_references, check_responses_references
@@ -62,20 +63,23 @@ async def _serve(
 ) -> Response:
     """Prepare, admit and serve a request (of a ``body_bytes`` body, arrived at ``timing.start``);
     ``shaper`` makes the response format (default: chat or text completion). The answer carries the
-    request's phases so far in a ``Server-Timing`` header (:mod:`service.observability.breakdown`)."""
+    request's phases so far in a ``Server-Timing`` header (:mod:`service.observability.breakdown`) and its
+    rate-limit state in OpenAI's ``x-ratelimit-*`` headers (:mod:`service.api.rate_limit_headers`; none
+    when no bucket limits it)."""
     dispatcher = state.dispatcher
+    scope_state = request.scope["state"]
+    key = scope_state.get("api_key")  # its terms: models, quotas (service.api.deps.authenticate)
     if body_bytes > state.settings.api.offload_body_bytes:
         try:  # a client that leaves while its long prompt waits for a slot gives up its place
-            offloaded = dispatcher.prepare_offloaded(tenant, req, request_id(request), timing)
+            offloaded = dispatcher.prepare_offloaded(tenant, req, request_id(request), timing, key)
             prepared = await until_disconnect(request, offloaded)
         except ClientDisconnected:
             return Response(status_code=499)
     else:
-        prepared = dispatcher.prepare(tenant, req, request_id(request), timing)
+        prepared = dispatcher.prepare(tenant, req, request_id(request), timing, key)
     timing.mark("prepare")
-    reservation = await dispatcher.admit(prepared)
+    reservation, rate_limits = await dispatcher.admit(prepared)
     timing.mark("quota")
-    scope_state = request.scope["state"]
     scope_state["admitted"] = True  # the dispatcher's settle logs and counts it from here
     timing.client_request_id = scope_state.get("client_request_id")
     if (tracing := request.app.state.tracing) is not None:  # its span ends with its log line
@@ -88,7 +92,10 @@ async def _serve(
             result = await until_disconnect(request, work)
         except ClientDisconnected:
             return Response(status_code=499)
-        return FastJSONResponse(result, headers={"Server-Timing": timing.server_timing()})
+        headers = {"Server-Timing": timing.server_timing()}
+        if rate_limits:
+            headers.update(rate_limit_headers(rate_limits))
+        return FastJSONResponse(result, headers=headers)
     events = dispatcher.stream(prepared, reservation, shape, key_id)
     try:
         # The first event arrives with the first token: errors before it get a real HTTP status.
@@ -114,6 +121,7 @@ async def _serve(
             "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no",
             "Server-Timing": timing.server_timing(),
+            **(rate_limit_headers(rate_limits) if rate_limits else {}),
         },
     )
 
@@ -180,11 +188,14 @@ COMPLETION_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
 """``POST`` path -> handler of the routes served without dependency solving."""
 
 
-def _models_of(tenant: Tenant, state: GatewayState) -> list[dict[str, Any]]:
-    """OpenAI model objects of the models ``tenant`` may use: each id and alias, with ``root`` (the
+def _models_of(tenant: Tenant, state: GatewayState, request: Request) -> list[dict[str, Any]]:
+    """OpenAI model objects of the models ``tenant`` and the request's API key may use (a key's
+    ``allowed_models`` narrows its tenant's): each id and alias, with ``root`` (the
     model's id: an alias's model), its ``context_length`` (tokens: the most prompt + ``max_tokens`` a
     request may ask for, :meth:`~service.pipeline.served_models.ServedModels.context_length`) and
     ``capabilities`` (``tools``, ``structured_outputs``)."""
+    key = request.scope.get("state", {}).get("api_key")
+    key_models = key.allowed_models if key is not None else None
     found = []
     for lane in state.models.lanes:
         model = lane.model
@@ -202,20 +213,24 @@ def _models_of(tenant: Tenant, state: GatewayState) -> list[dict[str, Any]]:
             }
             for name in model.names
             if may_use(tenant, name, model)
+            and (key_models is None or may_use_models(key_models, name, model))
         ]
     return found
 
 
 @router.get("/models")
-async def list_models(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
-    """``GET /v1/models``: the models this tenant may use."""
-    return {"object": "list", "data": _models_of(tenant, state)}
+async def list_models(request: Request, tenant: TenantDep, state: StateDep) -> dict[str, Any]:
+    """``GET /v1/models``: the models this tenant and key may use."""
+    return {"object": "list", "data": _models_of(tenant, state, request)}
 
 
 @router.get("/models/{model_id:path}")
-async def retrieve_model(model_id: str, tenant: TenantDep, state: StateDep) -> dict[str, Any]:
-    """``GET /v1/models/{model}`` (ids may hold '/'): one model, 404 when unknown or not this tenant's."""
-    for model in _models_of(tenant, state):
+async def retrieve_model(
+    model_id: str, request: Request, tenant: TenantDep, state: StateDep
+) -> dict[str, Any]:
+    """``GET /v1/models/{model}`` (ids may hold '/'): one model, 404 when unknown or not this tenant's (or
+    not its key's)."""
+    for model in _models_of(tenant, state, request):
         if model["id"] == model_id:
             return model
     raise NotFound(f"The model '{model_id}' does not exist.", code="model_not_found", param="model")

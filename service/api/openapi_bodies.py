@@ -18,15 +18,22 @@ from pydantic.json_schema import models_json_schema
 
 REF = "#/components/schemas/{model}"
 
+ADMIN_SUFFIX = "Input"
+"""Appended to the schema names of the admin bodies: the admin routes answer with models of the same names
+(a tenant's ``Quotas``, a key's ``BucketLimits``), whose output schemas differ from their input ones
+(unknown fields refused), as FastAPI names its own ``-Input``/``-Output`` pairs."""
 
-def json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """``openapi_extra`` of a route whose required JSON body is ``model``."""
-    schema = {"$ref": REF.format(model=model.__name__)}
+
+def json_body(model: type[BaseModel], suffix: str = "") -> dict[str, Any]:
+    """``openapi_extra`` of a route whose required JSON body is ``model`` (its schema named with
+    ``suffix``, as :func:`install_body_schemas` was given it)."""
+    schema = {"$ref": REF.format(model=model.__name__ + suffix)}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-def install_body_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
-    """Make ``app.openapi()`` include the JSON Schemas of ``models`` (and the models they use).
+def install_body_schemas(app: FastAPI, models: list[type[BaseModel]], suffix: str = "") -> None:
+    """Make ``app.openapi()`` include the JSON Schemas of ``models`` (and the models they use), each
+    named with ``suffix`` after its model's name.
 
     Raises:
         ValueError: (at the first ``openapi()`` call) a model's name is already a different schema there.
@@ -36,10 +43,11 @@ def install_body_schemas(app: FastAPI, models: list[type[BaseModel]]) -> None:
     def openapi() -> dict[str, Any]:
         document = original()  # FastAPI's, cached in app.openapi_schema
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        _, defs = models_json_schema([(m, "validation") for m in models], ref_template=REF)
+        template = REF.replace("{model}", "{model}" + suffix)
+        _, defs = models_json_schema([(m, "validation") for m in models], ref_template=template)
         for name, schema in defs.get("$defs", {}).items():
-            if schemas.setdefault(name, schema) != schema:
-                raise ValueError(f"two different OpenAPI schemas named {name!r}")
+            if schemas.setdefault(name + suffix, schema) != schema:
+                raise ValueError(f"two different OpenAPI schemas named {name + suffix!r}")
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]

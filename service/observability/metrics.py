@@ -286,7 +286,9 @@ class GatewayMetrics:
         self.quota_rejections = Counter(
             "radixgate_quota_rejections_total",
             "Requests refused by a token bucket, per reason: rate_limited (429, the bucket is short for "
-            "now) or exceeds_burst (413, the request needs more than the bucket's burst and can never pass).",
+            "now) or exceeds_burst (413, the request needs more than the bucket's burst and can never pass); "
+            "bucket: requests, tokens (the tenant's own), key_requests, key_tokens, model_requests, "
+            "model_tokens.",
             ["tenant", "bucket", "reason"],
             registry=registry,
         )

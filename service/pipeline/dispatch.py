@@ -23,20 +23,19 @@ refunded in full.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
 from service.config.settings import Settings
 from service.errors import (
     GatewayError,
+    LimitState,
     Overloaded,
     QueueTimeout,
     RateLimited,
-    RequestTooLarge,
     Unauthenticated,
 )
 from service.observability.breakdown import RequestTiming
@@ -47,6 +46,7 @@ from service.pipeline.fair_slots import FairSlots, TooManyWaiting
 from service.pipeline.fanout import choice_requests, merge_choices, stream_choices
 from service.pipeline.prepare import PreparedRequest, RequestPreparer
 from service.pipeline.prompting import PromptRenderer
+from service.pipeline.quota_admission import limit_states, metric_bucket, refusal, scopes_of
 from service.pipeline.request_record import record_request, settlement_of
 from service.pipeline.revocation import Revocable, RevocationRegistry
 from service.pipeline.served_models import ServedModels
@@ -58,12 +58,20 @@ from service.workers.chunks import UpstreamChunk
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
-from tenancy.models import Tenant
+from tenancy.models import ApiKeyRecord, Tenant
 from tenancy.quota import Reservation
 from tenancy.quota_lease import LeasedQuota
 from tenancy.usage import UsageRecorder
 
 T = TypeVar("T")
+
+
+class Admitted(NamedTuple):
+    """An admitted request: what it reserved, and its rate-limit state per kind (``x-ratelimit-*``)."""
+
+    reservation: Reservation
+    rate_limits: Mapping[str, LimitState]
+
 
 log = structlog.get_logger("radixgate.request")
 
@@ -160,17 +168,29 @@ class Dispatcher:
         self._settler = settler
         self._revocations = revocations
         api = settings.api
+        self._rate_limit_headers = api.rate_limit_headers
         self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
 
     # 1. validation -------------------------------------------------------------------------------
     def prepare(
-        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming
+        self,
+        tenant: Tenant,
+        req: ChatCompletionRequest | CompletionRequest,
+        rid: str,
+        timing: RequestTiming,
+        key: ApiKeyRecord | None = None,
     ) -> PreparedRequest:
-        """Validate and render a request (see :meth:`RequestPreparer.prepare`); charges nothing."""
-        return self._preparer.prepare(tenant, req, rid, timing)
+        """Validate and render a request (of API key ``key``; see :meth:`RequestPreparer.prepare`);
+        charges nothing."""
+        return self._preparer.prepare(tenant, req, rid, timing, key)
 
     async def prepare_offloaded(
-        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming
+        self,
+        tenant: Tenant,
+        req: ChatCompletionRequest | CompletionRequest,
+        rid: str,
+        timing: RequestTiming,
+        key: ApiKeyRecord | None = None,
     ) -> PreparedRequest:
         """:meth:`prepare` in a worker thread, at most ``api.max_offloaded_prepares`` at once (later calls
         wait): for long prompts, whose token count would otherwise stall every request on the event loop
@@ -186,7 +206,7 @@ class Dispatcher:
             async with self._offload_slots.hold(tenant.id):
                 # cancelled, it keeps its slot until the thread is done (threads stay bounded)
                 return await finish_despite_cancel(
-                    asyncio.to_thread(self._preparer.prepare, tenant, req, rid, timing)
+                    asyncio.to_thread(self._preparer.prepare, tenant, req, rid, timing, key)
                 )
         except TooManyWaiting:
             raise RateLimited(
@@ -196,11 +216,16 @@ class Dispatcher:
             ) from None
 
     # 2. admission ----------------------------------------------------------------------------------
-    async def admit(self, prepared: PreparedRequest) -> Reservation:
-        """Reserve the request against the tenant's token buckets.
+    async def admit(self, prepared: PreparedRequest) -> Admitted:
+        """Reserve the request against its token buckets: its key's and its model's, if they have limits
+        (:func:`service.pipeline.quota_admission.scopes_of`), and its tenant's, in one atomic call.
+
+        Returns:
+            The reservation and the rate-limit state to tell the client (``{}``: no bucket).
 
         Raises:
-            RateLimited: a bucket is short (``retry_after_s`` says when it refills enough).
+            RateLimited: a bucket is short (``retry_after_s`` says when the slowest refills enough; the
+                message and ``details["quota"]`` name the first short).
             RequestTooLarge: the request is larger than a bucket's burst and can never pass.
             Unauthenticated: the tenant was deleted since its key was checked.
             StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
@@ -208,42 +233,27 @@ class Dispatcher:
         """
         tenant = prepared.tenant
         tokens = prepared.reserved_tokens
+        scopes = scopes_of(prepared)
         try:
-            decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, epoch=tenant.epoch)
+            decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, tenant.epoch, scopes)
         except TenantNotFoundError as exc:  # deleted since its key was checked
             raise Unauthenticated("Incorrect API key provided.") from exc
         if decision.allowed:
-            return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased)
+            reservation = Reservation(
+                tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes
+            )
+            return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
         # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
         reason = "exceeds_burst" if decision.never else "rate_limited"
         self._metrics.quota_rejections.labels(
-            self._metrics.tenant(tenant.id), decision.limiting, reason
+            self._metrics.tenant(tenant.id), metric_bucket(decision), reason
         ).inc()
         counter = "oversized_rejections" if decision.never else "quota_rejections"
         try:  # bookkeeping only: the 429 or 413 stands without it
             await self._usage.record(tenant.id, tenant.epoch, **{counter: 1})
         except StoreUnavailable:
             log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
-        if decision.never:
-            burst = (
-                tenant.quotas.effective_token_burst
-                if decision.limiting == "tokens"
-                else tenant.quotas.effective_request_burst
-            )
-            times = "" if prepared.n == 1 else f"n {prepared.n} x "
-            raise RequestTooLarge(
-                f"This request needs {tokens} tokens (prompt {prepared.prompt.num_tokens} + {times}"
-                f"max_tokens {prepared.max_tokens}) but the tenant's {decision.limiting} burst is "
-                f"{burst:g}; it can never be admitted. Lower max_tokens or shorten the prompt.",
-                code="request_exceeds_burst",
-                param="max_tokens",
-            )
-        retry_after = max(1, math.ceil(decision.retry_after_s))
-        per = "requests per minute" if decision.limiting == "requests" else "tokens per minute"
-        raise RateLimited(
-            f"Rate limit reached for tenant '{tenant.id}' on {per}. Retry after {retry_after} s.",
-            retry_after_s=retry_after,
-        )
+        raise refusal(prepared, decision, self._rate_limit_headers)
 
     # 3. upstream -----------------------------------------------------------------------------------
     def shaper(self, prepared: PreparedRequest) -> Shaper:

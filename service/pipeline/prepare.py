@@ -25,7 +25,7 @@ from service.pipeline.served_models import ModelLane, ServedModels
 from service.pipeline.tenant_classes import ClassResolver
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest
 from service.workers.worker_info import TokenLimits
-from tenancy.models import Tenant
+from tenancy.models import ApiKeyRecord, Tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,7 @@ class PreparedRequest:
         model_id: the canonical id of that model (its lane; the ``model`` label of metrics and logs).
         timing: where its time goes (its phases, :mod:`service.observability.breakdown`); its ``start`` is
             ``arrival``.
+        key: the record of the API key it came with (its terms: models, quotas); None when not known.
     """
 
     rid: str
@@ -68,6 +69,7 @@ class PreparedRequest:
     output: OutputSpec = field(default_factory=OutputSpec)
     model_id: str = ""
     timing: RequestTiming = field(default_factory=RequestTiming)
+    key: ApiKeyRecord | None = None
 
     @property
     def reserved_tokens(self) -> int:
@@ -97,14 +99,19 @@ class RequestPreparer:
         return self._models.limits(self._models.default.model.id if model_id is None else model_id)
 
     def prepare(
-        self, tenant: Tenant, req: ChatCompletionRequest | CompletionRequest, rid: str, timing: RequestTiming
+        self,
+        tenant: Tenant,
+        req: ChatCompletionRequest | CompletionRequest,
+        rid: str,
+        timing: RequestTiming,
+        key: ApiKeyRecord | None = None,
     ) -> PreparedRequest:
-        """Check a request against the served models and the tenant's limits, and render its prompt;
-        ``timing`` is the request's breakdown, started at its arrival.
+        """Check a request against the served models, the tenant's limits and its API key's (``key``),
+        and render its prompt; ``timing`` is the request's breakdown, started at its arrival.
 
         Raises:
             NotFound: unknown model.
-            PermissionDenied: model or priority class not allowed.
+            PermissionDenied: model (by the tenant or by the key) or priority class not allowed.
             InvalidRequest: bad max_tokens, unknown priority class, context length exceeded or template
                 failure.
         """
@@ -115,6 +122,17 @@ class RequestPreparer:
         if not may_use(tenant, req.model, model):
             raise PermissionDenied(
                 f"This API key may not use model '{req.model}'.", code="model_not_allowed", param="model"
+            )
+        if (
+            key is not None
+            and key.allowed_models is not None
+            and not may_use_models(key.allowed_models, req.model, model)
+        ):
+            raise PermissionDenied(
+                f"This API key (rg-{key.key_id}) is restricted to models {key.allowed_models[:8]}; "
+                f"it may not use model '{req.model}'.",
+                code="model_not_allowed",
+                param="model",
             )
         priority_class = self._priority_class(tenant, req.priority)
         if req.n > self._settings.api.max_n:
@@ -170,6 +188,7 @@ class RequestPreparer:
             output=output,
             model_id=model.id,
             timing=timing,
+            key=key,
         )
 
     @staticmethod
@@ -306,6 +325,12 @@ def may_use(tenant: Tenant, name: str, model: ServedModel) -> bool:
     allows its aliases; allowing an alias allows that name only)."""
     allowed = tenant.allowed_models
     return allowed is None or name in allowed or model.id in allowed
+
+
+def may_use_models(allowed: list[str], name: str, model: ServedModel) -> bool:
+    """Whether an ``allowed_models`` list (a key's) lets model ``name`` through, by :func:`may_use`'s
+    rule."""
+    return name in allowed or model.id in allowed
 
 
 def _unserved(name: str, what: str, param: str) -> InvalidRequest:

@@ -11,7 +11,7 @@ Types are OpenAI's (``invalid_request_error``, ``authentication_error``, ``permi
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from service.errors import (
@@ -58,14 +58,20 @@ def error_type(exc: GatewayError) -> str:
     return "server_error"
 
 
-def error_object(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
-    """The JSON body ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+def error_object(
+    message: str, type_: str, param: str | None, code: str | None, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON body ``{"error": {"message", "type", "param", "code"}}``, and ``details``' fields after
+    them when given (e.g. a rate-limit refusal's ``quota``)."""
+    error = {"message": message, "type": type_, "param": param, "code": code}
+    if details:
+        error.update(details)
+    return {"error": error}
 
 
 def error_body(exc: GatewayError) -> dict[str, Any]:
     """A domain error's JSON body in OpenAI's shape."""
-    return error_object(exc.message, error_type(exc), exc.param, exc.code)
+    return error_object(exc.message, error_type(exc), exc.param, exc.code, exc.details)
 
 
 def sse_error_frame(body: dict[str, Any]) -> bytes:

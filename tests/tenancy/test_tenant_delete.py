@@ -18,7 +18,7 @@ from tenancy.models import Quotas, TenantCreate
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
-from tests.service.api.test_api import ADMIN, auth, chat, gateway_settings, usage_of
+from tests.service.api.test_api import ADMIN, MODEL, auth, chat, gateway_settings, usage_of
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer
 
@@ -45,11 +45,14 @@ def gateway(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[str, str]]:
 def test_deleted_and_recreated_tenant_starts_clean(gateway: tuple[str, str], redis_url: str) -> None:
     url, prefix = gateway
     tenant_id = "del-recreate-t1"
-    body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 2}}
+    # its own buckets, one model's and one key's (issue 30): delete must take them all
+    model_quota = {"model": MODEL, "requests_per_min": 10, "tokens_per_min": 10000}
+    body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 2, "models": [model_quota]}}
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     with httpx.Client(base_url=url, timeout=30) as http, r:
         assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
-        key = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()
+        terms = {"quotas": {"requests_per_min": 2, "tokens_per_min": 1000}}
+        key = http.post(f"/admin/tenants/{tenant_id}/keys", json=terms, headers=ADMIN).json()
         headers = auth(key["api_key"])
         statuses = [
             http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers).status_code
@@ -58,6 +61,14 @@ def test_deleted_and_recreated_tenant_starts_clean(gateway: tuple[str, str], red
         assert statuses == [200, 200, 429]
         owned = keys_of(r, tenant_id, [key["key_id"]])
         assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
+        assert {
+            f"bucket:{tenant_id}:model:{MODEL}:tokens",
+            f"bucket:{tenant_id}:key:{key['key_id']}:tokens",
+        } <= {k.removeprefix(prefix) for k in owned}
+        # the model's entry removed: its buckets live on until they refill, and go with the tenant too
+        assert http.patch(
+            f"/admin/tenants/{tenant_id}", json={"quotas": {"models": None}}, headers=ADMIN
+        ).is_success
         assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
         assert keys_of(r, tenant_id, [key["key_id"]]) == []
         assert not r.sismember(f"{prefix}tenants", tenant_id)
