@@ -25,7 +25,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from tenancy.models import Tenant
+from tenancy.models import ApiKeyRecord, Tenant
 
 log = structlog.get_logger("radixgate.auth_cache")
 
@@ -45,12 +45,15 @@ class CachedKey:
         expires: monotonic s after which the entry is not used.
         verified: the presented key that matched ``digest`` when the entry was stored ("": none); a key
             equal to it (constant-time) passes without the HMAC (about 3 us a request).
+        key: the key's record as read then (its own terms); None: not kept (such an entry never passes
+            :meth:`tenancy.store.TenantStore.authenticate_key`).
     """
 
     digest: str
     tenant: Tenant
     expires: float
     verified: str = ""
+    key: ApiKeyRecord | None = None
 
 
 class AuthCache:
@@ -94,15 +97,23 @@ class AuthCache:
         return entry
 
     def put(
-        self, key_id: str, digest: str, tenant: Tenant, read_at: float, generation: int, verified: str = ""
+        self,
+        key_id: str,
+        digest: str,
+        tenant: Tenant,
+        read_at: float,
+        generation: int,
+        verified: str = "",
+        key: ApiKeyRecord | None = None,
     ) -> None:
-        """Remember a successful authentication whose Redis read began at ``read_at`` (clock s) in
-        ``generation``; ignored when an invalidation came in between or the cache is off."""
+        """Remember a successful authentication (of key record ``key``) whose Redis read began at
+        ``read_at`` (clock s) in ``generation``; ignored when an invalidation came in between or the cache
+        is off."""
         if not self.enabled or generation != self.generation:
             return
         if key_id not in self._entries and len(self._entries) >= self._max:
             del self._entries[next(iter(self._entries))]  # oldest insertion first
-        self._entries[key_id] = CachedKey(digest, tenant, read_at + self.ttl_s, verified)
+        self._entries[key_id] = CachedKey(digest, tenant, read_at + self.ttl_s, verified, key)
 
     def drop_key(self, key_id: str) -> None:
         """Forget one key id."""

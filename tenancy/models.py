@@ -39,6 +39,10 @@ unbounded (nu13: 40,000 copies of one id made a 1 MB record)."""
 MAX_MODEL_ID_CHARS = 256
 """Longest model id in ``allowed_models``, characters."""
 
+MAX_CONCURRENT_REQUESTS = 1_000_000
+"""Largest ``max_concurrent_requests`` an admin may set, requests (a cap is a count of requests in flight
+across every replica; a million is beyond any fleet, and a bound keeps it an integer Redis compares)."""
+
 MIN_REQUEST_BURST = 1.0
 """Smallest request-bucket capacity, requests: a bucket below one request never admits any."""
 
@@ -110,6 +114,12 @@ class TenantSpec(BaseModel):
     )
     allowed_models: AllowedModels = Field(None, description="Model ids this tenant may use; None = all.")
     enabled: bool = True
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONCURRENT_REQUESTS,
+        description="Most requests in flight at once across every replica, requests; None = no cap.",
+    )
 
     @field_validator("priority_class", mode="before")
     @classmethod
@@ -137,6 +147,7 @@ class TenantPatch(BaseModel):
     max_tokens_cap: int | None = Field(None, ge=1, le=10**9)
     allowed_models: AllowedModels = None
     enabled: bool | None = None
+    max_concurrent_requests: int | None = Field(None, ge=1, le=MAX_CONCURRENT_REQUESTS)
 
     @field_validator("name", "priority_class", "weight", "quotas", "enabled", mode="before")
     @classmethod
@@ -190,6 +201,13 @@ class KeyCreate(BaseModel):
     model_config = _ADMIN_INPUT
 
     name: str = Field("", max_length=200, description="A label for the key (not secret).")
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONCURRENT_REQUESTS,
+        description="Most requests of this key in flight at once, requests, at most its tenant's cap; "
+        "None = only the tenant's cap applies.",
+    )
 
 
 class ApiKeyRecord(BaseModel):
@@ -203,6 +221,7 @@ class ApiKeyRecord(BaseModel):
     name: str = ""
     created_at: float = Field(default_factory=time.time)
     revoked: bool = False
+    max_concurrent_requests: int | None = Field(None, description="The key's own cap, requests.")
 
 
 class ApiKeyInfo(BaseModel):
@@ -214,6 +233,7 @@ class ApiKeyInfo(BaseModel):
     created_at: float
     revoked: bool
     prefix: str = Field(..., description="The key's visible prefix, e.g. 'rg-ab12cd34ef56'.")
+    max_concurrent_requests: int | None = Field(None, description="The key's own cap, requests.")
 
 
 class IssuedKey(ApiKeyInfo):
@@ -230,6 +250,7 @@ USAGE_FIELDS = (
     "cached_tokens",
     "quota_rejections",
     "oversized_rejections",
+    "concurrency_rejections",
 )
 """The counters of :class:`Usage` (fields of the ``usage:<id>`` hash)."""
 
@@ -246,6 +267,9 @@ class Usage(BaseModel):
     quota_rejections: int = Field(0, description="Requests refused with 429 (a token bucket was short).")
     oversized_rejections: int = Field(
         0, description="Requests refused with 413: they need more than a bucket's burst, so never pass."
+    )
+    concurrency_rejections: int = Field(
+        0, description="Requests refused with 429 because the tenant or the key had its cap in flight."
     )
 
     @property

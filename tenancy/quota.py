@@ -19,6 +19,7 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
+from tenancy.concurrency import HeldSlot
 from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untimed_store_operation
 from tenancy.layout import BucketName, KeyLayout, lua
 from tenancy.models import USAGE_FIELDS, Quotas
@@ -59,6 +60,9 @@ class Reservation:
     requests admitted under a lease (:attr:`QuotaDecision.leased`): their tenant's bucket had a lease's
     headroom, so a refund that lands 2 ms later does not refuse the tenant's next request on another
     replica. Small quotas, which lease nothing, settle at once.
+
+    ``slot``: the request's concurrency slot (:mod:`tenancy.concurrency`), taken before the buckets and
+    released when the request ends; None when no cap applies.
     """
 
     tenant_id: str
@@ -67,6 +71,7 @@ class Reservation:
     tokens: int
     epoch: str | None = None
     linger: bool = False
+    slot: HeldSlot | None = None
 
 
 class QuotaLimiter:

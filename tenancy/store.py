@@ -207,7 +207,8 @@ class TenantStore:
 
     @store_operation
     async def delete(self, tenant_id: str) -> None:
-        """Delete a tenant and every key it owns (record, API keys, buckets, usage) in one atomic call.
+        """Delete a tenant and every key it owns (record, API keys, buckets, usage, concurrency slots) in
+        one atomic call.
 
         Raises:
             TenantNotFoundError: no such tenant.
@@ -220,14 +221,19 @@ class TenantStore:
             layout.usage(tenant_id),
             layout.tenant_keys_by_time(tenant_id),
             *(layout.bucket(tenant_id, b) for b in BUCKETS),
+            layout.slots(tenant_id),
         ]
-        if not await self._delete_script(keys=keys, args=[layout.api_key_prefix, tenant_id]):
+        args = [layout.api_key_prefix, tenant_id, layout.key_slots_prefix(tenant_id)]
+        if not await self._delete_script(keys=keys, args=args):
             raise TenantNotFoundError(tenant_id)
         await self._invalidate(f"tenant:{tenant_id}")
 
     @store_operation
-    async def issue_key(self, tenant_id: str, name: str = "") -> IssuedKey:
+    async def issue_key(
+        self, tenant_id: str, name: str = "", max_concurrent_requests: int | None = None
+    ) -> IssuedKey:
         """Create an API key for a tenant; the returned ``api_key`` is never stored.
+        ``max_concurrent_requests``: the key's own concurrency cap, requests (None: the tenant's only).
 
         Raises:
             TenantNotFoundError: no such tenant (also when it is deleted meanwhile).
@@ -240,6 +246,7 @@ class TenantStore:
                 tenant_id=tenant_id,
                 digest=key_digest(parsed.full, self._pepper),
                 name=name,
+                max_concurrent_requests=max_concurrent_requests,
             )
             keys = [
                 self._tenant_key(tenant_id),
@@ -332,9 +339,18 @@ class TenantStore:
         except RedisError as exc:
             log.warning("auth_invalidation_not_published", message=message, error=str(exc))
 
-    @untimed_store_operation
     async def authenticate(self, presented: str) -> Tenant | None:
-        """Resolve a presented API key to its tenant.
+        """Resolve a presented API key to its tenant (:meth:`authenticate_key` without the key's record).
+
+        Returns ``None`` for a malformed, unknown, revoked or wrong key, or a key whose tenant is gone.
+        """
+        found = await self.authenticate_key(presented)
+        return None if found is None else found[0]
+
+    @untimed_store_operation
+    async def authenticate_key(self, presented: str) -> tuple[Tenant, ApiKeyRecord] | None:
+        """Resolve a presented API key to its tenant and its own record (its terms, e.g. its
+        ``max_concurrent_requests``).
 
         Returns ``None`` for a malformed, unknown, revoked or wrong key, or a key whose tenant is gone.
         The caller decides what a disabled tenant means (403). A key that passed within the cache's TTL
@@ -346,27 +362,28 @@ class TenantStore:
         cache = self._cache
         if cache is None or not cache.enabled:  # off: every authentication reads Redis itself
             found = await self._read_key(parsed.key_id)
-            return found[1] if found is not None and _passes(found, parsed.full, self._pepper) else None
+            return _answer(found, parsed.full, self._pepper)
         hit = cache.get(parsed.key_id)
         if hit is not None:
-            if tokens_equal(parsed.full, hit.verified) or digest_matches(
-                parsed.full, hit.digest, self._pepper
+            if hit.key is not None and (
+                tokens_equal(parsed.full, hit.verified)
+                or digest_matches(parsed.full, hit.digest, self._pepper)
             ):
-                return hit.tenant
+                return hit.tenant, hit.key
             return None
         read_at, generation = cache.now(), cache.generation
         shared = self._reads.get(parsed.key_id)
         if shared is not None and shared[0] == generation:  # a read begun since the last invalidation
             found = await asyncio.shield(shared[1])
-            return found[1] if found is not None and _passes(found, parsed.full, self._pepper) else None
+            return _answer(found, parsed.full, self._pepper)
         read = asyncio.ensure_future(self._read_key(parsed.key_id))
         self._reads[parsed.key_id] = (generation, read)
         read.add_done_callback(lambda done: self._read_done(parsed.key_id, done))
         found = await asyncio.shield(read)  # the first caller leaving does not fail the others
-        if found is None or not _passes(found, parsed.full, self._pepper):
-            return None
-        cache.put(parsed.key_id, found[0].digest, found[1], read_at, generation, parsed.full)
-        return found[1]
+        answer = _answer(found, parsed.full, self._pepper)
+        if answer is not None:
+            cache.put(parsed.key_id, answer[1].digest, answer[0], read_at, generation, parsed.full, answer[1])
+        return answer
 
     async def _read_key(self, key_id: str) -> _KeyRead:
         """The key record and its tenant from Redis; None when the key or its tenant is gone. Timed as
@@ -397,9 +414,11 @@ _KeyRead = tuple[ApiKeyRecord, Tenant] | None
 """A key record and its tenant as read together, or None (key or tenant gone)."""
 
 
-def _passes(found: tuple[ApiKeyRecord, Tenant], presented: str, pepper: bytes) -> bool:
-    """The presented key matches the record read, which is not revoked."""
-    return not found[0].revoked and digest_matches(presented, found[0].digest, pepper)
+def _answer(found: _KeyRead, presented: str, pepper: bytes) -> tuple[Tenant, ApiKeyRecord] | None:
+    """The tenant and key record read, when the presented key matches the record, which is not revoked."""
+    if found is None or found[0].revoked or not digest_matches(presented, found[0].digest, pepper):
+        return None
+    return found[1], found[0]
 
 
 def _info(record: ApiKeyRecord) -> ApiKeyInfo:
@@ -410,4 +429,5 @@ def _info(record: ApiKeyRecord) -> ApiKeyInfo:
         created_at=record.created_at,
         revoked=record.revoked,
         prefix=f"rg-{record.key_id}",
+        max_concurrent_requests=record.max_concurrent_requests,
     )

@@ -148,8 +148,8 @@ async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
 
 @router.patch("/tenants/{tenant_id}")
 async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
-    """Partial update (name, class, weight, quotas, caps, models, enabled), as a JSON merge patch
-    (RFC 7386): absent fields are kept, and so are the quota fields ``quotas`` leaves out
+    """Partial update (name, class, weight, quotas, caps, models, enabled, max_concurrent_requests), as a
+    JSON merge patch (RFC 7386): absent fields are kept, and so are the quota fields ``quotas`` leaves out
     (``{"quotas": {"requests_per_min": 20}}`` keeps the tenant's TPM; ``null`` makes one unlimited).
     ``PUT /admin/tenants/{id}/quotas`` replaces them all."""
     patch = parse(TenantPatch, body)
@@ -225,10 +225,21 @@ async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201)
 async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKey:
-    """Issue an API key; the response holds the key, shown this once."""
+    """Issue an API key; the response holds the key, shown this once. Its ``max_concurrent_requests`` may
+    not be above its tenant's (400 ``invalid_value``); a tenant cap lowered later binds the key too."""
     spec = parse(KeyCreate, body)
     try:
-        return await state.tenants.issue_key(tenant_id, spec.name)
+        if spec.max_concurrent_requests is not None:
+            cap = (await state.tenants.get(tenant_id)).max_concurrent_requests
+            if cap is not None and spec.max_concurrent_requests > cap:
+                raise APIError(
+                    400,
+                    f"Invalid value for 'max_concurrent_requests': {spec.max_concurrent_requests} is above "
+                    f"the tenant's max_concurrent_requests ({cap}).",
+                    code="invalid_value",
+                    param="max_concurrent_requests",
+                )
+        return await state.tenants.issue_key(tenant_id, spec.name, spec.max_concurrent_requests)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc
 

@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 from service.api.body_encoding import body_decoder
 from service.api.errors import APIError
 from service.state import GatewayState
-from tenancy.keys import parse_key, tokens_equal
+from tenancy.keys import tokens_equal
 from tenancy.models import Tenant
 
 
@@ -50,8 +50,8 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def authenticate(request: Request, state: GatewayState) -> Tenant:
-    """Resolve the caller's API key to an enabled tenant (its id and the key's id are left in the
-    request's scope state as ``tenant_id`` and ``key_id``).
+    """Resolve the caller's API key to an enabled tenant (its id, the key's id and the key's concurrency
+    cap are left in the request's scope state as ``tenant_id``, ``key_id`` and ``key_max_concurrent``).
 
     Raises:
         APIError: 401 missing/unknown/revoked key; 403 disabled tenant.
@@ -62,13 +62,14 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
         raise APIError(
             401, "You didn't provide an API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key"
         )
-    tenant = await state.tenants.authenticate(token)
-    if tenant is None:
+    found = await state.tenants.authenticate_key(token)
+    if found is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    tenant, key = found
     scope_state = request.scope.setdefault("state", {})
     scope_state["tenant_id"] = tenant.id  # for the log of a refusal
-    parsed = parse_key(token)
-    scope_state["key_id"] = parsed.key_id if parsed is not None else ""  # service.pipeline.revocation
+    scope_state["key_id"] = key.key_id  # service.pipeline.revocation
+    scope_state["key_max_concurrent"] = key.max_concurrent_requests  # service.pipeline.slot_admission
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant

@@ -73,15 +73,15 @@ async def _serve(
     else:
         prepared = dispatcher.prepare(tenant, req, request_id(request), timing)
     timing.mark("prepare")
-    reservation = await dispatcher.admit(prepared)
-    timing.mark("quota")
     scope_state = request.scope["state"]
+    key_id = scope_state.get("key_id", "")
+    reservation = await dispatcher.admit(prepared, key_id, scope_state.get("key_max_concurrent"))
+    timing.mark("quota")
     scope_state["admitted"] = True  # the dispatcher's settle logs and counts it from here
     timing.client_request_id = scope_state.get("client_request_id")
     if (tracing := request.app.state.tracing) is not None:  # its span ends with its log line
         begin_trace(tracing, prepared, request.scope)
     shape = shaper(prepared) if shaper is not None else None
-    key_id = scope_state.get("key_id", "")
     if not prepared.stream:
         try:
             work = dispatcher.complete(prepared, reservation, shape, key_id)
