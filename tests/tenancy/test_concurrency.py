@@ -191,7 +191,8 @@ async def test_many_slots_renew_in_batches(redis_client: aioredis.Redis) -> None
     held = [s for s in slots if isinstance(s, HeldSlot)]
     assert len(held) == 1200 and limiter.held == 1200
     assert await limiter.renew(now_ms=59_000) == []  # three script calls of at most 500 slots
-    scores = {s for _, s in await redis_client.zrange(KeyLayout(P).key_slots("big", "k"), 0, -1, withscores=True)}
+    members = await redis_client.zrange(KeyLayout(P).key_slots("big", "k"), 0, -1, withscores=True)
+    scores = {score for _, score in members}
     assert scores == {59_000 + LEASE_S * 1000}
     await limiter.close()
     assert await redis_client.keys(f"{P}slots:*") == []
