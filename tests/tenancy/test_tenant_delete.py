@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import redis
 import redis.asyncio as aioredis
 
 from service.app import create_app
+from tenancy.concurrency import ConcurrencyLimiter, HeldSlot
 from tenancy.errors import TenantExistsError, TenantNotFoundError
 from tenancy.models import Quotas, TenantCreate
 from tenancy.quota import QuotaLimiter, Reservation
@@ -34,31 +36,49 @@ def keys_of(client: redis.Redis, tenant_id: str, key_ids: list[str]) -> list[str
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[str, str]]:
+def gateway(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[str, str, FakeWorker]]:
     worker = FakeWorker()
     with ThreadedServer(worker.app) as w:
         settings = gateway_settings(redis_url, stub_model_dir, [w.url])
         with ThreadedServer(create_app(settings)) as server:
-            yield server.url, settings.redis.key_prefix
+            yield server.url, settings.redis.key_prefix, worker
 
 
-def test_deleted_and_recreated_tenant_starts_clean(gateway: tuple[str, str], redis_url: str) -> None:
-    url, prefix = gateway
+def test_deleted_and_recreated_tenant_starts_clean(
+    gateway: tuple[str, str, FakeWorker], redis_url: str
+) -> None:
+    url, prefix, worker = gateway
     tenant_id = "del-recreate-t1"
-    body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 2}}
+    body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 3}, "max_concurrent_requests": 2}
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     with httpx.Client(base_url=url, timeout=30) as http, r:
         assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
-        key = http.post(f"/admin/tenants/{tenant_id}/keys", json={}, headers=ADMIN).json()
+        key = http.post(
+            f"/admin/tenants/{tenant_id}/keys", json={"max_concurrent_requests": 1}, headers=ADMIN
+        ).json()
         headers = auth(key["api_key"])
         statuses = [
             http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers).status_code
-            for _ in range(3)
+            for _ in range(2)
         ]
-        assert statuses == [200, 200, 429]
-        owned = keys_of(r, tenant_id, [key["key_id"]])
-        assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
-        assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+        assert statuses == [200, 200]
+        # a stream in flight holds slots (tenant's and key's) while the tenant is deleted
+        worker.delay_s = 0.2
+        stream = chat(max_tokens=8, stream=True)
+        with http.stream("POST", "/v1/chat/completions", json=stream, headers=headers) as held:
+            lines = held.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            refused = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers)
+            assert refused.status_code == 429  # the key's cap (and the request bucket: 3 taken of 3)
+            owned = keys_of(r, tenant_id, [key["key_id"]])
+            assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
+            assert sum("slots:" in k for k in set(owned)) == 2, owned
+            assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+            assert keys_of(r, tenant_id, [key["key_id"]]) == []
+            rest = "".join(lines)  # the stream ends: revoked (the tenant is gone), or its last token
+            assert "[DONE]" in rest or "error" in rest
+        worker.delay_s = 0.0
+        time.sleep(0.3)  # its end released the slots: a release (and a renewal) writes nothing for it
         assert keys_of(r, tenant_id, [key["key_id"]]) == []
         assert not r.sismember(f"{prefix}tenants", tenant_id)
         # the old key is dead, the re-created tenant starts with full buckets and zero usage
@@ -113,9 +133,11 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
 
 
 async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> None:
-    """Many requests reserve, settle and record usage while the tenant is deleted: nothing is left."""
+    """Many requests take a concurrency slot, reserve, settle, record usage and release their slot while
+    the tenant is deleted: nothing is left."""
     store = TenantStore(redis_client, "race2:", PEPPER)
     quota, usage = QuotaLimiter(redis_client, "race2:"), UsageRecorder(redis_client, "race2:")
+    slots = ConcurrencyLimiter(redis_client, "race2:", lease_s=0.5)  # renewed every 1/6 s while held
     warm = await store.create(
         TenantCreate(priority_class="standard", id="warm", name="w", quotas=QUOTAS)
     )  # load the scripts
@@ -128,12 +150,15 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
     async def request(i: int) -> None:
         await asyncio.sleep(0.002 * i)
         try:
+            slot = await slots.acquire("busy", 50, "k1" if i % 3 else "", 30, epoch=tenant.epoch)
             decision = await quota.reserve("busy", QUOTAS, 5, epoch=tenant.epoch)
         except TenantNotFoundError:
             outcomes.append("gone")
             return
         outcomes.append("reserved")
-        await asyncio.sleep(0.001 * (i % 5))
+        await asyncio.sleep(0.001 * (i % 5) + (0.2 if i % 7 == 0 else 0))  # some held across a renewal
+        if isinstance(slot, HeldSlot):
+            slots.release(slot)
         if decision.allowed and i % 2:
             await quota.reconcile(Reservation("busy", QUOTAS, 1, 5, tenant.epoch), used_tokens=2)
             await usage.record("busy", tenant.epoch, requests=1, prompt_tokens=2)
@@ -149,6 +174,7 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
 
     await asyncio.gather(delete(), *(request(i) for i in range(80)))
     assert "gone" in outcomes and "reserved" in outcomes  # the delete really raced the requests
+    await slots.close()
     assert [k async for k in redis_client.scan_iter(match="*busy*")] == []
 
 
