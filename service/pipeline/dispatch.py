@@ -60,7 +60,7 @@ from service.runtime.task_stop import finish_despite_cancel
 from service.workers.chunks import UpstreamChunk
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
-from tenancy.concurrency import ConcurrencyLimiter, HeldSlot
+from tenancy.concurrency import ConcurrencyLimiter
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import Tenant
 from tenancy.quota import Reservation
@@ -220,27 +220,22 @@ class Dispatcher:
                 may still have taken refills with time; a slot it may have taken is released).
         """
         tenant = prepared.tenant
-        if tenant.max_concurrent_requests is None and key_cap is None:
-            return await self._reserve(prepared, None)
-        slot = await self._slots.take(prepared.tenant, prepared.rid, key_id, key_cap)
-        try:
-            return await self._reserve(prepared, slot)
-        except BaseException:
-            if slot is not None:
-                self._slots.release(slot)
-            raise
-
-    async def _reserve(self, prepared: PreparedRequest, slot: HeldSlot | None) -> Reservation:
-        """Reserve the request against the tenant's token buckets (see :meth:`admit`); ``slot`` rides on
-        the reservation."""
-        tenant = prepared.tenant
         tokens = prepared.reserved_tokens
+        slot = None
+        if tenant.max_concurrent_requests is not None or key_cap is not None:
+            slot = await self._slots.take(tenant, prepared.rid, key_id, key_cap)
         try:
             decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, epoch=tenant.epoch)
-        except TenantNotFoundError as exc:  # deleted since its key was checked
-            raise Unauthenticated("Incorrect API key provided.") from exc
+        except BaseException as exc:
+            if slot is not None:
+                self._slots.release(slot)
+            if isinstance(exc, TenantNotFoundError):  # deleted since its key was checked
+                raise Unauthenticated("Incorrect API key provided.") from exc
+            raise
         if decision.allowed:
             return Reservation(tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, slot)
+        if slot is not None:  # refused by a bucket: nothing taken, the slot goes back
+            self._slots.release(slot)
         # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
         reason = "exceeds_burst" if decision.never else "rate_limited"
         self._metrics.quota_rejections.labels(
