@@ -12,6 +12,7 @@ import bisect
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import structlog
 from redis.asyncio import Redis
@@ -37,7 +38,16 @@ from tenancy.models import (
     TenantPatch,
 )
 
-__all__ = ["KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
+__all__ = ["Authenticated", "KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
+
+
+class Authenticated(NamedTuple):
+    """A presented API key that matched: its tenant and its record (the key's own terms, e.g. its
+    ``max_concurrent_requests``)."""
+
+    tenant: Tenant
+    key: ApiKeyRecord
+
 
 log = structlog.get_logger("radixgate.tenants")
 
@@ -345,10 +355,10 @@ class TenantStore:
         Returns ``None`` for a malformed, unknown, revoked or wrong key, or a key whose tenant is gone.
         """
         found = await self.authenticate_key(presented)
-        return None if found is None else found[0]
+        return None if found is None else found.tenant
 
     @untimed_store_operation
-    async def authenticate_key(self, presented: str) -> tuple[Tenant, ApiKeyRecord] | None:
+    async def authenticate_key(self, presented: str) -> Authenticated | None:
         """Resolve a presented API key to its tenant and its own record (its terms, e.g. its
         ``max_concurrent_requests``).
 
@@ -362,28 +372,29 @@ class TenantStore:
         cache = self._cache
         if cache is None or not cache.enabled:  # off: every authentication reads Redis itself
             found = await self._read_key(parsed.key_id)
-            return _answer(found, parsed.full, self._pepper)
+            return _matched(found, parsed.full, self._pepper)
         hit = cache.get(parsed.key_id)
         if hit is not None:
             if hit.key is not None and (
                 tokens_equal(parsed.full, hit.verified)
                 or digest_matches(parsed.full, hit.digest, self._pepper)
             ):
-                return hit.tenant, hit.key
+                return Authenticated(hit.tenant, hit.key)
             return None
         read_at, generation = cache.now(), cache.generation
         shared = self._reads.get(parsed.key_id)
         if shared is not None and shared[0] == generation:  # a read begun since the last invalidation
             found = await asyncio.shield(shared[1])
-            return _answer(found, parsed.full, self._pepper)
+            return _matched(found, parsed.full, self._pepper)
         read = asyncio.ensure_future(self._read_key(parsed.key_id))
         self._reads[parsed.key_id] = (generation, read)
         read.add_done_callback(lambda done: self._read_done(parsed.key_id, done))
         found = await asyncio.shield(read)  # the first caller leaving does not fail the others
-        answer = _answer(found, parsed.full, self._pepper)
-        if answer is not None:
-            cache.put(parsed.key_id, answer[1].digest, answer[0], read_at, generation, parsed.full, answer[1])
-        return answer
+        matched = _matched(found, parsed.full, self._pepper)
+        if matched is not None:
+            record = matched.key
+            cache.put(parsed.key_id, record.digest, matched.tenant, read_at, generation, parsed.full, record)
+        return matched
 
     async def _read_key(self, key_id: str) -> _KeyRead:
         """The key record and its tenant from Redis; None when the key or its tenant is gone. Timed as
@@ -414,11 +425,11 @@ _KeyRead = tuple[ApiKeyRecord, Tenant] | None
 """A key record and its tenant as read together, or None (key or tenant gone)."""
 
 
-def _answer(found: _KeyRead, presented: str, pepper: bytes) -> tuple[Tenant, ApiKeyRecord] | None:
-    """The tenant and key record read, when the presented key matches the record, which is not revoked."""
+def _matched(found: _KeyRead, presented: str, pepper: bytes) -> Authenticated | None:
+    """The key and tenant read when the presented key matches the record, which is not revoked."""
     if found is None or found[0].revoked or not digest_matches(presented, found[0].digest, pepper):
         return None
-    return found[1], found[0]
+    return Authenticated(found[1], found[0])
 
 
 def _info(record: ApiKeyRecord) -> ApiKeyInfo:

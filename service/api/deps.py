@@ -50,8 +50,8 @@ def bearer_token(request: Request) -> str | None:
 
 
 async def authenticate(request: Request, state: GatewayState) -> Tenant:
-    """Resolve the caller's API key to an enabled tenant (its id, the key's id and the key's concurrency
-    cap are left in the request's scope state as ``tenant_id``, ``key_id`` and ``key_max_concurrent``).
+    """Resolve the caller's API key to an enabled tenant (its id, the key's id and the key's record are
+    left in the request's scope state as ``tenant_id``, ``key_id`` and ``api_key``).
 
     Raises:
         APIError: 401 missing/unknown/revoked key; 403 disabled tenant.
@@ -65,11 +65,11 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
     found = await state.tenants.authenticate_key(token)
     if found is None:
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-    tenant, key = found
+    tenant, record = found
     scope_state = request.scope.setdefault("state", {})
     scope_state["tenant_id"] = tenant.id  # for the log of a refusal
-    scope_state["key_id"] = key.key_id  # service.pipeline.revocation
-    scope_state["key_max_concurrent"] = key.max_concurrent_requests  # service.pipeline.slot_admission
+    scope_state["key_id"] = record.key_id  # service.pipeline.revocation
+    scope_state["api_key"] = record  # the key's terms (its concurrency cap): service.api.openai_routes
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant

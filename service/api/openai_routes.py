@@ -75,7 +75,8 @@ async def _serve(
     timing.mark("prepare")
     scope_state = request.scope["state"]
     key_id = scope_state.get("key_id", "")
-    reservation = await dispatcher.admit(prepared, key_id, scope_state.get("key_max_concurrent"))
+    key = scope_state.get("api_key")  # its terms: its concurrency cap (service.api.deps.authenticate)
+    reservation = await dispatcher.admit(prepared, key_id, key.max_concurrent_requests if key else None)
     timing.mark("quota")
     scope_state["admitted"] = True  # the dispatcher's settle logs and counts it from here
     timing.client_request_id = scope_state.get("client_request_id")
