@@ -297,3 +297,44 @@ def test_a_request_that_expires_in_the_queue_gives_its_slot_back(
         assert slots_held(store, tenant_id) == 1  # only the first one's
         assert first.result().status_code == 200
     until(lambda: slots_held(store, tenant_id) == 0)
+
+
+@pytest.fixture(scope="module")
+def two_workers(
+    redis_url: str, stub_model_dir: Path
+) -> Iterator[tuple[httpx.Client, FakeWorker, FakeWorker]]:
+    """A gateway over two fake workers (round robin: the first request goes to the first), a stream silent
+    for 0.5 s resumed on the other."""
+    with served_fake_worker() as a, served_fake_worker() as b:
+        settings = fake_worker_settings(
+            redis_url,
+            stub_model_dir,
+            a.url,
+            PREFIX,
+            upstream={"workers": [a.url, b.url], "health_interval_s": 0.2, "stream_idle_timeout_s": 0.5},
+            routing={"policy": "round_robin"},
+        )
+        with (
+            ThreadedServer(create_app(settings)) as server,
+            httpx.Client(base_url=server.url, timeout=30) as client,
+        ):
+            yield client, a, b
+
+
+def test_a_stream_moved_to_another_worker_keeps_its_slot(
+    two_workers: tuple[httpx.Client, FakeWorker, FakeWorker], store: redis.Redis
+) -> None:
+    http, a, b = two_workers
+    tenant_id, key = new_tenant(http, max_concurrent_requests=1)
+    a.mode, b.delay_s = "hang_after_2", 0.3  # a goes silent after 2 words; b sends the rest slowly
+    body = chat("moving", max_tokens=len(TOKENS), stream=True)
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(key)) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        until(lambda: next(lines).startswith("data:") and bool(b.received), 10.0)  # resumed on b
+        assert slots_held(store, tenant_id) == 1
+        busy = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
+        assert_openai_error(busy, 429, "concurrency_limit_exceeded")
+        rest = "".join(lines)
+    assert "[DONE]" in rest and '"error"' not in rest
+    until(lambda: slots_held(store, tenant_id) == 0)
