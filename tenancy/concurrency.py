@@ -92,7 +92,8 @@ class ConcurrencyLimiter:
         on_lost: called with the number of slots found lost by a renewal (their lease ended before it
             landed, e.g. Redis was unreachable for longer than the lease), for a metric.
 
-    ``observe_call``: told each acquire's latency (:func:`tenancy.errors.store_operation`).
+    ``observe_call``: told the latency of each acquire, renewal (all its batches) and release
+    (:func:`tenancy.errors.store_operation`).
     """
 
     observe_call: CallObserver | None = None
@@ -221,6 +222,7 @@ class ConcurrencyLimiter:
         if self._releases:
             await asyncio.wait(set(self._releases))
 
+    @store_operation
     async def renew(self, now_ms: float | None = None) -> list[HeldSlot]:
         """Extend the lease of every slot this replica holds to ``lease_s`` from now, in script calls of
         at most :data:`RENEW_BATCH` slots; returns the slots found lost (gone from a set, or their lease
@@ -244,7 +246,6 @@ class ConcurrencyLimiter:
                 self._on_lost(len(lost))
         return lost
 
-    @store_operation
     async def _renew_batch(self, slots: Sequence[HeldSlot], now_ms: float | None) -> list[HeldSlot]:
         pairs = [(name, slot) for slot in slots for name in slot.sets]
         args: list[str | int | float] = [

@@ -99,7 +99,8 @@ async def live(redis: aioredis.Redis, key: str, ids: dict[str, str]) -> tuple[st
 async def test_slot_scripts(redis_client: aioredis.Redis, steps: list[Step]) -> None:
     store = TenantStore(redis_client, P, b"pepper")
     tenant = await store.create(TenantCreate(id="acme", name="a", priority_class="standard"))
-    limiter = ConcurrencyLimiter(redis_client, P, LEASE_S)
+    reported: list[int] = []  # what the metric is told (on_lost)
+    limiter = ConcurrencyLimiter(redis_client, P, LEASE_S, on_lost=reported.append)
     layout = KeyLayout(P)
     held: dict[str, HeldSlot] = {}
     for step in steps:
@@ -121,6 +122,8 @@ async def test_slot_scripts(redis_client: aioredis.Redis, steps: list[Step]) -> 
         else:
             lost = await limiter.renew(now_ms=step.now)
             assert sorted(n for n, s in held.items() if s in lost) == list(step.lost)
+            assert reported == ([len(lost)] if lost else [])
+            reported.clear()
             await limiter.wait_released()
         ids = {name: slot.slot_id for name, slot in held.items()}
         assert await live(redis_client, layout.slots("acme"), ids) == step.tenant_set, step
