@@ -1,7 +1,7 @@
 """Concurrency caps across gateway processes (``python -m service serve``, ``RADIXGATE_WORKERS=2``, one
-Redis): together they never pass a tenant's cap (counted at the fake worker), and when the processes are
-killed (SIGKILL) with slots held, the slots come back with their lease (2 s here), not before and not
-much after."""
+Redis): together they never pass a tenant's cap (counted at the fake worker); slots held longer than their
+lease are renewed; and when the processes are killed (SIGKILL) with slots held, the slots come back with
+their lease (2 s here), not before and not much after."""
 
 from __future__ import annotations
 
@@ -101,13 +101,19 @@ def test_two_processes_share_a_cap_and_a_killed_replicas_slots_come_back_with_th
                 while worker.in_flight["capped-held"] < 3:
                     assert time.monotonic() < deadline, "the three streams did not reach the worker"
                     time.sleep(0.02)
-                full = httpx.post(
-                    f"{survivor.url}/v1/chat/completions",
-                    json=chat("refused", False, 1),
-                    headers={"Authorization": f"Bearer {key}"},
-                    timeout=30,
-                )
-                assert full.status_code == 429 and "concurrency_limit_exceeded" in full.text
+
+                def refused() -> bool:
+                    full = httpx.post(
+                        f"{survivor.url}/v1/chat/completions",
+                        json=chat("refused", False, 1),
+                        headers={"Authorization": f"Bearer {key}"},
+                        timeout=30,
+                    )
+                    return full.status_code == 429 and "concurrency_limit_exceeded" in full.text
+
+                assert refused()
+                time.sleep(LEASE_S + RENEW_S)  # past their first lease: the processes renew them
+                assert worker.in_flight["capped-held"] == 3 and refused()
                 os.killpg(os.getpgid(ready_pids(log)[0]), signal.SIGKILL)
                 killed = time.monotonic()
                 worker.delay_s = 0.0
