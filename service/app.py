@@ -63,6 +63,7 @@ from service.workers.registry import WorkerRegistry, sync_loop, sync_once
 from service.workers.replicas import ReplicaRegistry
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
+from tenancy.concurrency import ConcurrencyLimiter
 from tenancy.errors import StoreUnavailable
 from tenancy.quota import QuotaLimiter
 from tenancy.quota_lease import LeasedQuota
@@ -334,7 +335,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 )
             )
         usage = UsageRecorder(redis, prefix)
+        concurrency = ConcurrencyLimiter(
+            redis, prefix, settings.redis.concurrency_lease_s, on_lost=metrics.concurrency_slots_lost.inc
+        )
         tenants.observe_call = quota.observe_call = usage.observe_call = metrics.runtime.observe_store_call
+        concurrency.observe_call = metrics.runtime.observe_store_call
         # one tokenizer and one admission core per model: a request is placed among its model's workers
         # every replica's heartbeat: the live ones split each worker's window (service/workers/replicas.py)
         with contextlib.suppress(StoreUnavailable):
@@ -357,6 +362,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             metrics,
             settler,
             revocations,
+            concurrency,
             status_of=http_status,
         )
         if metrics.multiprocess:
@@ -423,6 +429,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
                 await settler.drain()
                 await leased.close()
+                await concurrency.close()
     finally:
         await stop_tasks(background)  # each may be in a Redis call, which can swallow one cancel
         await replicas.leave()  # its window share goes back to the other replicas at once

@@ -45,8 +45,8 @@ class CachedKey:
         expires: monotonic s after which the entry is not used.
         verified: the presented key that matched ``digest`` when the entry was stored ("": none); a key
             equal to it (constant-time) passes without the HMAC (about 3 us a request).
-        key: the key's record as read then (its terms: expiry, models, quotas); None in entries stored
-            without it.
+        key: the key's record as read then (its terms: expiry, models, quotas, concurrency cap); None:
+            not kept (such an entry never passes :meth:`tenancy.store.TenantStore.authenticate_key`).
     """
 
     digest: str

@@ -26,6 +26,7 @@ def key_info(record: ApiKeyRecord) -> ApiKeyInfo:
         expires_at=record.expires_at,
         allowed_models=record.allowed_models,
         quotas=record.quotas,
+        max_concurrent_requests=record.max_concurrent_requests,
     )
 
 

@@ -16,11 +16,14 @@ key                                holds
 ``P tenant:<id>:quota_models``     set of every model id its quotas have named (what delete clears)
 ``P usage:<id>``                   usage counters hash
 ``P settled:<request_id>``         marker of a settled request (expires): a retried settle lands once
+``P slots:<id>``                   the tenant's concurrency slots: a sorted set of slot ids scored by
+                                   their lease's end (Redis server ms), expires with its last lease
+``P slots:<id>:key:<key_id>``      the same for one API key of the tenant
 =================================  ==================================================================
 
-A tenant owns its record, key set, key records, buckets (its own, its keys' and its models') and usage;
-deleting it removes all of them in one Lua call (``tenant_delete.lua``). Scripts that write buckets or
-usage first check that the tenant
+A tenant owns its record, key set, key records, buckets (its own, its keys' and its models'), usage and
+slot sets (its own and its keys'); deleting it removes all of them in one Lua call (``tenant_delete.lua``).
+Scripts that write buckets or usage first check that the tenant
 record still exists with the epoch the caller saw (``tenant_guard.lua``), so a request racing the delete
 (or the deleted tenant's re-creation under the same id) writes nothing.
 """
@@ -91,6 +94,18 @@ class KeyLayout:
     def usage(self, tenant_id: str) -> str:
         """A tenant's usage counters."""
         return f"{self.prefix}usage:{tenant_id}"
+
+    def slots(self, tenant_id: str) -> str:
+        """A tenant's concurrency slots (``slot_acquire.lua``): slot id -> lease end, ms."""
+        return f"{self.prefix}slots:{tenant_id}"
+
+    def key_slots_prefix(self, tenant_id: str) -> str:
+        """What :meth:`key_slots` puts before the key id (``tenant_delete.lua`` names them from it)."""
+        return f"{self.prefix}slots:{tenant_id}:key:"
+
+    def key_slots(self, tenant_id: str, key_id: str) -> str:
+        """One API key's concurrency slots, under its tenant's id."""
+        return f"{self.key_slots_prefix(tenant_id)}{key_id}"
 
     def settled(self, request_id: str) -> str:
         """Marker of a request whose settle landed (``settle.lua``; expires, owned by no tenant)."""

@@ -45,6 +45,9 @@ MAX_MODEL_ID_CHARS = 256
 MAX_MODEL_QUOTAS = 64
 """Most per-model entries in a tenant's ``quotas.models`` (each a served model id; read on every request
 of the tenant, so the list is short)."""
+MAX_CONCURRENT_REQUESTS = 1_000_000
+"""Largest ``max_concurrent_requests`` an admin may set, requests (a cap is a count of requests in flight
+across every replica; a million is beyond any fleet, and a bound keeps it an integer Redis compares)."""
 
 MIN_REQUEST_BURST = 1.0
 """Smallest request-bucket capacity, requests: a bucket below one request never admits any."""
@@ -168,6 +171,12 @@ class TenantSpec(BaseModel):
     )
     allowed_models: AllowedModels = Field(None, description="Model ids this tenant may use; None = all.")
     enabled: bool = True
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONCURRENT_REQUESTS,
+        description="Most requests in flight at once across every replica, requests; None = no cap.",
+    )
 
     @field_validator("priority_class", mode="before")
     @classmethod
@@ -195,6 +204,7 @@ class TenantPatch(BaseModel):
     max_tokens_cap: int | None = Field(None, ge=1, le=10**9)
     allowed_models: AllowedModels = None
     enabled: bool | None = None
+    max_concurrent_requests: int | None = Field(None, ge=1, le=MAX_CONCURRENT_REQUESTS)
 
     @field_validator("name", "priority_class", "weight", "quotas", "enabled", mode="before")
     @classmethod
@@ -292,6 +302,9 @@ class KeyTerms(BaseModel):
             tenant's models.
         quotas: the key's own token buckets, each at most its tenant's (checked when set); a request
             takes from them and from its tenant's. None: none.
+        max_concurrent_requests: the key's own concurrency cap, requests in flight across every replica,
+            at most its tenant's (checked when set: a tenant's cap lowered later binds first anyway).
+            None: only its tenant's cap applies.
     """
 
     model_config = _ADMIN_INPUT
@@ -304,6 +317,13 @@ class KeyTerms(BaseModel):
     )
     quotas: BucketLimits | None = Field(
         None, description="The key's own RPM/TPM buckets, at most its tenant's."
+    )
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CONCURRENT_REQUESTS,
+        description="Most requests of this key in flight at once, requests, at most its tenant's cap; "
+        "None = only the tenant's cap applies.",
     )
 
 
@@ -342,6 +362,7 @@ class ApiKeyRecord(BaseModel):
     expires_at: float | None = None
     allowed_models: list[str] | None = None
     quotas: BucketLimits | None = None
+    max_concurrent_requests: int | None = Field(None, description="The key's own cap, requests.")
 
     def expired(self, now_s: float) -> bool:
         """Whether the key is past its expiry at unix time ``now_s``."""
@@ -366,6 +387,7 @@ class ApiKeyInfo(BaseModel):
     expires_at: float | None = Field(None, description="Unix s after which the key is refused; None: never.")
     allowed_models: list[str] | None = Field(None, description="The key's models; None: its tenant's.")
     quotas: BucketLimits | None = Field(None, description="The key's own buckets; None: none.")
+    max_concurrent_requests: int | None = Field(None, description="The key's own cap, requests.")
 
 
 class IssuedKey(ApiKeyInfo):
@@ -382,6 +404,7 @@ USAGE_FIELDS = (
     "cached_tokens",
     "quota_rejections",
     "oversized_rejections",
+    "concurrency_rejections",
 )
 """The counters of :class:`Usage` (fields of the ``usage:<id>`` hash)."""
 
@@ -398,6 +421,9 @@ class Usage(BaseModel):
     quota_rejections: int = Field(0, description="Requests refused with 429 (a token bucket was short).")
     oversized_rejections: int = Field(
         0, description="Requests refused with 413: they need more than a bucket's burst, so never pass."
+    )
+    concurrency_rejections: int = Field(
+        0, description="Requests refused with 429 because the tenant or the key had its cap in flight."
     )
 
     @property

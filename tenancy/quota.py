@@ -25,6 +25,7 @@ from typing import Literal, NamedTuple
 from redis.asyncio import Redis
 
 from policies.rate_limits import BucketLevel
+from tenancy.concurrency import HeldSlot
 from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untimed_store_operation
 from tenancy.layout import BucketName, KeyLayout, ScopeKind, lua
 from tenancy.models import USAGE_FIELDS, BucketLimits, Quotas
@@ -106,6 +107,9 @@ class Reservation:
 
     ``scopes``: the key's and model's buckets it also took from (:class:`Scope`); its settle gives back
     to (or charges) them as it does the tenant's.
+
+    ``slot``: the request's concurrency slot (:mod:`tenancy.concurrency`), taken before the buckets and
+    released when the request ends; None when no cap applies.
     """
 
     tenant_id: str
@@ -115,6 +119,7 @@ class Reservation:
     epoch: str | None = None
     linger: bool = False
     scopes: tuple[Scope, ...] = ()
+    slot: HeldSlot | None = None
 
 
 class QuotaLimiter:

@@ -47,8 +47,8 @@ __all__ = ["Authenticated", "KeyNotFoundError", "TenantExistsError", "TenantNotF
 
 class Authenticated(NamedTuple):
     """A presented API key that matched: its tenant and its record (the key's terms: expiry, models,
-    quotas). An expired key is returned too (:meth:`ApiKeyRecord.expired` says so): the caller answers it
-    with its own error."""
+    quotas, ``max_concurrent_requests``). An expired key is returned too (:meth:`ApiKeyRecord.expired`
+    says so): the caller answers it with its own error."""
 
     tenant: Tenant
     key: ApiKeyRecord
@@ -242,7 +242,7 @@ class TenantStore(KeyRecords):
     @store_operation
     async def delete(self, tenant_id: str) -> None:
         """Delete a tenant and every key it owns (record, API keys, buckets of its own, of its keys and of
-        its models, usage) in one atomic call.
+        its models, usage, concurrency slot sets of its own and of its keys) in one atomic call.
 
         Raises:
             TenantNotFoundError: no such tenant.
@@ -255,6 +255,7 @@ class TenantStore(KeyRecords):
             layout.usage(tenant_id),
             layout.tenant_keys_by_time(tenant_id),
             *(layout.bucket(tenant_id, b) for b in BUCKETS),
+            layout.slots(tenant_id),
             layout.quota_models(tenant_id),
         ]
         args = [
@@ -262,6 +263,7 @@ class TenantStore(KeyRecords):
             tenant_id,
             layout.scoped_bucket_prefix(tenant_id),
             layout.quota_models(tenant_id),
+            layout.key_slots_prefix(tenant_id),
         ]
         if not await self._delete_script(keys=keys, args=args):
             raise TenantNotFoundError(tenant_id)
@@ -269,8 +271,8 @@ class TenantStore(KeyRecords):
 
     @store_operation
     async def issue_key(self, tenant_id: str, name: str = "", terms: KeyTerms | None = None) -> IssuedKey:
-        """Create an API key for a tenant, with ``terms`` (expiry, models, quotas; the caller checks them
-        against the tenant); the returned ``api_key`` is never stored.
+        """Create an API key for a tenant, with ``terms`` (expiry, models, quotas, concurrency cap; the
+        caller checks them against the tenant); the returned ``api_key`` is never stored.
 
         Raises:
             TenantNotFoundError: no such tenant (also when it is deleted meanwhile).

@@ -90,6 +90,15 @@ def bench_gateway(
             "top (repeatable), interleaved with the others: before/after figures of a change in one run."
         ),
     ] = None,
+    tenant_cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1_000_000,
+            help="max_concurrent_requests of radixgate's bench tenant (not radixgate-base's): what a "
+            "concurrency cap costs (one slot call per request and its release).",
+        ),
+    ] = None,
     profile_s: Annotated[
         int,
         typer.Option(min=0, help="py-spy radixgate under --profile-mode for this many seconds after runs."),
@@ -160,6 +169,7 @@ def bench_gateway(
         tokenizer=tokenizer,
         radixgate_env=extra_env,
         baseline_env=base_env,
+        tenant_cap=tenant_cap,
         profile_s=profile_s,
         profile_mode=profile_mode,
         pin=pin,

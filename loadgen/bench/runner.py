@@ -99,6 +99,8 @@ class BenchConfig:
         radixgate_env: extra ``RADIXGATE_*`` settings for radixgate.
         baseline_env: when not None, also start :data:`loadgen.bench.targets.BASELINE`, a radixgate with
             ``radixgate_env`` and these settings on top (the "before" of a change that a setting turns off).
+        tenant_cap: ``max_concurrent_requests`` of radixgate's bench tenant (None: no cap; radixgate-base's
+            tenant never has one).
         profile_s: if > 0, py-spy records radixgate for this long under ``profile_mode`` load after the runs.
         profile_mode: the mode (a key of :data:`MODES`) profiled.
         pin: pin processes to CPUs (when there are two or more).
@@ -119,6 +121,7 @@ class BenchConfig:
     tokenizer: Path | None = None
     radixgate_env: dict[str, str] = field(default_factory=dict)
     baseline_env: dict[str, str] | None = None
+    tenant_cap: int | None = None
     profile_s: int = 0
     profile_mode: str = "c64"
     pin: bool = True
@@ -207,8 +210,16 @@ class _Bench:
                 env = dict(cfg.radixgate_env)
                 if name == BASELINE:  # its own keys in the shared Redis
                     env |= {"RADIXGATE_REDIS__KEY_PREFIX": "rgbase:", **(cfg.baseline_env or {})}
+                cap = cfg.tenant_cap if name == "radixgate" else None
                 target = start_radixgate(
-                    self.procs, self.fake_url, self.redis_url, tokenizer, env, self.cores.target, name=name
+                    self.procs,
+                    self.fake_url,
+                    self.redis_url,
+                    tokenizer,
+                    env,
+                    self.cores.target,
+                    name=name,
+                    tenant_cap=cap,
                 )
             elif name == "router":
                 target = start_router(self.procs, cfg.peers_dir, self.fake_url, self.cores.target)
@@ -235,6 +246,7 @@ class _Bench:
             "versions": versions,
             "radixgate_env": cfg.radixgate_env,
             "baseline_env": cfg.baseline_env,
+            "tenant_cap": cfg.tenant_cap,
         }
 
     def idle(self) -> dict[str, float | None]:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -260,11 +261,13 @@ def start_radixgate(
     cpus: frozenset[int] | None,
     timeout_s: float = 120.0,
     name: str = "radixgate",
+    tenant_cap: int | None = None,
 ) -> Target:
     """Start ``python -m service serve`` (uvicorn, uvloop, httptools) with default settings except the
     upstream, Redis, tokenizer, model name and ``SCHEDULER__WINDOW_INITIAL=256`` (issue 10), plus
-    ``extra_env``; create a tenant with finite, huge quotas and return the target (``name``: radixgate,
-    or :data:`BASELINE` for a second gateway with other settings) with its key."""
+    ``extra_env``; create a tenant with finite, huge quotas (and ``max_concurrent_requests`` =
+    ``tenant_cap`` when given) and return the target (``name``: radixgate, or :data:`BASELINE` for a second
+    gateway with other settings) with its key."""
     port = free_port()
     admin = secrets.token_urlsafe(24)
     env = {
@@ -284,12 +287,14 @@ def start_radixgate(
     base = f"http://127.0.0.1:{port}"
     procs.wait_until(proc, name, lambda: httpx.get(f"{base}/readyz", timeout=2).status_code == 200, timeout_s)
     auth = {"Authorization": f"Bearer {admin}"}
-    tenant = {
+    tenant: dict[str, Any] = {
         "id": "bench",
         "name": "bench",
         "priority_class": "standard",
         "quotas": {"requests_per_min": 1e9, "tokens_per_min": 1e12},
     }
+    if tenant_cap is not None:
+        tenant["max_concurrent_requests"] = tenant_cap
     httpx.post(f"{base}/admin/tenants", json=tenant, headers=auth, timeout=10).raise_for_status()
     issued = httpx.post(f"{base}/admin/tenants/bench/keys", json={"name": "bench"}, headers=auth, timeout=10)
     issued.raise_for_status()

@@ -89,16 +89,29 @@ def check_model_quotas(settings: Settings, quotas: Quotas | None) -> None:
 
 
 def check_key_terms(
-    settings: Settings, tenant: Tenant, models: list[str] | None, quotas: BucketLimits | None
+    settings: Settings,
+    tenant: Tenant,
+    models: list[str] | None,
+    quotas: BucketLimits | None,
+    max_concurrent_requests: int | None = None,
 ) -> None:
-    """Reject a key's ``allowed_models`` that are not served or not its tenant's, and key ``quotas``
-    above its tenant's (each rate and each effective burst at most the tenant's, where the tenant has
-    one).
+    """Reject a key's ``allowed_models`` that are not served or not its tenant's, key ``quotas`` above
+    its tenant's (each rate and each effective burst at most the tenant's, where the tenant has one), and
+    a key's ``max_concurrent_requests`` above its tenant's (where the tenant has one).
 
     Raises:
         APIError: 400 ``model_not_found`` (not served), ``model_not_allowed`` (not the tenant's) or
-            ``invalid_value`` (a quota above the tenant's), naming the field in ``param``.
+            ``invalid_value`` (a quota or a cap above the tenant's), naming the field in ``param``.
     """
+    cap = tenant.max_concurrent_requests
+    if max_concurrent_requests is not None and cap is not None and max_concurrent_requests > cap:
+        raise APIError(
+            400,
+            f"Invalid value for 'max_concurrent_requests': {max_concurrent_requests} is above tenant "
+            f"'{tenant.id}''s max_concurrent_requests ({cap}); a key's cap is at most its tenant's.",
+            code="invalid_value",
+            param="max_concurrent_requests",
+        )
     if models:
         registry = settings.model_registry()
         unknown = [m for m in models if registry.resolve(m) is None]

@@ -155,8 +155,8 @@ async def get_tenant(tenant_id: str, state: StateDep) -> Tenant:
 
 @router.patch("/tenants/{tenant_id}", openapi_extra=json_body(TenantPatch, ADMIN_SUFFIX))
 async def update_tenant(tenant_id: str, body: JsonBody, state: StateDep) -> Tenant:
-    """Partial update (name, class, weight, quotas, caps, models, enabled), as a JSON merge patch
-    (RFC 7386): absent fields are kept, and so are the quota fields ``quotas`` leaves out
+    """Partial update (name, class, weight, quotas, caps, models, enabled, max_concurrent_requests), as a
+    JSON merge patch (RFC 7386): absent fields are kept, and so are the quota fields ``quotas`` leaves out
     (``{"quotas": {"requests_per_min": 20}}`` keeps the tenant's TPM; ``null`` makes one unlimited).
     ``PUT /admin/tenants/{id}/quotas`` replaces them all."""
     patch = parse(TenantPatch, body)
@@ -235,15 +235,21 @@ async def delete_tenant(tenant_id: str, state: StateDep) -> Response:
 
 @router.post("/tenants/{tenant_id}/keys", status_code=201, openapi_extra=json_body(KeyCreate, ADMIN_SUFFIX))
 async def issue_key(tenant_id: str, state: StateDep, body: JsonBody) -> IssuedKey:
-    """Issue an API key, with its terms (``expires_at``, ``allowed_models``, ``quotas``: checked against
-    its tenant, :func:`service.api.admin_keys.check_key_terms`); the response holds the key, shown this
-    once."""
+    """Issue an API key, with its terms (``expires_at``, ``allowed_models``, ``quotas``,
+    ``max_concurrent_requests``: checked against its tenant, :func:`service.api.admin_keys.check_key_terms`);
+    the response holds the key, shown this once. A tenant's cap or quota lowered later binds the key too."""
     spec = parse(KeyCreate, body)
     try:
-        if spec.allowed_models is not None or spec.quotas is not None:
+        if (
+            spec.allowed_models is not None
+            or spec.quotas is not None
+            or spec.max_concurrent_requests is not None
+        ):
             check_limits(spec.quotas, "quotas")
             tenant = await state.tenants.get(tenant_id)
-            check_key_terms(state.settings, tenant, spec.allowed_models, spec.quotas)
+            check_key_terms(
+                state.settings, tenant, spec.allowed_models, spec.quotas, spec.max_concurrent_requests
+            )
         return await state.tenants.issue_key(tenant_id, spec.name, spec)
     except TenantNotFoundError as exc:
         raise _not_found(tenant_id) from exc

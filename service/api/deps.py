@@ -78,7 +78,8 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
     scope_state = request.scope.setdefault("state", {})
     scope_state["tenant_id"] = tenant.id  # for the log of a refusal
     scope_state["key_id"] = record.key_id  # service.pipeline.revocation
-    scope_state["api_key"] = record  # the key's terms (models, quotas): service.api.openai_routes
+    # the key's terms (models, quotas, concurrency cap): service.api.openai_routes
+    scope_state["api_key"] = record
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant

@@ -68,7 +68,7 @@ async def _serve(
     when no bucket limits it)."""
     dispatcher = state.dispatcher
     scope_state = request.scope["state"]
-    key = scope_state.get("api_key")  # its terms: models, quotas (service.api.deps.authenticate)
+    key = scope_state.get("api_key")  # its terms: models, quotas, cap (service.api.deps.authenticate)
     if body_bytes > state.settings.api.offload_body_bytes:
         try:  # a client that leaves while its long prompt waits for a slot gives up its place
             offloaded = dispatcher.prepare_offloaded(tenant, req, request_id(request), timing, key)
@@ -78,14 +78,15 @@ async def _serve(
     else:
         prepared = dispatcher.prepare(tenant, req, request_id(request), timing, key)
     timing.mark("prepare")
+    # its key's buckets and concurrency cap ride on prepared.key
     reservation, rate_limits = await dispatcher.admit(prepared)
+    key_id = scope_state.get("key_id", "")
     timing.mark("quota")
     scope_state["admitted"] = True  # the dispatcher's settle logs and counts it from here
     timing.client_request_id = scope_state.get("client_request_id")
     if (tracing := request.app.state.tracing) is not None:  # its span ends with its log line
         begin_trace(tracing, prepared, request.scope)
     shape = shaper(prepared) if shaper is not None else None
-    key_id = scope_state.get("key_id", "")
     if not prepared.stream:
         try:
             work = dispatcher.complete(prepared, reservation, shape, key_id)

@@ -101,6 +101,14 @@ class RedisSettings(BaseModel):
         description="Largest share of a bucket's burst one replica's lease holds (it bounds what a lease "
         "holds back from the other replicas).",
     )
+    concurrency_lease_s: float = Field(
+        30.0,
+        ge=0.5,
+        le=3600,
+        description="Lease of a concurrency slot (tenants and keys with max_concurrent_requests), s: the "
+        "replica that holds a slot renews it every third of this; a slot of a replica that died is free "
+        "again at most this long after its last renewal.",
+    )
     settle_linger_s: float = Field(
         0.002,
         ge=0,

@@ -285,11 +285,18 @@ class GatewayMetrics:
         )
         self.quota_rejections = Counter(
             "radixgate_quota_rejections_total",
-            "Requests refused by a token bucket, per reason: rate_limited (429, the bucket is short for "
-            "now) or exceeds_burst (413, the request needs more than the bucket's burst and can never pass); "
-            "bucket: requests, tokens (the tenant's own), key_requests, key_tokens, model_requests, "
-            "model_tokens.",
+            "Requests refused by a token bucket or a concurrency cap, per reason: rate_limited (429, the "
+            "bucket is short for now), exceeds_burst (413, the request needs more than the bucket's burst "
+            "and can never pass) or concurrency_limit (429: the tenant or the key had its "
+            "max_concurrent_requests in flight); bucket: requests, tokens (the tenant's own), key_requests, "
+            "key_tokens, model_requests, model_tokens, tenant_concurrency, key_concurrency.",
             ["tenant", "bucket", "reason"],
+            registry=registry,
+        )
+        self.concurrency_slots_lost = Counter(
+            "radixgate_concurrency_slots_lost_total",
+            "Concurrency slots whose lease ended while their request still ran (their renewal did not land "
+            "within the lease, e.g. Redis unreachable): the cap did not count them from then on.",
             registry=registry,
         )
         self.quota_reservations = Counter(

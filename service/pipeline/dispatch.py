@@ -2,8 +2,11 @@
 
 1. :meth:`Dispatcher.prepare`: model, priority class and max_tokens checks, prompt rendering and token
    count (nothing charged yet; bad input raises a 4xx :class:`service.errors.GatewayError`).
-2. :meth:`Dispatcher.admit`: one atomic Redis call takes 1 request and prompt+max_tokens tokens from the
-   tenant's buckets (429 with ``Retry-After``, or 413 when the request exceeds a burst).
+2. :meth:`Dispatcher.admit`: for a tenant or key with ``max_concurrent_requests``, one atomic Redis call
+   takes a concurrency slot (429 ``concurrency_limit_exceeded``; :mod:`tenancy.concurrency`); then one
+   atomic Redis call takes 1 request and prompt+max_tokens tokens from the key's, the model's and the
+   tenant's buckets (429 with ``Retry-After``, or 413 when the request exceeds a burst). The slot is
+   released when the request ends.
 3. :meth:`Dispatcher.complete` / :meth:`Dispatcher.stream`: wait for a slot in the scheduler's queue
    (priority bands, fair queuing, shedding; it routes the request), then call SGLang ``/generate``
    through :class:`service.pipeline.upstream.UpstreamCaller` (retries, mid-stream resume, circuit breakers).
@@ -51,12 +54,14 @@ from service.pipeline.request_record import record_request, settlement_of
 from service.pipeline.revocation import Revocable, RevocationRegistry
 from service.pipeline.served_models import ServedModels
 from service.pipeline.settlement import Settler
+from service.pipeline.slot_admission import SlotAdmission
 from service.pipeline.upstream import Outcome, UpstreamCaller
 from service.protocol.completions import ChatCompletionRequest, CompletionRequest, UsageInfo, now_s
 from service.runtime.task_stop import finish_despite_cancel
 from service.workers.chunks import UpstreamChunk
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
+from tenancy.concurrency import ConcurrencyLimiter
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import ApiKeyRecord, Tenant
 from tenancy.quota import Reservation
@@ -135,6 +140,7 @@ class Dispatcher:
         metrics: the app's metrics.
         settler: settles requests (retrying in the background when Redis is short).
         revocations: the requests in flight by tenant and key, ended when those are revoked.
+        concurrency: the concurrency slots of capped tenants and keys (Redis, shared by every replica).
         status_of: the HTTP status a domain error is answered with
             (:func:`service.api.errors.http_status`; the pipeline knows no statuses of its own but 200 and
             499), recorded in the ``request`` log line and ``radixgate_requests_total{status}``.
@@ -151,6 +157,7 @@ class Dispatcher:
         metrics: GatewayMetrics,
         settler: Settler,
         revocations: RevocationRegistry,
+        concurrency: ConcurrencyLimiter,
         status_of: Callable[[GatewayError], int],
     ) -> None:
         self._settings = settings
@@ -167,6 +174,7 @@ class Dispatcher:
         self._metrics = metrics
         self._settler = settler
         self._revocations = revocations
+        self._slots = SlotAdmission(concurrency, metrics, usage)
         api = settings.api
         self._rate_limit_headers = api.rate_limit_headers
         self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
@@ -217,32 +225,44 @@ class Dispatcher:
 
     # 2. admission ----------------------------------------------------------------------------------
     async def admit(self, prepared: PreparedRequest) -> Admitted:
-        """Reserve the request against its token buckets: its key's and its model's, if they have limits
-        (:func:`service.pipeline.quota_admission.scopes_of`), and its tenant's, in one atomic call.
+        """Take a concurrency slot when the tenant or the request's API key (``prepared.key``) has a
+        ``max_concurrent_requests`` (:class:`service.pipeline.slot_admission.SlotAdmission`; none: no slot
+        call), then reserve the request against its token buckets: its key's and its model's, if they
+        have limits (:func:`service.pipeline.quota_admission.scopes_of`), and its tenant's, in one atomic
+        call. The slot rides on the reservation and is released when the request ends (:meth:`_finish`),
+        or here when the buckets refuse.
 
         Returns:
             The reservation and the rate-limit state to tell the client (``{}``: no bucket).
 
         Raises:
-            RateLimited: a bucket is short (``retry_after_s`` says when the slowest refills enough; the
-                message and ``details["quota"]`` name the first short).
+            RateLimited: the tenant or key has its cap in flight (``concurrency_limit_exceeded``, nothing
+                charged), or a bucket is short (``retry_after_s`` says when the slowest refills enough;
+                the message and ``details["quota"]`` name the first short).
             RequestTooLarge: the request is larger than a bucket's burst and can never pass.
             Unauthenticated: the tenant was deleted since its key was checked.
             StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
-                may still have taken refills with time).
+                may still have taken refills with time; a slot it may have taken is released).
         """
         tenant = prepared.tenant
         tokens = prepared.reserved_tokens
         scopes = scopes_of(prepared)
+        slot = await self._slots.take(prepared)
         try:
             decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, tenant.epoch, scopes)
-        except TenantNotFoundError as exc:  # deleted since its key was checked
-            raise Unauthenticated("Incorrect API key provided.") from exc
+        except BaseException as exc:
+            if slot is not None:
+                self._slots.release(slot)
+            if isinstance(exc, TenantNotFoundError):  # deleted since its key was checked
+                raise Unauthenticated("Incorrect API key provided.") from exc
+            raise
         if decision.allowed:
             reservation = Reservation(
-                tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes
+                tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes=scopes, slot=slot
             )
             return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
+        if slot is not None:  # refused by a bucket: nothing taken, the slot goes back
+            self._slots.release(slot)
         # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
         reason = "exceeds_burst" if decision.never else "rate_limited"
         self._metrics.quota_rejections.labels(
@@ -408,6 +428,8 @@ class Dispatcher:
         is under way before the client holds the answer, so a next request it sends at once is not
         reserved first (a 429 its quota did not call for)."""
         self._metrics.in_flight.dec()
+        if reservation.slot is not None:  # its last byte is written: the slot goes back now
+            self._slots.release(reservation.slot)
         self._revocations.untrack(run.revocable)
         merge_choices(run.outcome, run.choices)
         outcome = run.outcome

@@ -14,6 +14,7 @@ so tests can assert that bad input never reached it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -58,6 +59,9 @@ class FakeWorker:
             500.
         reject_status: the status of a ``"status"`` refusal (400; e.g. 404 for a server without
             ``/generate``, 401 for SGLang's API-key check).
+        markers: texts to count requests by: a ``/generate`` call whose body holds one is in flight under
+            it (``in_flight``, highest so far in ``peak_in_flight``) from its arrival until its last
+            token is sent (or it ends otherwise), as the worker sees it.
     """
 
     def __init__(self) -> None:
@@ -79,6 +83,9 @@ class FakeWorker:
         self.reject: str | None = None
         self.reject_style = "status"
         self.reject_status = 400
+        self.markers: list[str] = []
+        self.in_flight: collections.Counter[str] = collections.Counter()
+        self.peak_in_flight: collections.Counter[str] = collections.Counter()
         self.app = Starlette(
             routes=[
                 Route("/generate", self.generate, methods=["POST"]),
@@ -157,6 +164,17 @@ class FakeWorker:
 
     async def generate(self, request: Request) -> Response:
         raw = await request.body()
+        visit = _Visit(self, [m for m in self.markers if m.encode() in raw])
+        try:
+            return await self._generate(raw, visit)
+        finally:
+            if not visit.streaming:  # answered whole: done at the worker
+                visit.end()
+
+    async def _generate(self, raw: bytes, visit: _Visit) -> Response:
+        """``/generate``; a token stream takes over ``visit`` and ends it before its last token goes out
+        (the request is done at the worker before the gateway can see it done), or when it stops
+        otherwise."""
         body = json.loads(raw)
         self.received.append(body)
         if self.mode == "error500":
@@ -190,6 +208,13 @@ class FakeWorker:
         incremental = bool((self.server_info or {}).get("incremental_streaming_output"))
 
         async def events() -> AsyncIterator[bytes]:
+            try:
+                async for event in token_events():
+                    yield event
+            finally:
+                visit.end()
+
+        async def token_events() -> AsyncIterator[bytes]:
             for i in range(1, n + 1):
                 if self.mode == "break_after_2" and i > 2:
                     raise RuntimeError("worker died")
@@ -202,10 +227,33 @@ class FakeWorker:
                 else:
                     text, ids = "".join(tokens[:i]), list(range(i))
                 payload = {"text": text, "output_ids": ids, "meta_info": self._meta(body, i, i == n)}
+                if i == n:
+                    visit.end()
                 yield f"data: {json.dumps(payload)}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
+        visit.streaming = True
         return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class _Visit:
+    """One ``/generate`` call, counted in flight under ``markers`` of ``worker`` until :meth:`end`."""
+
+    def __init__(self, worker: FakeWorker, markers: list[str]) -> None:
+        self._worker = worker
+        self._markers = markers
+        self._ended = False
+        self.streaming = False  # a token stream ends it itself
+        for marker in markers:
+            worker.in_flight[marker] += 1
+            worker.peak_in_flight[marker] = max(worker.peak_in_flight[marker], worker.in_flight[marker])
+
+    def end(self) -> None:
+        """Count it done (once, however often it is called)."""
+        if not self._ended:
+            self._ended = True
+            for marker in self._markers:
+                self._worker.in_flight[marker] -= 1
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import redis
 import redis.asyncio as aioredis
 
 from service.app import create_app
+from tenancy.concurrency import ConcurrencyLimiter, HeldSlot
 from tenancy.errors import TenantExistsError, TenantNotFoundError
-from tenancy.models import Quotas, TenantCreate
-from tenancy.quota import QuotaLimiter, Reservation
+from tenancy.models import BucketLimits, ModelQuota, Quotas, TenantCreate
+from tenancy.quota import QuotaLimiter, Reservation, Scope
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
 from tests.service.api.test_api import ADMIN, MODEL, auth, chat, gateway_settings, usage_of
@@ -34,42 +36,62 @@ def keys_of(client: redis.Redis, tenant_id: str, key_ids: list[str]) -> list[str
 
 
 @pytest.fixture(scope="module")
-def gateway(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[str, str]]:
+def gateway(redis_url: str, stub_model_dir: Path) -> Iterator[tuple[str, str, FakeWorker]]:
     worker = FakeWorker()
     with ThreadedServer(worker.app) as w:
         settings = gateway_settings(redis_url, stub_model_dir, [w.url])
         with ThreadedServer(create_app(settings)) as server:
-            yield server.url, settings.redis.key_prefix
+            yield server.url, settings.redis.key_prefix, worker
 
 
-def test_deleted_and_recreated_tenant_starts_clean(gateway: tuple[str, str], redis_url: str) -> None:
-    url, prefix = gateway
+def test_deleted_and_recreated_tenant_starts_clean(
+    gateway: tuple[str, str, FakeWorker], redis_url: str
+) -> None:
+    url, prefix, worker = gateway
     tenant_id = "del-recreate-t1"
-    # its own buckets, one model's and one key's (issue 30): delete must take them all
+    # its own buckets, one model's and one key's, and concurrency slot sets of its own and of the key
+    # (issue 30): delete must take them all
     model_quota = {"model": MODEL, "requests_per_min": 10, "tokens_per_min": 10000}
-    body = {"id": tenant_id, "name": "x", "quotas": {"requests_per_min": 2, "models": [model_quota]}}
+    quotas = {"requests_per_min": 4, "models": [model_quota]}
+    body = {"id": tenant_id, "name": "x", "quotas": quotas, "max_concurrent_requests": 2}
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     with httpx.Client(base_url=url, timeout=30) as http, r:
         assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
-        terms = {"quotas": {"requests_per_min": 2, "tokens_per_min": 1000}}
+        terms = {"quotas": {"requests_per_min": 3, "tokens_per_min": 1000}, "max_concurrent_requests": 1}
         key = http.post(f"/admin/tenants/{tenant_id}/keys", json=terms, headers=ADMIN).json()
         headers = auth(key["api_key"])
         statuses = [
             http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers).status_code
-            for _ in range(3)
+            for _ in range(2)
         ]
-        assert statuses == [200, 200, 429]
-        owned = keys_of(r, tenant_id, [key["key_id"]])
-        assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
-        assert {
-            f"bucket:{tenant_id}:model:{MODEL}:tokens",
-            f"bucket:{tenant_id}:key:{key['key_id']}:tokens",
-        } <= {k.removeprefix(prefix) for k in owned}
-        # the model's entry removed: its buckets live on until they refill, and go with the tenant too
-        assert http.patch(
-            f"/admin/tenants/{tenant_id}", json={"quotas": {"models": None}}, headers=ADMIN
-        ).is_success
-        assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+        assert statuses == [200, 200]
+        # a stream in flight holds slots (tenant's and key's) while the tenant is deleted
+        worker.delay_s = 0.2
+        stream = chat(max_tokens=8, stream=True)
+        with http.stream("POST", "/v1/chat/completions", json=stream, headers=headers) as held:
+            lines = held.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            refused = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers)
+            assert refused.status_code == 429  # the key's cap (and its request bucket: 3 taken of 3)
+            assert refused.json()["error"]["code"] == "concurrency_limit_exceeded"
+            owned = keys_of(r, tenant_id, [key["key_id"]])
+            assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
+            assert {
+                f"bucket:{tenant_id}:model:{MODEL}:tokens",
+                f"bucket:{tenant_id}:key:{key['key_id']}:tokens",
+                f"slots:{tenant_id}",
+                f"slots:{tenant_id}:key:{key['key_id']}",
+            } <= {k.removeprefix(prefix) for k in owned}, owned
+            # the model's entry removed: its buckets live on until they refill, and go with the tenant too
+            assert http.patch(
+                f"/admin/tenants/{tenant_id}", json={"quotas": {"models": None}}, headers=ADMIN
+            ).is_success
+            assert http.delete(f"/admin/tenants/{tenant_id}", headers=ADMIN).status_code == 204
+            assert keys_of(r, tenant_id, [key["key_id"]]) == []
+            rest = "".join(lines)  # the stream ends: revoked (the tenant is gone), or its last token
+            assert "[DONE]" in rest or "error" in rest
+        worker.delay_s = 0.0
+        time.sleep(0.3)  # its end released the slots: a release (and a renewal) writes nothing for it
         assert keys_of(r, tenant_id, [key["key_id"]]) == []
         assert not r.sismember(f"{prefix}tenants", tenant_id)
         # the old key is dead, the re-created tenant starts with full buckets and zero usage
@@ -124,32 +146,43 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
 
 
 async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> None:
-    """Many requests reserve, settle and record usage while the tenant is deleted: nothing is left."""
+    """Many requests take a concurrency slot, reserve (from their key's and model's buckets too), settle,
+    record usage and release their slot while the tenant is deleted: nothing is left."""
     store = TenantStore(redis_client, "race2:", PEPPER)
     quota, usage = QuotaLimiter(redis_client, "race2:"), UsageRecorder(redis_client, "race2:")
+    slots = ConcurrencyLimiter(redis_client, "race2:", lease_s=0.5)  # renewed every 1/6 s while held
     warm = await store.create(
         TenantCreate(priority_class="standard", id="warm", name="w", quotas=QUOTAS)
     )  # load the scripts
     await asyncio.gather(*(quota.reserve("warm", QUOTAS, 1, epoch=warm.epoch) for _ in range(20)))
     await usage.record("warm", warm.epoch, requests=1)
     await store.delete("warm")
-    tenant = await store.create(TenantCreate(priority_class="standard", id="busy", name="b", quotas=QUOTAS))
+    model = ModelQuota(model="m1", requests_per_min=40, tokens_per_min=4000)
+    quotas = QUOTAS.model_copy(update={"models": [model]})
+    tenant = await store.create(TenantCreate(priority_class="standard", id="busy", name="b", quotas=quotas))
+    key_id = (await store.issue_key("busy")).key_id
+    key_scope = Scope("key", key_id, BucketLimits(requests_per_min=30, tokens_per_min=3000))
     outcomes: list[str] = []
 
     async def request(i: int) -> None:
         await asyncio.sleep(0.002 * i)
         try:
-            decision = await quota.reserve("busy", QUOTAS, 5, epoch=tenant.epoch)
+            slot = await slots.acquire("busy", 50, key_id if i % 3 else "", 30, epoch=tenant.epoch)
+            scopes = (key_scope, Scope("model", "m1", model)) if i % 4 in (1, 2) else (key_scope,)
+            decision = await quota.reserve("busy", quotas, 5, epoch=tenant.epoch, scopes=scopes)
         except TenantNotFoundError:
             outcomes.append("gone")
             return
         outcomes.append("reserved")
-        await asyncio.sleep(0.001 * (i % 5))
+        await asyncio.sleep(0.001 * (i % 5) + (0.2 if i % 7 == 0 else 0))  # some held across a renewal
+        if isinstance(slot, HeldSlot):
+            slots.release(slot)
         if decision.allowed and i % 2:
-            await quota.reconcile(Reservation("busy", QUOTAS, 1, 5, tenant.epoch), used_tokens=2)
+            taken = Reservation("busy", quotas, 1, 5, tenant.epoch, scopes=scopes)
+            await quota.reconcile(taken, used_tokens=2)
             await usage.record("busy", tenant.epoch, requests=1, prompt_tokens=2)
         elif decision.allowed:  # the one-call settle the gateway uses
-            held = Reservation("busy", QUOTAS, 1, 5, tenant.epoch)
+            held = Reservation("busy", quotas, 1, 5, tenant.epoch, scopes=scopes)
             await quota.settle(held, 2, {"requests": 1, "prompt_tokens": 2})
         else:
             await usage.record("busy", tenant.epoch, quota_rejections=1)
@@ -160,7 +193,9 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
 
     await asyncio.gather(delete(), *(request(i) for i in range(80)))
     assert "gone" in outcomes and "reserved" in outcomes  # the delete really raced the requests
+    await slots.close()
     assert [k async for k in redis_client.scan_iter(match="*busy*")] == []
+    assert [k async for k in redis_client.scan_iter(match=f"*{key_id}*")] == []
 
 
 async def test_creates_racing_deletes_leave_no_id_in_the_index_without_its_record(
