@@ -335,8 +335,8 @@ class KeyCreate(KeyTerms):
 
 class KeyPatch(KeyTerms):
     """Body of ``PATCH /admin/tenants/{id}/keys/{key_id}``: absent fields are kept, ``null`` clears a term
-    (never expires, its tenant's models, no quotas of its own); ``quotas`` merges field by field
-    (RFC 7386), as a tenant's does."""
+    (never expires, its tenant's models, no quotas or concurrency cap of its own); ``quotas`` merges field
+    by field (RFC 7386), as a tenant's does."""
 
     name: str | None = Field(None, max_length=200)
 

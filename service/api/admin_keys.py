@@ -3,8 +3,10 @@ routes that read and change one key (``GET``/``PATCH /admin/tenants/{id}/keys/{k
 and revoking keys are in :mod:`service.api.admin_routes`, which calls the checks here.
 
 A key's terms (:class:`tenancy.models.KeyTerms`): ``expires_at`` (unix s or RFC 3339), ``allowed_models``
-(served models its tenant may use) and ``quotas`` (its own buckets, each rate and burst at most its
-tenant's, checked when set: a tenant's quota lowered later binds first anyway). A tenant's
+(served models its tenant may use), ``quotas`` (its own buckets, each rate and burst at most its
+tenant's, checked when set: a tenant's quota lowered later binds first anyway) and
+``max_concurrent_requests`` (its own concurrency cap, at most its tenant's, checked when set: a tenant's
+cap lowered later binds too, as a request takes a slot under both). A tenant's
 ``quotas.models[]`` name served models by their canonical id (an alias is refused, naming the id).
 """
 
@@ -177,9 +179,12 @@ async def get_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo:
 @router.patch("/tenants/{tenant_id}/keys/{key_id}", openapi_extra=json_body(KeyPatch, ADMIN_SUFFIX))
 async def update_key(tenant_id: str, key_id: str, body: JsonBody, state: StateDep) -> ApiKeyInfo:
     """Change a key's name or terms, as a JSON merge patch (RFC 7386): absent fields are kept, ``null``
-    clears a term (never expires, its tenant's models, no quotas of its own), and ``quotas`` merges field
-    by field. Checked against its tenant as when issued; every replica sees it within about a second
-    (its cached entry is dropped)."""
+    clears a term (never expires, its tenant's models, no quotas or concurrency cap of its own), and
+    ``quotas`` merges field by field. Checked against its tenant as when issued (a
+    ``max_concurrent_requests`` when the patch sets it: one a tenant's lowered cap has since passed does
+    not block a patch of the key's other fields); every replica sees it within about a second (its
+    cached entry is dropped). Requests in flight keep their slots; a lowered cap refuses the key's next
+    requests until fewer than it are in flight."""
     patch = parse(KeyPatch, body)
     try:
         tenant = await state.tenants.get(tenant_id)
@@ -187,13 +192,18 @@ async def update_key(tenant_id: str, key_id: str, body: JsonBody, state: StateDe
         raise _not_found(tenant_id, key_id) from exc
     given = patch.quotas.model_fields_set if patch.quotas is not None else None
     check_limits(patch.quotas, "quotas", given)
+    cap_given = "max_concurrent_requests" in patch.model_fields_set
     try:
         return await state.tenants.update_key(
             tenant_id,
             key_id,
             patch,
             check=lambda merged: check_key_terms(
-                state.settings, tenant, merged.allowed_models, merged.quotas
+                state.settings,
+                tenant,
+                merged.allowed_models,
+                merged.quotas,
+                merged.max_concurrent_requests if cap_given else None,
             ),
         )
     except KeyNotFoundError as exc:

@@ -189,6 +189,55 @@ def new_tenant_key(http: httpx.Client, tenant_id: str, **spec: Any) -> tuple[str
     return issued.json()["key_id"], issued.json()["api_key"]
 
 
+def test_a_keys_cap_is_set_changed_and_cleared_by_its_patch(
+    http: httpx.Client, worker: FakeWorker, store: redis.Redis
+) -> None:
+    """``PATCH /admin/tenants/{id}/keys/{key_id}`` sets a key's ``max_concurrent_requests`` under the rule
+    of its issue (at most the tenant's cap, 400 otherwise), and the key's next requests are bound by it."""
+    tenant_id, _ = new_tenant(http, max_concurrent_requests=3)
+    key_id, key = new_tenant_key(http, tenant_id)
+    path = f"/admin/tenants/{tenant_id}/keys/{key_id}"
+    above = http.patch(path, json={"max_concurrent_requests": 4}, headers=ADMIN)
+    assert_openai_error(above, 400, "invalid_value")
+    assert above.json()["error"]["param"] == "max_concurrent_requests"
+    assert "above tenant" in above.json()["error"]["message"]
+    for bad in (0, 1_000_001, 2.5, "2", True):
+        assert_openai_error(http.patch(path, json={"max_concurrent_requests": bad}, headers=ADMIN), 400)
+    assert http.get(path, headers=ADMIN).json()["max_concurrent_requests"] is None  # nothing written
+    patched = http.patch(path, json={"max_concurrent_requests": 1}, headers=ADMIN)
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["max_concurrent_requests"] == 1
+    assert http.get(path, headers=ADMIN).json()["max_concurrent_requests"] == 1
+
+    def request() -> httpx.Response:
+        return http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
+
+    worker.delay_s = 0.5  # 8 words: the stream holds its slots for about 4 s
+    body = chat("patched cap", max_tokens=len(TOKENS), stream=True)
+    with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(key)) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        # the patch reached the replica's cached key (pub/sub): the stream holds the key's one slot
+        assert slots_held(store, tenant_id, key_id) == 1
+        busy = request()
+        assert_openai_error(busy, 429, "concurrency_limit_exceeded")
+        assert f"rg-{key_id}" in busy.json()["error"]["message"]
+        cleared = http.patch(path, json={"max_concurrent_requests": None}, headers=ADMIN)
+        assert cleared.json()["max_concurrent_requests"] is None
+        until(lambda: request().status_code == 200)  # only the tenant's cap of 3 binds it now
+        assert slots_held(store, tenant_id) == 1  # the stream still runs: it passed beside it
+        assert http.patch(path, json={"max_concurrent_requests": 3}, headers=ADMIN).status_code == 200
+        tenant_path = f"/admin/tenants/{tenant_id}"
+        assert http.patch(tenant_path, json={"max_concurrent_requests": 2}, headers=ADMIN).is_success
+        # a cap the tenant's has since gone below does not block a patch of the key's other fields
+        renamed = http.patch(path, json={"name": "renamed"}, headers=ADMIN)
+        assert renamed.status_code == 200 and renamed.json()["max_concurrent_requests"] == 3
+        rest = "".join(lines)
+    assert "[DONE]" in rest
+    until(lambda: slots_held(store, tenant_id) + slots_held(store, tenant_id, key_id) == 0)
+
+
 def test_a_client_that_leaves_mid_stream_gives_its_slot_back(
     http: httpx.Client, worker: FakeWorker, store: redis.Redis
 ) -> None:
