@@ -27,20 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 
 from service.config.settings import Settings
-from service.errors import (
-    GatewayError,
-    LimitState,
-    Overloaded,
-    QueueTimeout,
-    RateLimited,
-    Unauthenticated,
-)
+from service.errors import GatewayError, Overloaded, QueueTimeout, RateLimited
 from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
 from service.openai.choices import ChoiceState
@@ -49,7 +42,7 @@ from service.pipeline.fair_slots import FairSlots, TooManyWaiting
 from service.pipeline.fanout import choice_requests, merge_choices, stream_choices
 from service.pipeline.prepare import PreparedRequest, RequestPreparer
 from service.pipeline.prompting import PromptRenderer
-from service.pipeline.quota_admission import limit_states, metric_bucket, refusal, scopes_of
+from service.pipeline.quota_admission import Admitted, RequestAdmission
 from service.pipeline.request_record import record_request, settlement_of
 from service.pipeline.revocation import Revocable, RevocationRegistry
 from service.pipeline.served_models import ServedModels
@@ -62,20 +55,12 @@ from service.workers.chunks import UpstreamChunk
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
 from tenancy.concurrency import ConcurrencyLimiter
-from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import ApiKeyRecord, Tenant
 from tenancy.quota import Reservation
 from tenancy.quota_lease import LeasedQuota
 from tenancy.usage import UsageRecorder
 
 T = TypeVar("T")
-
-
-class Admitted(NamedTuple):
-    """An admitted request: what it reserved, and its rate-limit state per kind (``x-ratelimit-*``)."""
-
-    reservation: Reservation
-    rate_limits: Mapping[str, LimitState]
 
 
 log = structlog.get_logger("radixgate.request")
@@ -168,15 +153,13 @@ class Dispatcher:
             lane.model.id: UpstreamCaller(settings, pool, lane.scheduler, client, metrics, lane.renderer)
             for lane in models.lanes
         }
-        self._quota = quota
-        self._usage = usage
         self._client = client
         self._metrics = metrics
         self._settler = settler
         self._revocations = revocations
-        self._slots = SlotAdmission(concurrency, metrics, usage)
         api = settings.api
-        self._rate_limit_headers = api.rate_limit_headers
+        slots = SlotAdmission(concurrency, metrics, usage)
+        self._admission = RequestAdmission(quota, slots, usage, metrics, api.rate_limit_headers)
         self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
 
     # 1. validation -------------------------------------------------------------------------------
@@ -225,55 +208,21 @@ class Dispatcher:
 
     # 2. admission ----------------------------------------------------------------------------------
     async def admit(self, prepared: PreparedRequest) -> Admitted:
-        """Take a concurrency slot when the tenant or the request's API key (``prepared.key``) has a
-        ``max_concurrent_requests`` (:class:`service.pipeline.slot_admission.SlotAdmission`; none: no slot
-        call), then reserve the request against its token buckets: its key's and its model's, if they
-        have limits (:func:`service.pipeline.quota_admission.scopes_of`), and its tenant's, in one atomic
-        call. The slot rides on the reservation and is released when the request ends (:meth:`_finish`),
-        or here when the buckets refuse.
+        """Take a concurrency slot when the tenant or the request's API key has a cap, then reserve the
+        request against its key's, its model's and its tenant's token buckets in one atomic call
+        (:meth:`service.pipeline.quota_admission.RequestAdmission.admit`). The slot is released when the
+        request ends (:meth:`_finish`), or at once when the buckets refuse.
 
         Returns:
             The reservation and the rate-limit state to tell the client (``{}``: no bucket).
 
         Raises:
-            RateLimited: the tenant or key has its cap in flight (``concurrency_limit_exceeded``, nothing
-                charged), or a bucket is short (``retry_after_s`` says when the slowest refills enough;
-                the message and ``details["quota"]`` name the first short).
+            RateLimited: a cap is full (``concurrency_limit_exceeded``) or a bucket is short.
             RequestTooLarge: the request is larger than a bucket's burst and can never pass.
             Unauthenticated: the tenant was deleted since its key was checked.
-            StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
-                may still have taken refills with time; a slot it may have taken is released).
+            StoreUnavailable: Redis is exhausted, slow or unreachable.
         """
-        tenant = prepared.tenant
-        tokens = prepared.reserved_tokens
-        scopes = scopes_of(prepared)
-        slot = await self._slots.take(prepared)
-        try:
-            decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, tenant.epoch, scopes)
-        except BaseException as exc:
-            if slot is not None:
-                self._slots.release(slot)
-            if isinstance(exc, TenantNotFoundError):  # deleted since its key was checked
-                raise Unauthenticated("Incorrect API key provided.") from exc
-            raise
-        if decision.allowed:
-            reservation = Reservation(
-                tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes=scopes, slot=slot
-            )
-            return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
-        if slot is not None:  # refused by a bucket: nothing taken, the slot goes back
-            self._slots.release(slot)
-        # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
-        reason = "exceeds_burst" if decision.never else "rate_limited"
-        self._metrics.quota_rejections.labels(
-            self._metrics.tenant(tenant.id), metric_bucket(decision), reason
-        ).inc()
-        counter = "oversized_rejections" if decision.never else "quota_rejections"
-        try:  # bookkeeping only: the 429 or 413 stands without it
-            await self._usage.record(tenant.id, tenant.epoch, **{counter: 1})
-        except StoreUnavailable:
-            log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
-        raise refusal(prepared, decision, self._rate_limit_headers)
+        return await self._admission.admit(prepared)
 
     # 3. upstream -----------------------------------------------------------------------------------
     def shaper(self, prepared: PreparedRequest) -> Shaper:
@@ -428,8 +377,7 @@ class Dispatcher:
         is under way before the client holds the answer, so a next request it sends at once is not
         reserved first (a 429 its quota did not call for)."""
         self._metrics.in_flight.dec()
-        if reservation.slot is not None:  # its last byte is written: the slot goes back now
-            self._slots.release(reservation.slot)
+        self._admission.release(reservation)  # its last byte is written: its slot goes back now
         self._revocations.untrack(run.revocable)
         merge_choices(run.outcome, run.choices)
         outcome = run.outcome

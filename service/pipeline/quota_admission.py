@@ -1,23 +1,36 @@
-"""Which token buckets a request takes from, and what it is told: its rate-limit state on every answer, and
-the error when a bucket refuses it (:meth:`service.pipeline.dispatch.Dispatcher.admit`).
+"""Step 2 of the pipeline (:meth:`service.pipeline.dispatch.Dispatcher.admit`): a request's concurrency slot,
+then the token buckets it takes from, and what it is told: its rate-limit state on every answer, and the error
+when a cap or a bucket refuses it (:class:`RequestAdmission`).
 
-A request takes from its API key's own buckets (the key's ``quotas``), its tenant's buckets for its model
+A request of a tenant or API key with ``max_concurrent_requests`` first takes a concurrency slot
+(:class:`service.pipeline.slot_admission.SlotAdmission`; none: no Redis call), released when the request
+ends. It then takes from its API key's own buckets (the key's ``quotas``), its tenant's buckets for its model
 (the tenant's ``quotas.models`` entry of the model's canonical id) and its tenant's own, in one script call
-(:meth:`tenancy.quota.QuotaLimiter.reserve`): all or nothing, refused by the first short in that order. A
-request of a key and model without limits of their own takes from its tenant's buckets alone, through the
-tenant's local lease, as before.
+(:meth:`tenancy.quota.QuotaLimiter.reserve`): all or nothing, refused by the first short in that order (and
+the slot given back). A request of a key and model without limits of their own takes from its tenant's
+buckets alone, through the tenant's local lease, as before.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
+
+import structlog
 
 from policies.rate_limits import BucketLevel, closest_to_empty
-from service.errors import GatewayError, LimitState, RateLimited, RequestTooLarge
+from service.errors import GatewayError, LimitState, RateLimited, RequestTooLarge, Unauthenticated
+from service.observability.metrics import GatewayMetrics
 from service.pipeline.prepare import PreparedRequest
+from service.pipeline.slot_admission import SlotAdmission
+from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import BucketLimits
-from tenancy.quota import QuotaDecision, Scope
+from tenancy.quota import QuotaDecision, Reservation, Scope
+from tenancy.quota_lease import LeasedQuota
+from tenancy.usage import UsageRecorder
+
+log = structlog.get_logger("radixgate.request")
 
 _PER = {"requests": "requests per minute", "tokens": "tokens per minute"}
 
@@ -95,3 +108,93 @@ def refusal(prepared: PreparedRequest, decision: QuotaDecision, headers: bool = 
     if headers:
         err.rate_limits = limit_states(decision.levels)
     return err
+
+
+class Admitted(NamedTuple):
+    """An admitted request: what it reserved, and its rate-limit state per kind (``x-ratelimit-*``)."""
+
+    reservation: Reservation
+    rate_limits: Mapping[str, LimitState]
+
+
+class RequestAdmission:
+    """Admits the dispatcher's requests: a concurrency slot when a cap applies, then one reservation in every
+    bucket that applies.
+
+    Args:
+        quota: token buckets, through local leases.
+        slots: concurrency slots (capped tenants and keys).
+        usage: usage counters (refusals).
+        metrics: the app's metrics (refusals).
+        rate_limit_headers: whether answers and refusals carry their rate-limit state
+            (``api.rate_limit_headers``).
+    """
+
+    def __init__(
+        self,
+        quota: LeasedQuota,
+        slots: SlotAdmission,
+        usage: UsageRecorder,
+        metrics: GatewayMetrics,
+        rate_limit_headers: bool,
+    ) -> None:
+        self._quota = quota
+        self._slots = slots
+        self._usage = usage
+        self._metrics = metrics
+        self._rate_limit_headers = rate_limit_headers
+
+    async def admit(self, prepared: PreparedRequest) -> Admitted:
+        """Take a concurrency slot when the tenant or the request's API key (``prepared.key``) has a
+        ``max_concurrent_requests``, then reserve the request against its token buckets
+        (:func:`scopes_of` and its tenant's) in one atomic call. The slot rides on the reservation
+        (:meth:`release` at the request's end), or goes back here when the buckets refuse.
+
+        Returns:
+            The reservation and the rate-limit state to tell the client (``{}``: no bucket).
+
+        Raises:
+            RateLimited: the tenant or key has its cap in flight (``concurrency_limit_exceeded``, nothing
+                charged), or a bucket is short (``retry_after_s`` says when the slowest refills enough;
+                the message and ``details["quota"]`` name the first short).
+            RequestTooLarge: the request is larger than a bucket's burst and can never pass.
+            Unauthenticated: the tenant was deleted since its key was checked.
+            StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
+                may still have taken refills with time; a slot it may have taken is released).
+        """
+        tenant = prepared.tenant
+        tokens = prepared.reserved_tokens
+        scopes = scopes_of(prepared)
+        slot = await self._slots.take(prepared)
+        try:
+            decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, tenant.epoch, scopes)
+        except BaseException as exc:
+            if slot is not None:
+                self._slots.release(slot)
+            if isinstance(exc, TenantNotFoundError):  # deleted since its key was checked
+                raise Unauthenticated("Incorrect API key provided.") from exc
+            raise
+        if decision.allowed:
+            reservation = Reservation(
+                tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes=scopes, slot=slot
+            )
+            return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
+        if slot is not None:  # refused by a bucket: nothing taken, the slot goes back
+            self._slots.release(slot)
+        # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
+        reason = "exceeds_burst" if decision.never else "rate_limited"
+        self._metrics.quota_rejections.labels(
+            self._metrics.tenant(tenant.id), metric_bucket(decision), reason
+        ).inc()
+        counter = "oversized_rejections" if decision.never else "quota_rejections"
+        try:  # bookkeeping only: the 429 or 413 stands without it
+            await self._usage.record(tenant.id, tenant.epoch, **{counter: 1})
+        except StoreUnavailable:
+            log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
+        raise refusal(prepared, decision, self._rate_limit_headers)
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back the concurrency slot ``reservation`` holds, if any (its request has ended: its last
+        byte is written); a second call is a no-op."""
+        if reservation.slot is not None:
+            self._slots.release(reservation.slot)
