@@ -165,7 +165,12 @@ class RequestAdmission:
         tenant = prepared.tenant
         tokens = prepared.reserved_tokens
         scopes = scopes_of(prepared)
-        slot = await self._slots.take(prepared)
+        key = prepared.key
+        slot = None
+        if tenant.max_concurrent_requests is not None or (
+            key is not None and key.max_concurrent_requests is not None
+        ):  # checked here: no coroutine for the slot on an uncapped tenant's path
+            slot = await self._slots.take(prepared)
         try:
             decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, tenant.epoch, scopes)
         except BaseException as exc:
