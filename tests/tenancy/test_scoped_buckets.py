@@ -5,6 +5,7 @@ terms in the store, their expiry in the authentication cache; delete clearing th
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import pytest
 import redis.asyncio as aioredis
@@ -33,6 +34,9 @@ TABLE: list[tuple[float, int, bool, tuple[str, str] | None, float, tuple[float, 
     (1000, 101, False, ("model", "tokens"), math.inf, (0, 50, 4, 990)),  # above the model's burst
     (1000, 1, False, ("key", "requests"), 1000, (0, 50, 4, 990)),
 ]
+
+
+L = TypeVar("L", bound=BucketLimits)
 
 
 async def levels_of(client: aioredis.Redis, limiter: QuotaLimiter) -> tuple[float, ...]:
@@ -83,6 +87,12 @@ async def test_a_tenant_short_alone_is_named_as_before(redis_client: aioredis.Re
     assert refused.retry_after_s == pytest.approx(3.0)  # the slowest: 3 tokens at 1/s
 
 
+def slowed(limits: L) -> L:
+    """``limits`` with each rate it sets at 0.001 per minute (its bursts kept)."""
+    rates = ("requests_per_min", "tokens_per_min")
+    return limits.model_copy(update={r: 0.001 for r in rates if getattr(limits, r) is not None})
+
+
 async def test_a_settle_gives_back_to_every_bucket_it_took_from(redis_client: aioredis.Redis) -> None:
     limiter = QuotaLimiter(redis_client, "sc3:")
     assert (await limiter.reserve("t", TENANT, 90, now_ms=0, scopes=SCOPES)).allowed
@@ -95,14 +105,17 @@ async def test_a_settle_gives_back_to_every_bucket_it_took_from(redis_client: ai
     assert await levels_of(redis_client, limiter) == pytest.approx((1, 70, 4, 970))
     await limiter.adjust("t", TENANT, 0, -15, now_ms=0, scopes=SCOPES)  # an overrun of 15, charged to both
     assert await levels_of(redis_client, limiter) == pytest.approx((1, 55, 4, 955))
-    # refund and reconcile (on the server's clock) reach the scopes' buckets too
+    # refund and reconcile (on the server's clock) reach the scopes' buckets too; the same buckets with
+    # rates of 0.001/min: what refills between the calls (a loaded machine's milliseconds) is below 0.01
+    tenant = slowed(TENANT)
+    scopes = tuple(Scope(s.kind, s.name, slowed(s.limits)) for s in SCOPES)
     other = QuotaLimiter(redis_client, "sc3b:")
-    assert (await other.reserve("t", TENANT, 90, scopes=SCOPES)).allowed
-    await other.refund(Reservation("t", TENANT, 1, 90, scopes=SCOPES))
-    assert await levels_of(redis_client, other) == pytest.approx((2, 100, 5, 1000), abs=0.5)
-    assert (await other.reserve("t", TENANT, 90, scopes=SCOPES)).allowed
-    await other.reconcile(Reservation("t", TENANT, 1, 90, scopes=SCOPES), used_tokens=40)
-    assert await levels_of(redis_client, other) == pytest.approx((1, 60, 4, 960), abs=0.5)
+    assert (await other.reserve("t", tenant, 90, scopes=scopes)).allowed
+    await other.refund(Reservation("t", tenant, 1, 90, scopes=scopes))
+    assert await levels_of(redis_client, other) == pytest.approx((2, 100, 5, 1000), abs=0.01)
+    assert (await other.reserve("t", tenant, 90, scopes=scopes)).allowed
+    await other.reconcile(Reservation("t", tenant, 1, 90, scopes=scopes), used_tokens=40)
+    assert await levels_of(redis_client, other) == pytest.approx((1, 60, 4, 960), abs=0.01)
 
 
 class Clock:
