@@ -66,7 +66,7 @@ def test_deleted_and_recreated_tenant_starts_clean(
         ]
         assert statuses == [200, 200]
         # a stream in flight holds slots (tenant's and key's) while the tenant is deleted
-        worker.delay_s = 0.2
+        worker.delay_s = 0.5  # 8 words: 4 s, beyond the checks below on a loaded machine (delete ends it)
         stream = chat(max_tokens=8, stream=True)
         with http.stream("POST", "/v1/chat/completions", json=stream, headers=headers) as held:
             lines = held.iter_lines()
