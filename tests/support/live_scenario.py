@@ -16,7 +16,8 @@ Phases (wall-clock seconds on this machine; the rules run at :data:`FACTOR`, 5 m
 3. ``recovery``: from the moment the clients are told to stop (each finishes the request it has under way:
    batch ones may wait in the queue for seconds), until both alerts are resolved at the webhook.
 4. ``kill``: 2 interactive clients; worker 2 drops its next three streams mid-way (the simulator's
-   ``crash_mid_stream`` fault: the gateway retries them elsewhere) and is stopped :data:`CRASH_S` later;
+   ``crash_mid_stream`` fault: the gateway retries them elsewhere) and is stopped once it has (at least
+   :data:`CRASH_S` later);
    until RadixgateWorkerUnhealthy for it fires, then :data:`HOLD_S` more.
 
 Classes: interactive and standard as shipped (500 ms, 2 s); batch's goal is 1 s instead of 30 s (a 30 s goal
@@ -67,7 +68,12 @@ LIMITED_EVERY_S = 0.5
 KILLED = 2
 """Index of the worker the kill phase stops."""
 CRASH_S = 1.5
-"""How long the worker drops its streams (SimServer's ``crash_mid_stream`` fault) before it is stopped."""
+"""How long the worker drops its streams (SimServer's ``crash_mid_stream`` fault) before it is stopped, at
+least: it is stopped once it has dropped all three (up to :data:`CRASH_WAIT_S`). Stopped after 1.5 s
+alone, on a clean-clone CI run the gateway had sent it nothing in that time, and the dashboards' upstream
+error and retry panels had no data."""
+CRASH_WAIT_S = 20.0
+"""The longest the kill phase waits for the worker to have dropped its three streams, s."""
 
 
 @dataclass
@@ -165,6 +171,11 @@ def run(stack: SimStack, hook: Webhook) -> Timeline:
         crash = {"mode": "crash_mid_stream", "after_tokens": 2, "count": 3}
         httpx.post(f"{timeline.killed}/sim/fault", json=crash).raise_for_status()
         time.sleep(CRASH_S)
+        deadline = time.time() + CRASH_WAIT_S
+        while time.time() < deadline:  # the fault turns itself off once its count is used up
+            if httpx.get(f"{timeline.killed}/sim/fault").json()["mode"] != "crash_mid_stream":
+                break
+            time.sleep(0.1)
         stack.kill_worker(KILLED)
         timeline.seen["unhealthy"] = hook.wait_for(
             "RadixgateWorkerUnhealthy", "firing", ALERT_TIMEOUT_S, since=start, worker=timeline.killed
