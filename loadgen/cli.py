@@ -7,6 +7,7 @@ Commands:
   report RESULTS.json                recompute the report (table, JSON, plots) from a results file
   bench-gateway [--quick] [--json]   radixgate vs sglang-router, LiteLLM and direct on an instant fake SGLang
   rolling-restart [--json]           gateway processes and workers restarted under load
+  soak [--duration S] [--json]       minutes past capacity, a worker killed and Redis restarted on a schedule
   breakdown-share [--json]           the share of each request's TTFT its named phases explain, under load
 """
 
@@ -318,6 +319,36 @@ def rolling_restart(
             err=True,
         )
     if figures.errors or not figures.balanced or figures.restarts_after_load:
+        raise typer.Exit(1)
+
+
+@app.command("soak")
+def soak(
+    duration_s: Annotated[
+        float, typer.Option("--duration", min=10.0, max=86_400.0, help="How long streams arrive, s.")
+    ] = 600.0,
+    load: Annotated[
+        float, typer.Option(min=0.1, max=10.0, help="Arrival rate as a multiple of the measured capacity.")
+    ] = 2.0,
+    kill_every_s: Annotated[
+        float, typer.Option("--kill-every", min=1.0, max=86_400.0, help="A worker is killed this often, s.")
+    ] = 120.0,
+    redis_every_s: Annotated[
+        float, typer.Option("--redis-every", min=1.0, max=86_400.0, help="Redis is restarted this often, s.")
+    ] = 180.0,
+    run_dir: Annotated[Path, typer.Option(help="Folder for the logs and Redis files.")] = Path(".run/soak"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
+) -> None:
+    """Streams past capacity for minutes, with a worker killed and Redis restarted on a schedule
+    (loadgen/soak.py); exit 1 when a request was not answered (whole, or a clean 429/503), a tenant's
+    ledger does not balance, or a gateway process's memory grew by more than 1 MB/min."""
+    from loadgen.soak import figures_json, figures_text, run_soak
+
+    figures = run_soak(
+        run_dir, duration_s=duration_s, load=load, kill_every_s=kill_every_s, redis_every_s=redis_every_s
+    )
+    print(json.dumps(figures_json(figures)) if as_json else figures_text(figures))
+    if not figures.met:
         raise typer.Exit(1)
 
 

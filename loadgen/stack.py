@@ -92,6 +92,8 @@ class LocalStack:
         ready_timeout_s: how long to wait for ``/readyz``, s.
         require_ready: :meth:`start` waits for ``/readyz`` (a healthy worker); False: only for
             ``/healthz`` (workers registered afterwards over the admin API; then :meth:`wait_ready`).
+        redis_args: extra ``redis-server`` arguments (e.g. ``--appendonly yes --appendfsync always``, so
+            that :meth:`restart_redis` keeps every write).
 
     Attributes:
         gateway: the gateway's process once started (its parent, with ``RADIXGATE_WORKERS`` > 1).
@@ -106,6 +108,7 @@ class LocalStack:
         launch_workers: bool = True,
         ready_timeout_s: float = 600.0,
         require_ready: bool = True,
+        redis_args: tuple[str, ...] = (),
     ) -> None:
         self.run_dir = run_dir
         self.port = port or free_port()
@@ -117,6 +120,10 @@ class LocalStack:
         self._require_ready = require_ready
         self.gateway: subprocess.Popen[bytes] | None = None
         self.redis_url = ""
+        self._redis_args = redis_args
+        self._redis_argv: list[str] = []
+        self._redis: subprocess.Popen[bytes] | None = None
+        self.redis_restarts = 0
 
     @property
     def url(self) -> str:
@@ -144,21 +151,20 @@ class LocalStack:
         if binary is None:
             raise StackError("redis-server is not installed: run `make setup`")
         redis_port = free_port()
-        self._spawn(
-            [
-                binary,
-                "--port",
-                str(redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--dir",
-                str(self.run_dir),
-            ],
-            "redis.log",
-            group=True,  # its own session: a terminal's Ctrl-C must not stop Redis before the gateway drains
-        )
+        self._redis_argv = [
+            binary,
+            "--port",
+            str(redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            str(self.run_dir),
+            *self._redis_args,
+        ]
+        # its own session: a terminal's Ctrl-C must not stop Redis before the gateway drains
+        self._redis = self._spawn(self._redis_argv, "redis.log", group=True)
         self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
         env = {
             **os.environ,
@@ -222,6 +228,35 @@ class LocalStack:
                     proc.kill()
                 proc.wait(timeout=10)
         self._procs.clear()
+
+    def restart_redis(self, down_s: float, timeout_s: float = 30) -> None:
+        """Stop Redis (SIGTERM: with ``--appendonly yes`` it writes what it holds), keep it down ``down_s``
+        seconds, start it again on its port with its arguments and wait until it answers PING.
+
+        Raises:
+            StackError: not started, or it did not answer within ``timeout_s``.
+        """
+        if self._redis is None:
+            raise StackError("start() first")
+        old = self._redis
+        os.killpg(old.pid, signal.SIGTERM)
+        old.wait(timeout=timeout_s)
+        self._procs = [(p, g) for p, g in self._procs if p is not old]
+        time.sleep(down_s)
+        self.redis_restarts += 1
+        self._redis = self._spawn(self._redis_argv, f"redis-{self.redis_restarts}.log", group=True)
+        port = int(self._redis_argv[self._redis_argv.index("--port") + 1])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise StackError(f"Redis did not come back within {timeout_s} s; see {self.run_dir}")
 
     def admin(self) -> httpx.Client:
         """An HTTP client carrying the admin token."""
