@@ -154,7 +154,7 @@ class Spend:
             "period_end": int(self.window.end_s),
             "spent_usd": pico_to_usd(self.spent),
             "in_flight_usd": pico_to_usd(max(0, self.used - self.spent)),
-            "spent_picousd": self.spent,
+            "spent_picodollars": self.spent,
             "soft_limit_reached": self.soft_reached,
         }
 
