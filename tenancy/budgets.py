@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -194,7 +194,7 @@ class BudgetStore:
     @store_operation
     async def load(self, tenant_id: str) -> TenantBudgets:
         """A tenant's budgets (:data:`NO_BUDGETS` when none)."""
-        raw = await self._redis.hgetall(self._layout.budgets(tenant_id))
+        raw = cast(dict[str, str], await self._redis.hgetall(self._layout.budgets(tenant_id)))
         if not raw:
             return NO_BUDGETS
         tenant: Budget | None = None

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import structlog
 from redis.asyncio import Redis
@@ -55,7 +56,7 @@ class PriceStore:
     @store_operation
     async def overrides(self) -> dict[str, ModelPrice]:
         """Model id -> the price an admin set (models they did not price are absent)."""
-        raw = await self._redis.hgetall(self._layout.prices)
+        raw = cast(dict[str, str], await self._redis.hgetall(self._layout.prices))  # decode_responses
         return {model: _decode(value) for model, value in raw.items()}
 
     @store_operation
