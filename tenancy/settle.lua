@@ -60,6 +60,7 @@ local max_fields = tonumber(ARGV[#ARGV - 1])
 local now_s = ARGV[#ARGV]
 for j = 1, m do
   local spend, base = KEYS[3 + n + j], at + 4 * (j - 1)
+  local fresh = redis.call('EXISTS', spend) == 0  -- expired since its take: give it its expiry again
   redis.call('HINCRBY', spend, 'used', ARGV[base + 1])
   local spent = redis.call('HINCRBY', spend, 'spent', ARGV[base + 2])
   local soft = ARGV[base + 3]
@@ -68,14 +69,18 @@ for j = 1, m do
     crossed = 1
   end
   out[#out + 1] = crossed
-  redis.call('EXPIREAT', spend, ARGV[base + 4])
-  index_add(KEYS[#KEYS], spend, ARGV[base + 4], now_s)
+  if fresh then
+    redis.call('EXPIREAT', spend, ARGV[base + 4])
+    index_add(KEYS[#KEYS], spend, ARGV[base + 4], now_s)
+  end
 end
 at = at + 1 + 4 * m
 for k = 1, r do
   local day, base = KEYS[3 + n + m + k], at + 8 * (k - 1)
   local pair = ARGV[base + 1] .. ':' .. ARGV[base + 2]
-  if redis.call('HEXISTS', day, 'requests:' .. pair) == 0 and redis.call('HLEN', day) >= max_fields then
+  local fresh = redis.call('EXISTS', day) == 0  -- the day's first settle gives it its expiry and indexes it
+  if not fresh and redis.call('HEXISTS', day, 'requests:' .. pair) == 0
+      and redis.call('HLEN', day) >= max_fields then
     pair = '_other:_other'
   end
   for c, counter in ipairs({'requests', 'prompt_tokens', 'cached_tokens', 'completion_tokens'}) do
@@ -86,7 +91,9 @@ for k = 1, r do
   if ARGV[base + 7] ~= '0' then
     add_money(day, 'cost:' .. pair, ARGV[base + 7])
   end
-  redis.call('EXPIREAT', day, ARGV[base + 8])
-  index_add(KEYS[#KEYS], day, ARGV[base + 8], now_s)
+  if fresh then
+    redis.call('EXPIREAT', day, ARGV[base + 8])
+    index_add(KEYS[#KEYS], day, ARGV[base + 8], now_s)
+  end
 end
 return out

@@ -125,8 +125,11 @@ for i = 1, n do
 end
 for j = 1, m do
   local spend, expire_at = KEYS[1 + n + j], ARGV[budget_base + 3 * j]
+  local fresh = redis.call('EXISTS', spend) == 0  -- the period's first take: its expiry, the tenant's index
   redis.call('HINCRBY', spend, 'used', ARGV[budget_base + 3 * j - 1])
-  redis.call('EXPIREAT', spend, expire_at)
-  index_add(KEYS[#KEYS], spend, expire_at, ARGV[#ARGV - 1])
+  if fresh then
+    redis.call('EXPIREAT', spend, expire_at)
+    index_add(KEYS[#KEYS], spend, expire_at, ARGV[#ARGV - 1])
+  end
 end
 return out
