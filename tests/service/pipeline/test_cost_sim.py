@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from loadgen.sim.profiles import get_profile
@@ -104,11 +105,22 @@ def send(http: httpx.Client, key: str, body: dict[str, Any]) -> tuple[str, str, 
     return rid, body["model"], usage
 
 
-def test_cost_in_usage_is_price_times_worker_tokens_for_every_request(gateway: str) -> None:
+@pytest.mark.parametrize(
+    "quotas",
+    [
+        {},  # every settle its own script call
+        # big quotas: admitted from local leases, their settles summed per tenant (rows and cost summed too)
+        {"requests_per_min": 1_000_000, "tokens_per_min": 100_000_000},
+    ],
+)
+def test_cost_in_usage_is_price_times_worker_tokens_for_every_request(
+    gateway: str, quotas: dict[str, float]
+) -> None:
     rng = random.Random(30)
     with httpx.Client(base_url=gateway, timeout=60) as http:
-        tenant = "mixed"
-        assert http.post("/admin/tenants", json={"id": tenant, "name": "m"}, headers=ADMIN).status_code == 201
+        tenant = f"mixed{next(_ids)}"
+        body = {"id": tenant, "name": "m", "quotas": quotas}
+        assert http.post("/admin/tenants", json=body, headers=ADMIN).status_code == 201
         keys = [http.post(f"/admin/tenants/{tenant}/keys", json={}, headers=ADMIN).json() for _ in range(2)]
         jobs = [(keys[i % 2], request_body(rng, i)) for i in range(60)]
         with capture_logs() as logs, ThreadPoolExecutor(6) as pool:
@@ -140,3 +152,11 @@ def test_cost_in_usage_is_price_times_worker_tokens_for_every_request(gateway: s
     assert usage["cost_picodollars"] == export["total"]["cost_picodollars"] == sum(expected.values())
     assert usage["requests"] == export["total"]["requests"] == 60
     assert usage["cached_tokens"] == export["total"]["cached_tokens"] == cached_total
+    if quotas:  # the lease path was taken: these settles were summed
+        leased = [
+            s.value
+            for family in text_string_to_metric_families(httpx.get(f"{gateway}/metrics").text)
+            for s in family.samples
+            if s.name == "radixgate_quota_reservations_total" and s.labels["source"] == "lease"
+        ]
+        assert leased and leased[0] > 0
