@@ -18,6 +18,7 @@ replica drops its memory of that tenant's budgets at once; a lost message costs 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
@@ -267,6 +268,11 @@ class BudgetStore:
             log.warning("budget_invalidation_not_published", tenant=tenant_id, error=str(exc))
 
 
+def _retrieved(task: asyncio.Future[TenantBudgets]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class BudgetCache:
     """A replica's memory of tenants' budgets: each tenant's read at most every ``ttl_s``, dropped at once
     on ``budget:<id>`` or ``tenant:<id>`` (:meth:`on_invalidation`); at most ``max_entries`` tenants (the
@@ -289,6 +295,7 @@ class BudgetCache:
         self._clock = clock
         self._entries: OrderedDict[str, tuple[TenantBudgets, float]] = OrderedDict()
         self._generation = 0
+        self._loading: dict[str, asyncio.Future[TenantBudgets]] = {}
 
     def fresh(self, tenant_id: str) -> TenantBudgets | None:
         """The tenant's budgets if known and fresh (no Redis call), else None: call :meth:`get`."""
@@ -298,7 +305,9 @@ class BudgetCache:
         return None
 
     async def get(self, tenant_id: str) -> TenantBudgets:
-        """The tenant's budgets, read from Redis when not fresh.
+        """The tenant's budgets, read from Redis when not fresh: one read at a time per tenant, which the
+        requests that find the entry stale meanwhile wait for (at 64 requests in flight, each expiry sent
+        64 reads), in a task of its own (a caller that leaves does not cancel it for the others).
 
         Raises:
             StoreUnavailable: Redis failed.
@@ -306,8 +315,18 @@ class BudgetCache:
         found = self.fresh(tenant_id)
         if found is not None:
             return found
+        loading = self._loading.get(tenant_id)
+        if loading is None:
+            loading = self._loading[tenant_id] = asyncio.ensure_future(self._load(tenant_id))
+            loading.add_done_callback(_retrieved)  # its callers may all have left
+        return await asyncio.shield(loading)
+
+    async def _load(self, tenant_id: str) -> TenantBudgets:
         generation, began = self._generation, self._clock()
-        budgets = await self._store.load(tenant_id)
+        try:
+            budgets = await self._store.load(tenant_id)
+        finally:
+            del self._loading[tenant_id]
         if generation == self._generation and self._ttl_s > 0:  # no invalidation meanwhile
             self._entries[tenant_id] = (budgets, began + self._ttl_s)
             self._entries.move_to_end(tenant_id)

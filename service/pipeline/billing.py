@@ -88,6 +88,19 @@ class Billing:
         self.book.on_invalidation(message)
         self.cache.on_invalidation(message)
 
+    def known_terms(self, prepared: PreparedRequest) -> ModelPrice | None:
+        """:meth:`terms` answered from memory when it can be (no coroutine on the path of a tenant without
+        budgets): the price, when both it and the tenant's budgets are fresh and no budget applies; else
+        None (call :meth:`terms`)."""
+        price = self.book.fresh(prepared.model_id)
+        known = self.cache.fresh(prepared.tenant.id)
+        if price is None or known is None:
+            return None
+        key = prepared.key
+        if known.tenant is not None or (key is not None and key.key_id in known.keys):
+            return None
+        return price
+
     async def terms(self, prepared: PreparedRequest) -> tuple[ModelPrice, tuple[BudgetHold, ...]]:
         """The price ``prepared`` is reckoned at, and the budgets it takes its worst-case cost from
         (:func:`policies.pricing.worst_case_cost`: its prompt, and ``n x max_tokens`` of completion).

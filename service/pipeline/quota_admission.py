@@ -25,6 +25,7 @@ from service.observability.metrics import GatewayMetrics
 from service.pipeline.billing import Billing
 from service.pipeline.prepare import PreparedRequest
 from service.pipeline.slot_admission import SlotAdmission
+from tenancy.billing import BudgetHold
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import BucketLimits
 from tenancy.quota import QuotaDecision, Reservation, Scope
@@ -183,7 +184,10 @@ class RequestAdmission:
         tokens = prepared.reserved_tokens
         scopes = scopes_of(prepared)
         key = prepared.key
-        price, budgets = await self._billing.terms(prepared)
+        price = self._billing.known_terms(prepared)
+        budgets: tuple[BudgetHold, ...] = ()
+        if price is None:
+            price, budgets = await self._billing.terms(prepared)
         slot = None
         if tenant.max_concurrent_requests is not None or (
             key is not None and key.max_concurrent_requests is not None

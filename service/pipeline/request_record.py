@@ -4,11 +4,12 @@ ends."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import structlog
 
-from policies.billing_periods import utc_day
+from policies.billing_periods import DAY_S, utc_day
 from policies.pricing import pico_to_usd, request_cost
 from service.observability.class_metrics import ClassRequest
 from service.observability.metrics import GatewayMetrics
@@ -51,7 +52,7 @@ def settlement_of(
         "cached_tokens": cached,
         COST_FIELD: cost,
     }
-    day = utc_day(time.time() if now_s is None else now_s).isoformat()
+    day = _day_text(int((time.time() if now_s is None else now_s) // DAY_S))
     key_id = prepared.key.key_id if prepared.key is not None else NO_KEY
     row = UsageRow(day, key_id, prepared.model_id or prepared.model, 1, prompt, cached, completion, cost)
     used = prompt + completion
@@ -136,6 +137,12 @@ def record_request(
         predicted_ttft_ms=_ms(outcome.shed_predicted_ttft_s if slot is None else slot.predicted_ttft_s),
         shed_reason=outcome.shed_reason,
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _day_text(day_number: int) -> str:
+    """``YYYY-MM-DD`` of the UTC day ``day_number`` days after 1970-01-01 (memoized: one a day)."""
+    return utc_day(day_number * DAY_S).isoformat()
 
 
 def _ms(seconds: float | None) -> float | None:

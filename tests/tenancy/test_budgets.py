@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import date
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -146,6 +147,19 @@ async def test_budget_store_bounds_and_cache(redis_client: aioredis.Redis) -> No
     cache.on_invalidation("budget:store")  # what every replica hears
     loaded = await cache.get("store")
     assert loaded.tenant == Budget("day", None, 2_500_000_000_000)
+    # a stale entry is read once, however many requests find it stale at once
+    loads = 0
+    real_load = store.load
+
+    async def counted(tenant_id: str) -> Any:
+        nonlocal loads
+        loads += 1
+        return await real_load(tenant_id)
+
+    store.load = counted  # type: ignore[method-assign]
+    t[0] += 5
+    got = await asyncio.gather(*(cache.get("store") for _ in range(64)))
+    assert loads == 1 and all(g == loaded for g in got)
     with pytest.raises(TenantNotFoundError):
         await store.set("nobody", "tenant", "", Budget("day", None, 1))
     bad = [
