@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from policies.billing_periods import Period
 
@@ -86,9 +86,9 @@ class BudgetRefusal:
     used: int
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRow:
-    """One settle's usage on one UTC day, of one API key and model.
+class UsageRow(NamedTuple):
+    """One settle's usage on one UTC day, of one API key and model (a named tuple: one is made for every
+    request, and a frozen dataclass takes four times as long to make).
 
     Attributes:
         day: ``YYYY-MM-DD`` (UTC).
@@ -106,19 +106,6 @@ class UsageRow:
     cached_tokens: int
     completion_tokens: int
     cost: int
-
-    def plus(self, other: UsageRow) -> UsageRow:
-        """This row with ``other``'s counts added (same day, key and model)."""
-        return UsageRow(
-            self.day,
-            self.key_id,
-            self.model,
-            self.requests + other.requests,
-            self.prompt_tokens + other.prompt_tokens,
-            self.cached_tokens + other.cached_tokens,
-            self.completion_tokens + other.completion_tokens,
-            self.cost + other.cost,
-        )
 
 
 def take_tail(holds: Sequence[BudgetHold], now_s: float) -> list[str | float]:

@@ -88,7 +88,7 @@ class _Sum:
     tokens: int = 0
     usage: dict[str, int] = dataclasses.field(default_factory=dict)
     count: int = 0
-    rows: dict[tuple[str, str, str], UsageRow] = dataclasses.field(default_factory=dict)
+    rows: dict[tuple[str, str, str], list[int]] = dataclasses.field(default_factory=dict)
 
     def settlement(self, linger: bool = False) -> Settlement:
         """One settle of it all: the sums as a reservation given back whole (``used_tokens`` None);
@@ -96,7 +96,7 @@ class _Sum:
         whole = dataclasses.replace(
             self.reservation, requests=self.requests, tokens=self.tokens, linger=linger
         )
-        rows = tuple(self.rows.values())
+        rows = tuple(UsageRow(*at, *counts) for at, counts in self.rows.items())
         sid = f"sum-{secrets.token_hex(12)}"
         return Settlement(sid, whole, None, self.usage, self.count, summed=True, rows=rows)
 
@@ -199,9 +199,12 @@ class Settler:
                 usage[name] = usage.get(name, 0) + amount
         rows = total.rows
         for row in item.rows:
-            at = (row.day, row.key_id, row.model)
-            held = rows.get(at)
-            rows[at] = row if held is None else held.plus(row)
+            held = rows.get(row[:3])  # (day, key id, model)
+            if held is None:
+                rows[row[:3]] = list(row[3:])
+            else:
+                for i, count in enumerate(row[3:]):
+                    held[i] += count
         total.count += 1
 
     def _flush(self) -> None:
