@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
 from service.api import (
+    admin_billing,
     admin_keys,
     admin_planner,
     admin_routes,
@@ -38,8 +39,10 @@ from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
 from service.observability.pool_gauges import scrape_engines
 from service.observability.redis_watch import RedisReachability, watch_redis
 from service.observability.runtime_metrics import watch_loop_lag
+from service.pipeline.billing import Billing
 from service.pipeline.dispatch import Dispatcher
 from service.pipeline.planner_task import PlannerTask
+from service.pipeline.quota_admission import lease_counter
 from service.pipeline.revocation import RevocationRegistry, store_checks
 from service.pipeline.served_models import ServedModels
 from service.pipeline.settlement import Settler
@@ -173,16 +176,6 @@ class GatewayApp(FastAPI):
         await response(scope, receive, send)
 
 
-def lease_counter(metrics: GatewayMetrics) -> Callable[[bool], None]:
-    """Counts quota reservations by source (``radixgate_quota_reservations_total``), children cached."""
-    local, remote = metrics.quota_reservations.labels("lease"), metrics.quota_reservations.labels("redis")
-
-    def count(from_lease: bool) -> None:
-        (local if from_lease else remote).inc()
-
-    return count
-
-
 def connect_redis(settings: RedisSettings) -> Redis:
     """A Redis client over a bounded, blocking connection pool.
 
@@ -309,7 +302,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         # tenants stored with a class that is no longer configured: reported once, off the startup path
         background.append(asyncio.create_task(report_at_startup(tenants, settings), name="tenant-classes"))
         revocations = RevocationRegistry(*store_checks(tenants), enabled=settings.api.end_revoked_requests)
-        quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s)
+        billing = Billing.build(redis, settings, metrics)  # prices, budgets (service/pipeline/billing.py)
+        retention, rows = settings.pricing.usage_retention_days, settings.pricing.max_usage_rows_per_day
+        quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s, retention, rows)
+        quota.on_soft_limit = billing.soft_limit_reached
         settler = Settler(quota, settings.redis, metrics)
         leased = LeasedQuota(
             quota,
@@ -324,19 +320,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         def on_invalidation(message: str) -> None:
             revocations.on_invalidation(message)
             leased.on_invalidation(message)
+            billing.on_invalidation(message)
 
-        if auth_cache.enabled or revocations.enabled or settings.redis.quota_lease_s > 0:
-            background.append(
-                asyncio.create_task(
-                    follow_invalidations(
-                        subscriber,
-                        invalidation_channel(prefix),
-                        auth_cache,
-                        also=on_invalidation,
-                    ),
-                    name="auth-invalidations",
-                )
-            )
+        follow = follow_invalidations(  # always: every replica caches prices and budgets
+            subscriber, invalidation_channel(prefix), auth_cache, also=on_invalidation
+        )
+        background.append(asyncio.create_task(follow, name="auth-invalidations"))
         usage = UsageRecorder(redis, prefix)
         concurrency = ConcurrencyLimiter(
             redis, prefix, settings.redis.concurrency_lease_s, on_lost=metrics.concurrency_slots_lost.inc
@@ -366,6 +355,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             settler,
             revocations,
             concurrency,
+            billing,
             status_of=http_status,
         )
         if metrics.multiprocess:
@@ -400,6 +390,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             worker_registry,
             drain,
             models,
+            billing,
             planner,
         )
         if isinstance(app, GatewayApp):
@@ -503,12 +494,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_keys.router)
+    app.include_router(admin_billing.router)
     app.include_router(admin_workers.router)
     app.include_router(admin_planner.router)
     app.include_router(health_routes.router)
     install_body_schemas(app, list(openai_routes.BODY_MODELS))
     install_body_schemas(
-        app, [*admin_routes.ADMIN_BODY_MODELS, *admin_keys.ADMIN_BODY_MODELS], suffix=ADMIN_SUFFIX
+        app,
+        [*admin_routes.ADMIN_BODY_MODELS, *admin_keys.ADMIN_BODY_MODELS, *admin_billing.ADMIN_BODY_MODELS],
+        suffix=ADMIN_SUFFIX,
     )
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -91,6 +91,14 @@ class RateLimited(GatewayError):
     default_code = "rate_limit_exceeded"
 
 
+class BudgetExhausted(RateLimited):
+    """A budget's hard limit would be passed by the request's worst-case cost: OpenAI's 429
+    ``insufficient_quota`` (error type ``insufficient_quota`` too). Retrying does not help before the budget's
+    period ends (``retry_after_s``), so the answer tells clients not to retry (``x-should-retry: false``)."""
+
+    default_code = "insufficient_quota"
+
+
 class RequestTooLarge(GatewayError):
     """The request is larger than a bucket's burst (or a body limit) and can never pass."""
 

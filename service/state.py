@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from service.config.settings import Settings
 from service.observability.metrics import GatewayMetrics
+from service.pipeline.billing import Billing
 from service.pipeline.dispatch import Dispatcher
 from service.pipeline.planner_task import PlannerTask
 from service.pipeline.scheduler import Scheduler
@@ -36,4 +37,5 @@ class GatewayState:
     registry: WorkerRegistry
     drain: Drain  # the process's stopping state: readiness and admission read ``drain.draining``
     models: ServedModels  # every served model: its tokenizer, scheduler, workers' reports
+    billing: Billing  # prices and budgets (service/pipeline/billing.py)
     planner: PlannerTask | None = None  # radixgate_desired_workers' decisions (None: planner.enabled off)

@@ -19,10 +19,19 @@ key                                holds
 ``P slots:<id>``                   the tenant's concurrency slots: a sorted set of slot ids scored by
                                    their lease's end (Redis server ms), expires with its last lease
 ``P slots:<id>:key:<key_id>``      the same for one API key of the tenant
+``P usage:<id>:day:<YYYY-MM-DD>``  one UTC day's usage by API key and model (``<counter>:<key>:<model>``
+                                   fields), expires after ``pricing.usage_retention_days``
+``P budgets:<id>``                 the tenant's budgets: field ``tenant`` and ``key:<key_id>`` -> JSON
+``P spend:<id>:<scope>:<period>``  one budget's spend in one period (``used``, ``spent``, ``soft``),
+                                   scope ``tenant`` or ``key:<key_id>``; expires a week after the period
+``P tenant:<id>:billing``          sorted set of the tenant's day-usage and spend keys, scored by their
+                                   expiry (unix s): what delete clears
+``P prices``                       model id -> JSON price (the admin's, over the settings'); no tenant's
 =================================  ==================================================================
 
-A tenant owns its record, key set, key records, buckets (its own, its keys' and its models'), usage and
-slot sets (its own and its keys'); deleting it removes all of them in one Lua call (``tenant_delete.lua``).
+A tenant owns its record, key set, key records, buckets (its own, its keys' and its models'), usage (its
+totals and its days), budgets, spend and slot sets (its own and its keys'); deleting it removes all of them
+in one Lua call (``tenant_delete.lua``).
 Scripts that write buckets or usage first check that the tenant
 record still exists with the epoch the caller saw (``tenant_guard.lua``), so a request racing the delete
 (or the deleted tenant's re-creation under the same id) writes nothing.
@@ -107,17 +116,41 @@ class KeyLayout:
         """One API key's concurrency slots, under its tenant's id."""
         return f"{self.key_slots_prefix(tenant_id)}{key_id}"
 
+    def usage_day(self, tenant_id: str, day: str) -> str:
+        """One UTC day's usage of a tenant by API key and model (``day``: ``YYYY-MM-DD``)."""
+        return f"{self.prefix}usage:{tenant_id}:day:{day}"
+
+    def budgets(self, tenant_id: str) -> str:
+        """A tenant's budgets (its own and its keys')."""
+        return f"{self.prefix}budgets:{tenant_id}"
+
+    def spend(self, tenant_id: str, scope: str, period_id: str) -> str:
+        """One budget's spend in one period; ``scope``: ``tenant`` or ``key:<key_id>``."""
+        return f"{self.prefix}spend:{tenant_id}:{scope}:{period_id}"
+
+    def billing_index(self, tenant_id: str) -> str:
+        """Sorted set of a tenant's day-usage and spend keys, scored by expiry (``tenant_delete.lua``)."""
+        return f"{self.prefix}tenant:{tenant_id}:billing"
+
+    @property
+    def prices(self) -> str:
+        """Model id -> JSON price set by an admin."""
+        return f"{self.prefix}prices"
+
     def settled(self, request_id: str) -> str:
         """Marker of a request whose settle landed (``settle.lua``; expires, owned by no tenant)."""
         return f"{self.prefix}settled:{request_id}"
 
 
-def lua(name: str, guarded: bool = False, buckets: bool = False) -> str:
-    """The text of ``tenancy/<name>``, after the tenant guard (``tenant_guard.lua``) when ``guarded`` and
-    the token-bucket steps (``bucket_lib.lua``) when ``buckets``."""
+def lua(name: str, guarded: bool = False, buckets: bool = False, billing: bool = False) -> str:
+    """The text of ``tenancy/<name>``, after the tenant guard (``tenant_guard.lua``) when ``guarded``, the
+    token-bucket steps (``bucket_lib.lua``) when ``buckets`` and the money steps (``billing_lib.lua``)
+    when ``billing``."""
     files = resources.files("tenancy")
     parts = [files.joinpath("tenant_guard.lua").read_text()] if guarded else []
     if buckets:
         parts.append(files.joinpath("bucket_lib.lua").read_text())
+    if billing:
+        parts.append(files.joinpath("billing_lib.lua").read_text())
     parts.append(files.joinpath(name).read_text())
     return "\n".join(parts)

@@ -18,13 +18,25 @@ leave a bucket behind, nor charge or refund a re-created tenant of the same id.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from redis.asyncio import Redis
 
+from policies.billing_periods import DAY_S, day_end_s, parse_day
+from policies.pricing import FREE, ModelPrice
 from policies.rate_limits import BucketLevel
+from tenancy.billing import (
+    COST_FIELD,
+    ROW_COUNTERS,
+    BudgetHold,
+    BudgetRefusal,
+    UsageRow,
+    settle_tail,
+    take_tail,
+)
 from tenancy.concurrency import HeldSlot
 from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untimed_store_operation
 from tenancy.layout import BucketName, KeyLayout, ScopeKind, lua
@@ -83,6 +95,7 @@ class QuotaDecision:
             model's (:class:`Scope`).
         levels: every bucket the call touched, as it left them (refused: as they were), with its terms;
             what the rate-limit headers are made from (:mod:`policies.rate_limits`).
+        budget: the budget whose hard limit refused it (checked before the buckets), if one did.
     """
 
     allowed: bool
@@ -94,6 +107,7 @@ class QuotaDecision:
     leased: bool = False
     scope: Scope | None = None
     levels: tuple[BucketLevel, ...] = ()
+    budget: BudgetRefusal | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +124,10 @@ class Reservation:
 
     ``slot``: the request's concurrency slot (:mod:`tenancy.concurrency`), taken before the buckets and
     released when the request ends; None when no cap applies.
+
+    ``budgets``: the budgets it took its worst-case cost from (:class:`tenancy.billing.BudgetHold`); its
+    settle brings each down to the real cost. ``price``: its model's price when it was admitted, which its
+    cost is reckoned at.
     """
 
     tenant_id: str
@@ -120,6 +138,12 @@ class Reservation:
     linger: bool = False
     scopes: tuple[Scope, ...] = ()
     slot: HeldSlot | None = None
+    budgets: tuple[BudgetHold, ...] = ()
+    price: ModelPrice = FREE
+
+
+SoftLimitHook = Callable[[str, BudgetHold], None]
+"""Told ``(tenant id, budget)`` when a settle took a budget's spend to its soft limit (once per period)."""
 
 
 class QuotaLimiter:
@@ -131,19 +155,38 @@ class QuotaLimiter:
         settle_linger_s: how long a settle waits to share a pipeline with others, s
             (:class:`tenancy.script_batch.ScriptBatcher`).
 
+        usage_retention_days: how long a day's usage rows are kept (their hash expires), days.
+        max_usage_rows: most key x model rows of one tenant's day (``settle.lua``).
+        clock: unix time, s (the day of a usage row, a spend's expiry; test hook).
+
     Methods that take ``epoch`` check the tenant record first when it is not None (see the module).
     ``observe_call``: told each script call's latency (reserve, adjust, settle; a settle's linger
-    included), not that of a call with no bucket to touch (answered without Redis).
+    included), not that of a call with no bucket to touch (answered without Redis). ``on_soft_limit``:
+    told when a settle took a budget to its soft limit.
     """
 
     observe_call: CallObserver | None = None
+    on_soft_limit: SoftLimitHook | None = None
 
-    def __init__(self, redis: Redis, prefix: str, settle_linger_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        settle_linger_s: float = 0.0,
+        usage_retention_days: int = 400,
+        max_usage_rows: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._layout = KeyLayout(prefix)
-        self._script = redis.register_script(lua("token_bucket.lua", guarded=True, buckets=True))
-        self._settle = redis.register_script(lua("settle.lua", guarded=True, buckets=True))
+        self._script = redis.register_script(
+            lua("token_bucket.lua", guarded=True, buckets=True, billing=True)
+        )
+        self._settle = redis.register_script(lua("settle.lua", guarded=True, buckets=True, billing=True))
         self._batch = ScriptBatcher(redis)  # concurrent requests' scripts share a pipeline
         self._settle_linger_s = settle_linger_s
+        self._retention_s = usage_retention_days * DAY_S
+        self._max_fields = max_usage_rows * len(ROW_COUNTERS)
+        self.clock = clock
 
     def bucket_key(self, tenant_id: str, bucket: BucketName, scope: Scope | None = None) -> str:
         """Redis key of one of a tenant's buckets (of ``scope``'s, when given)."""
@@ -180,13 +223,14 @@ class QuotaLimiter:
         self,
         tenant_id: str,
         epoch: str | None,
-        mode: Literal["take", "adjust", "lease"],
+        mode: Literal["take", "adjust", "lease", "budget"],
         buckets: list[_Bucket],
         now_ms: float | None,
         tail: list[str | float] | None = None,
         operation: str = "QuotaLimiter.reserve",
+        extra_keys: Sequence[str] = (),
     ) -> list[str | int]:
-        keys = [self._layout.tenant(tenant_id), *(b.key for b in buckets)]
+        keys = [self._layout.tenant(tenant_id), *(b.key for b in buckets), *extra_keys]
         args: list[str | float] = [
             "" if now_ms is None else repr(float(now_ms)),
             mode,
@@ -212,9 +256,10 @@ class QuotaLimiter:
         epoch: str | None = None,
         lease: Mapping[BucketName, tuple[float, float]] | None = None,
         scopes: tuple[Scope, ...] = (),
+        budgets: tuple[BudgetHold, ...] = (),
     ) -> QuotaDecision:
         """Take 1 request and ``tokens`` tokens from the tenant's buckets and its ``scopes``' (its key's,
-        its model's), all or nothing.
+        its model's), and each budget's ``amount`` from its spend, all or nothing.
 
         Args:
             tenant_id: whose buckets.
@@ -228,30 +273,41 @@ class QuotaLimiter:
                 Buckets absent lease nothing. Used by :class:`tenancy.quota_lease.LeasedQuota`; only
                 the tenant's own buckets lease (not with ``scopes``).
             scopes: the narrower buckets the request also takes from, checked first, in order.
+            budgets: the budgets it takes its worst-case cost from, checked before every bucket: one whose
+                hard limit the amount would pass refuses it (``QuotaDecision.budget``).
 
         Returns:
-            A :class:`QuotaDecision`: refused, it names the first bucket short (``limiting`` and
-            ``scope``) and waits for the slowest.
+            A :class:`QuotaDecision`: refused, it names the budget over its hard limit, or the first
+            bucket short (``limiting`` and ``scope``) and waits for the slowest.
 
         Raises:
             TenantNotFoundError: ``epoch`` was given and the tenant is gone (nothing was written).
-            ValueError: ``lease`` with ``scopes``.
+            ValueError: ``lease`` with ``scopes`` or ``budgets``.
         """
-        if lease is not None and scopes:
+        if lease is not None and (scopes or budgets):
             raise ValueError("only the tenant's own buckets lease")
         buckets = self._buckets(tenant_id, quotas, 1, tokens, scopes)
-        if not buckets:
+        if not buckets and not budgets:
             return QuotaDecision(True, False, 0.0, None, {})
         tail: list[str | float] | None = None
+        extra_keys: list[str] = []
+        mode: Literal["take", "lease", "budget"] = "take"
         if lease is not None:
-            tail = []
+            tail, mode = [], "lease"
             for b in buckets:
                 extra, credit = lease.get(b.bucket, (0, 0))
                 tail.extend([repr(float(extra)), repr(float(credit))])
-        result = await self._run(tenant_id, epoch, "lease" if tail else "take", buckets, now_ms, tail)
+            mode = "lease" if tail else "take"
+        elif budgets:
+            tail, mode = take_tail(budgets, self.clock()), "budget"
+            extra_keys = [*(h.key for h in budgets), self._layout.billing_index(tenant_id)]
+        result = await self._run(tenant_id, epoch, mode, buckets, now_ms, tail, extra_keys=extra_keys)
         status, wait_ms, idx = int(result[0]), int(result[1]), int(result[2])
         if status == -2:
             raise TenantNotFoundError(tenant_id)
+        if status == -4:
+            refusal = BudgetRefusal(budgets[idx - 1], int(float(result[3])))
+            return QuotaDecision(False, False, math.inf, None, {}, budget=refusal)
         n = len(buckets)
         found = buckets[idx - 1] if idx > 0 else None
         limiting = found.bucket if found is not None else None
@@ -271,7 +327,9 @@ class QuotaLimiter:
             wait_s = wait_ms / 1000.0
             return QuotaDecision(False, False, wait_s, limiting, remaining, scope=scope, levels=levels)
         granted: dict[str, int] | None = (
-            {b.bucket: int(v) for b, v in zip(buckets, result[3 + n :], strict=False)} if tail else None
+            {b.bucket: int(v) for b, v in zip(buckets, result[3 + n :], strict=False)}
+            if mode == "lease"
+            else None
         )
         return QuotaDecision(True, False, 0.0, None, remaining, granted, levels=levels)
 
@@ -318,29 +376,36 @@ class QuotaLimiter:
         usage: Mapping[str, int],
         now_ms: float | None = None,
         once: tuple[str, int] | None = None,
+        rows: Sequence[UsageRow] = (),
     ) -> bool:
         """Settle a request and record its usage in one atomic round trip (``settle.lua``): what
         :meth:`reconcile` (``used_tokens`` given) or :meth:`refund` (None: nothing was served) and then
         :meth:`tenancy.usage.UsageRecorder.record` do, with one tenant check for both. Every bucket the
-        reservation took from (its scopes' too) gets its unused units back, or the overrun charged.
+        reservation took from (its scopes' too) gets its unused units back, or the overrun charged; every
+        budget it holds (:attr:`Reservation.budgets`) gets its worst case replaced by the real cost
+        (``usage["cost"]``; nothing served: given back whole), and a budget whose spend this takes to its
+        soft limit is told to :attr:`on_soft_limit` (once per period, across every replica).
 
         Args:
             reservation: what :meth:`reserve` took.
             used_tokens: prompt + completion tokens served; None gives the whole reservation back.
-            usage: usage field (of :class:`tenancy.models.Usage`) -> amount; zeros are skipped.
+            usage: usage field (of :class:`tenancy.models.Usage`, or ``cost`` in picodollars) -> amount;
+                zeros are skipped.
             now_ms: test hook; ``None`` uses Redis server time.
             once: ``(request id, marker lifetime in s)``: the settle writes a marker
                 (:meth:`KeyLayout.settled`) and does nothing when it is already there, so a settle may
                 be retried after a timeout that hid whether it landed. None: no marker.
+            rows: usage by UTC day, API key and model to add (each day's hash expires
+                ``usage_retention_days`` after the day ends).
 
         Returns:
             False when the reservation has an epoch and the tenant is gone (nothing written), else True
             (also when ``once`` found the request settled already).
 
         Raises:
-            ValueError: an unknown usage field.
+            ValueError: an unknown usage field, or a row's day not ``YYYY-MM-DD``.
         """
-        unknown = set(usage) - set(USAGE_FIELDS)
+        unknown = set(usage) - {*USAGE_FIELDS, COST_FIELD}
         if unknown:
             raise ValueError(f"unknown usage fields: {sorted(unknown)}")
         r = reservation
@@ -351,7 +416,7 @@ class QuotaLimiter:
         touched = self._buckets(r.tenant_id, r.quotas, requests, tokens, r.scopes)
         buckets = [b for b in touched if b.amount != 0]
         counts = [(field, value) for field, value in usage.items() if value]
-        if not buckets and not counts:
+        if not buckets and not counts and not r.budgets and not rows:
             return True
         layout = self._layout
         marker = layout.settled(once[0]) if once is not None else layout.settled("")
@@ -365,10 +430,31 @@ class QuotaLimiter:
         ]
         for b in buckets:
             args.extend([repr(float(b.rate)), repr(float(b.cap)), repr(float(b.amount))])
+        args.append(len(counts))
         for field, value in counts:
             args.extend([field, value])
+        days = [
+            (
+                layout.usage_day(r.tenant_id, row.day),
+                row,
+                int(day_end_s(parse_day(row.day, "day")) + self._retention_s),
+            )
+            for row in rows
+        ]
+        keys += [h.key for h in r.budgets] + [day for day, _, _ in days]
+        if r.budgets or days:
+            keys.append(layout.billing_index(r.tenant_id))
+        cost = None if used_tokens is None else usage.get(COST_FIELD, 0)
+        args += settle_tail(r.budgets, cost, days, self._max_fields, self.clock())
         linger = self._settle_linger_s if r.linger else 0.0
         result = await timed_call(
             self.observe_call, "QuotaLimiter.settle", self._batch.run(self._settle, keys, args, linger)
         )
-        return int(result[0]) != -2
+        if int(result[0]) == -2:
+            return False
+        hook = self.on_soft_limit
+        if hook is not None and r.budgets and len(result) > 1:
+            for hold, crossed in zip(r.budgets, result[1 + len(buckets) :], strict=False):
+                if int(crossed) == 1:
+                    hook(r.tenant_id, hold)
+        return True

@@ -35,6 +35,7 @@ import structlog
 
 from policies.quota_lease import QuotaLease, Terms, lease_size
 from policies.rate_limits import BucketLevel, leased_level
+from tenancy.billing import BudgetHold
 from tenancy.errors import StoreUnavailable
 from tenancy.layout import BucketName
 from tenancy.models import Quotas
@@ -131,18 +132,22 @@ class LeasedQuota:
         tokens: int,
         epoch: str | None = None,
         scopes: tuple[Scope, ...] = (),
+        budgets: tuple[BudgetHold, ...] = (),
     ) -> QuotaDecision:
-        """Reserve 1 request and ``tokens`` tokens of ``tenant_id`` (and of its ``scopes``: then without a
-        lease, see the module); as :meth:`QuotaLimiter.reserve` (same decision, same errors:
+        """Reserve 1 request and ``tokens`` tokens of ``tenant_id`` (and of its ``scopes``, and the worst
+        case of its ``budgets``: then without a lease, see the module, as a budget is checked in Redis);
+        as :meth:`QuotaLimiter.reserve` (same decision, same errors:
         ``TenantNotFoundError``, ``StoreUnavailable``), except that an admission from the lease returns
         ``remaining`` empty (Redis was not asked) and ``levels`` as this replica sees them
         (:func:`policies.rate_limits.leased_level`)."""
-        if scopes:
+        if scopes or budgets:
             if self._before_remote is not None:
                 await self._before_remote(tenant_id)
             self.remote += 1
             self._on_reserve(False)
-            return await self._limiter.reserve(tenant_id, quotas, tokens, epoch=epoch, scopes=scopes)
+            return await self._limiter.reserve(
+                tenant_id, quotas, tokens, epoch=epoch, scopes=scopes, budgets=budgets
+            )
         terms = lease_terms(quotas, epoch)
         held = self._leases.get(tenant_id)
         if held is not None and held[0].take(terms, 1, tokens, self._clock()):

@@ -242,7 +242,8 @@ class TenantStore(KeyRecords):
     @store_operation
     async def delete(self, tenant_id: str) -> None:
         """Delete a tenant and every key it owns (record, API keys, buckets of its own, of its keys and of
-        its models, usage, concurrency slot sets of its own and of its keys) in one atomic call.
+        its models, usage totals and by day, budgets and their spend, concurrency slot sets of its own and
+        of its keys) in one atomic call.
 
         Raises:
             TenantNotFoundError: no such tenant.
@@ -257,6 +258,8 @@ class TenantStore(KeyRecords):
             *(layout.bucket(tenant_id, b) for b in BUCKETS),
             layout.slots(tenant_id),
             layout.quota_models(tenant_id),
+            layout.budgets(tenant_id),
+            layout.billing_index(tenant_id),
         ]
         args = [
             layout.api_key_prefix,
@@ -264,6 +267,7 @@ class TenantStore(KeyRecords):
             layout.scoped_bucket_prefix(tenant_id),
             layout.quota_models(tenant_id),
             layout.key_slots_prefix(tenant_id),
+            layout.billing_index(tenant_id),
         ]
         if not await self._delete_script(keys=keys, args=args):
             raise TenantNotFoundError(tenant_id)

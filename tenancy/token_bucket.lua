@@ -13,6 +13,12 @@
 --          beyond amount_i, and an earlier lease's units given back first (capped at the capacity;
 --          written even when the take is refused)
 --
+-- ARGV[2] "budget": as "take", and first the request's budgets (tenancy/billing.py BudgetHold): KEYS[1+n+j]
+--          the spend hash of budget j (field used: picodollars taken, in flight included), KEYS[#KEYS]
+--          the tenant's billing index (billing_lib.lua); ARGV[#ARGV] = m, the number of budgets,
+--          ARGV[#ARGV-1] the gateway's unix s, and before them per budget: hard limit (picodollars, ""
+--          none), amount (the request's worst-case cost), expiry of the spend hash (unix s)
+--
 -- Buckets are checked in KEYS order (tenancy/quota.py puts a key's and a model's before the tenant's own).
 --
 -- Returns {status, wait_ms, limiting_index, level_1, ..., level_n[, grant_1, ..., grant_n]}
@@ -21,7 +27,8 @@
 --     first bucket short;
 --   status -1: amount above capacity of bucket limiting_index (the first such), can never pass; nothing is
 --     written (not even a credit), and the levels are the stored ones;
---   status -2: the tenant is gone (deleted, or re-created with another epoch): nothing written.
+--   status -2: the tenant is gone (deleted, or re-created with another epoch): nothing written;
+--   status -4: budget limiting_index would pass its hard limit: nothing written; {-4, 0, j, used_j}.
 -- Levels are returned as strings (Lua numbers would be truncated to integers).
 
 if ARGV[3] == '1' and not tenant_alive(KEYS[1], ARGV[4]) then
@@ -29,7 +36,19 @@ if ARGV[3] == '1' and not tenant_alive(KEYS[1], ARGV[4]) then
 end
 
 local now = now_ms(ARGV[1])
-local n = #KEYS - 1
+local m = 0
+if ARGV[2] == 'budget' then
+  m = tonumber(ARGV[#ARGV])
+end
+local n = #KEYS - 1 - (m > 0 and m + 1 or 0)
+local budget_base = #ARGV - 2 - 3 * m
+for j = 1, m do -- a budget past its hard limit refuses first: it lasts until its period ends
+  local hard = ARGV[budget_base + 3 * j - 2]
+  local used = tonumber(redis.call('HGET', KEYS[1 + n + j], 'used') or '0')
+  if hard ~= '' and used + tonumber(ARGV[budget_base + 3 * j - 1]) > tonumber(hard) then
+    return {-4, 0, j, string.format('%.17g', used)}
+  end
+end
 if ARGV[2] == 'adjust' then -- under each bucket's stored terms (bucket_adjust in bucket_lib.lua)
   local out = {1, 0, 0}
   for i = 1, n do
@@ -103,5 +122,14 @@ for i = 1, n do
   end
   bucket_store(KEYS[1 + i], levels[i], stamps[i], rates[i], caps[i])
   out[3 + i] = string.format('%.17g', levels[i])
+end
+for j = 1, m do
+  local spend, expire_at = KEYS[1 + n + j], ARGV[budget_base + 3 * j]
+  local fresh = redis.call('EXISTS', spend) == 0  -- the period's first take: its expiry, the tenant's index
+  redis.call('HINCRBY', spend, 'used', ARGV[budget_base + 3 * j - 1])
+  if fresh then
+    redis.call('EXPIREAT', spend, expire_at)
+    index_add(KEYS[#KEYS], spend, expire_at, ARGV[#ARGV - 1])
+  end
 end
 return out

@@ -289,16 +289,3 @@ async def revoke_key(tenant_id: str, key_id: str, state: StateDep) -> ApiKeyInfo
             f"Key '{_shown(key_id)}' does not exist for tenant '{_shown(tenant_id)}'.",
             code="key_not_found",
         ) from exc
-
-
-@router.get("/tenants/{tenant_id}/usage")
-async def tenant_usage(tenant_id: str, state: StateDep) -> dict[str, Any]:
-    """Usage counters of any tenant, with ``total_tokens`` and its quotas: the shape of the tenant's own
-    ``GET /v1/usage`` (nu13: this one lacked both). The answers this replica has sent it are counted (their
-    settles are awaited, :meth:`service.pipeline.settlement.Settler.settled`)."""
-    try:
-        tenant = await state.tenants.get(tenant_id)
-    except TenantNotFoundError as exc:
-        raise _not_found(tenant_id) from exc
-    await state.dispatcher.settled(tenant_id)
-    return (await state.usage.get(tenant_id)).report(tenant.quotas)

@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect
 
 from service.api.rate_limit_headers import rate_limit_headers
 from service.errors import (
+    BudgetExhausted,
     FirstTokenTimeout,
     GatewayError,
     InvalidRequest,
@@ -158,6 +159,8 @@ def to_api_error(exc: GatewayError) -> APIError:
     headers = {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if isinstance(exc, BudgetExhausted):  # the openai client reads it before retrying a 429
+        headers["x-should-retry"] = "false"
     if exc.rate_limits is not None:
         headers.update(rate_limit_headers(exc.rate_limits))
         if exc.retry_after_s is not None and math.isfinite(exc.retry_after_s):

@@ -242,4 +242,4 @@ async def own_usage(tenant: TenantDep, state: StateDep) -> dict[str, Any]:
     """``GET /v1/usage``: the caller's own tenant's usage counters and quotas (its answers this replica
     has sent counted: their settles are awaited, :meth:`service.pipeline.settlement.Settler.settled`)."""
     await state.dispatcher.settled(tenant.id)
-    return (await state.usage.get(tenant.id)).report(tenant.quotas)
+    return await state.billing.usage_report(state.usage, tenant.id, tenant.quotas)

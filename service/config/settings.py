@@ -37,6 +37,7 @@ from service.config.policies import (
     SchedulerSettings,
     default_priority_classes,
 )
+from service.config.pricing import PricingSettings, check_priced_models
 from service.config.shutdown import ShutdownSettings
 from service.config.sources import ConfigFileSource
 from service.config.tracing import TracingSettings
@@ -405,6 +406,7 @@ class Settings(HomeSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    pricing: PricingSettings = Field(default_factory=PricingSettings)
     priority_classes: dict[str, PriorityClassSettings] = Field(
         default_factory=default_priority_classes,
         description="JSON object replacing all classes: name -> {rank, sglang_priority, ttft_goal_ms, "
@@ -501,7 +503,7 @@ class Settings(HomeSettings):
 
     @model_validator(mode="after")
     def _models_resolve(self) -> Settings:
-        self.model_registry()  # raises ValueError on a model that does not resolve
+        check_priced_models(self.pricing, self.model_registry())  # ValueError: a model that does not resolve
         return self
 
     def model_registry(self) -> ModelRegistry:

@@ -32,6 +32,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 
 from service.observability.class_metrics import ClassMetrics
+from service.observability.cost_metrics import CostMetrics
 from service.observability.phase_metrics import PhaseMetrics
 from service.observability.planner_metrics import PlannerMetrics
 from service.observability.pool_gauges import QUEUED_GAUGE, PoolGauges
@@ -242,6 +243,7 @@ class GatewayMetrics:
         self.classes = ClassMetrics(registry)
         self.phases = PhaseMetrics(registry)
         self.planner = PlannerMetrics(registry)  #: radixgate_desired_workers and why, :mod:`.planner_metrics`
+        self.cost = CostMetrics(registry)  #: cost per tenant and model, soft limits, :mod:`.cost_metrics`
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(
@@ -285,11 +287,12 @@ class GatewayMetrics:
         )
         self.quota_rejections = Counter(
             "radixgate_quota_rejections_total",
-            "Requests refused by a token bucket or a concurrency cap, per reason: rate_limited (429, the "
-            "bucket is short for now), exceeds_burst (413, the request needs more than the bucket's burst "
-            "and can never pass) or concurrency_limit (429: the tenant or the key had its "
-            "max_concurrent_requests in flight); bucket: requests, tokens (the tenant's own), key_requests, "
-            "key_tokens, model_requests, model_tokens, tenant_concurrency, key_concurrency.",
+            "Requests refused by a token bucket, a concurrency cap or a budget, per reason: rate_limited "
+            "(429, the bucket is short for now), exceeds_burst (413, the request needs more than the "
+            "bucket's burst and can never pass), concurrency_limit (429: the tenant or the key had its "
+            "max_concurrent_requests in flight) or insufficient_quota (429: a budget's hard limit); bucket: "
+            "requests, tokens (the tenant's own), key_requests, key_tokens, model_requests, model_tokens, "
+            "tenant_concurrency, key_concurrency, tenant_budget, key_budget.",
             ["tenant", "bucket", "reason"],
             registry=registry,
         )

@@ -38,6 +38,7 @@ from service.observability.breakdown import RequestTiming
 from service.observability.metrics import GatewayMetrics
 from service.openai.choices import ChoiceState
 from service.openai.shapes import ChatShaper, Shaper, TextShaper
+from service.pipeline.billing import Billing
 from service.pipeline.fair_slots import FairSlots, TooManyWaiting
 from service.pipeline.fanout import choice_requests, merge_choices, stream_choices
 from service.pipeline.prepare import PreparedRequest, RequestPreparer
@@ -54,6 +55,7 @@ from service.runtime.task_stop import finish_despite_cancel
 from service.workers.chunks import UpstreamChunk
 from service.workers.client import SGLangClient
 from service.workers.pool import WorkerPool
+from tenancy.billing import COST_FIELD
 from tenancy.concurrency import ConcurrencyLimiter
 from tenancy.models import ApiKeyRecord, Tenant
 from tenancy.quota import Reservation
@@ -126,6 +128,7 @@ class Dispatcher:
         settler: settles requests (retrying in the background when Redis is short).
         revocations: the requests in flight by tenant and key, ended when those are revoked.
         concurrency: the concurrency slots of capped tenants and keys (Redis, shared by every replica).
+        billing: prices and budgets (:mod:`service.pipeline.billing`).
         status_of: the HTTP status a domain error is answered with
             (:func:`service.api.errors.http_status`; the pipeline knows no statuses of its own but 200 and
             499), recorded in the ``request`` log line and ``radixgate_requests_total{status}``.
@@ -143,6 +146,7 @@ class Dispatcher:
         settler: Settler,
         revocations: RevocationRegistry,
         concurrency: ConcurrencyLimiter,
+        billing: Billing,
         status_of: Callable[[GatewayError], int],
     ) -> None:
         self._settings = settings
@@ -159,7 +163,7 @@ class Dispatcher:
         self._revocations = revocations
         api = settings.api
         slots = SlotAdmission(concurrency, metrics, usage)
-        self._admission = RequestAdmission(quota, slots, usage, metrics, api.rate_limit_headers)
+        self._admission = RequestAdmission(quota, slots, usage, metrics, api.rate_limit_headers, billing)
         self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
 
     # 1. validation -------------------------------------------------------------------------------
@@ -426,9 +430,9 @@ class Dispatcher:
         latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
         # one round trip for buckets and usage; retried in the background if Redis is short
         await self._settler.settle(item)
-        record_request(
-            self._metrics, prepared, reservation, outcome, charged, latency, self._goal_s(prepared)
-        )
+        cost = item.usage.get(COST_FIELD, 0)
+        goal_s = self._goal_s(prepared)
+        record_request(self._metrics, prepared, reservation, outcome, charged, latency, goal_s, cost)
 
     def _settle_with_others(
         self, prepared: PreparedRequest, reservation: Reservation, outcome: Outcome
@@ -438,9 +442,9 @@ class Dispatcher:
         item, charged = settlement_of(prepared, reservation, outcome)
         self._settler.submit(item)
         latency = time.perf_counter() - prepared.arrival
-        record_request(
-            self._metrics, prepared, reservation, outcome, charged, latency, self._goal_s(prepared)
-        )
+        cost = item.usage.get(COST_FIELD, 0)
+        goal_s = self._goal_s(prepared)
+        record_request(self._metrics, prepared, reservation, outcome, charged, latency, goal_s, cost)
 
     def _goal_s(self, prepared: PreparedRequest) -> float | None:
         """The TTFT goal of ``prepared``'s class for its model, s (None: a class the model does not have)."""

@@ -14,7 +14,7 @@ buckets alone, through the tenant's local lease, as before.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 import structlog
@@ -22,8 +22,10 @@ import structlog
 from policies.rate_limits import BucketLevel, closest_to_empty
 from service.errors import GatewayError, LimitState, RateLimited, RequestTooLarge, Unauthenticated
 from service.observability.metrics import GatewayMetrics
+from service.pipeline.billing import Billing
 from service.pipeline.prepare import PreparedRequest
 from service.pipeline.slot_admission import SlotAdmission
+from tenancy.billing import BudgetHold
 from tenancy.errors import StoreUnavailable, TenantNotFoundError
 from tenancy.models import BucketLimits
 from tenancy.quota import QuotaDecision, Reservation, Scope
@@ -110,6 +112,16 @@ def refusal(prepared: PreparedRequest, decision: QuotaDecision, headers: bool = 
     return err
 
 
+def lease_counter(metrics: GatewayMetrics) -> Callable[[bool], None]:
+    """Counts quota reservations by source (``radixgate_quota_reservations_total``), children cached."""
+    local, remote = metrics.quota_reservations.labels("lease"), metrics.quota_reservations.labels("redis")
+
+    def count(from_lease: bool) -> None:
+        (local if from_lease else remote).inc()
+
+    return count
+
+
 class Admitted(NamedTuple):
     """An admitted request: what it reserved, and its rate-limit state per kind (``x-ratelimit-*``)."""
 
@@ -128,6 +140,7 @@ class RequestAdmission:
         metrics: the app's metrics (refusals).
         rate_limit_headers: whether answers and refusals carry their rate-limit state
             (``api.rate_limit_headers``).
+        billing: prices and budgets (:mod:`service.pipeline.billing`).
     """
 
     def __init__(
@@ -137,7 +150,9 @@ class RequestAdmission:
         usage: UsageRecorder,
         metrics: GatewayMetrics,
         rate_limit_headers: bool,
+        billing: Billing,
     ) -> None:
+        self._billing = billing
         self._quota = quota
         self._slots = slots
         self._usage = usage
@@ -147,8 +162,9 @@ class RequestAdmission:
     async def admit(self, prepared: PreparedRequest) -> Admitted:
         """Take a concurrency slot when the tenant or the request's API key (``prepared.key``) has a
         ``max_concurrent_requests``, then reserve the request against its token buckets
-        (:func:`scopes_of` and its tenant's) in one atomic call. The slot rides on the reservation
-        (:meth:`release` at the request's end), or goes back here when the buckets refuse.
+        (:func:`scopes_of` and its tenant's) and its worst-case cost against its key's and its tenant's
+        budgets (:meth:`service.pipeline.billing.Billing.terms`) in one atomic call. The slot rides on the
+        reservation (:meth:`release` at the request's end), or goes back here when they refuse.
 
         Returns:
             The reservation and the rate-limit state to tell the client (``{}``: no bucket).
@@ -157,6 +173,8 @@ class RequestAdmission:
             RateLimited: the tenant or key has its cap in flight (``concurrency_limit_exceeded``, nothing
                 charged), or a bucket is short (``retry_after_s`` says when the slowest refills enough;
                 the message and ``details["quota"]`` name the first short).
+            BudgetExhausted: its worst-case cost would take a budget past its hard limit (429
+                ``insufficient_quota``, nothing charged).
             RequestTooLarge: the request is larger than a bucket's burst and can never pass.
             Unauthenticated: the tenant was deleted since its key was checked.
             StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
@@ -166,13 +184,19 @@ class RequestAdmission:
         tokens = prepared.reserved_tokens
         scopes = scopes_of(prepared)
         key = prepared.key
+        price = self._billing.known_terms(prepared)
+        budgets: tuple[BudgetHold, ...] = ()
+        if price is None:
+            price, budgets = await self._billing.terms(prepared)
         slot = None
         if tenant.max_concurrent_requests is not None or (
             key is not None and key.max_concurrent_requests is not None
         ):  # checked here: no coroutine for the slot on an uncapped tenant's path
             slot = await self._slots.take(prepared)
         try:
-            decision = await self._quota.reserve(tenant.id, tenant.quotas, tokens, tenant.epoch, scopes)
+            decision = await self._quota.reserve(
+                tenant.id, tenant.quotas, tokens, tenant.epoch, scopes, budgets
+            )
         except BaseException as exc:
             if slot is not None:
                 self._slots.release(slot)
@@ -181,22 +205,38 @@ class RequestAdmission:
             raise
         if decision.allowed:
             reservation = Reservation(
-                tenant.id, tenant.quotas, 1, tokens, tenant.epoch, decision.leased, scopes=scopes, slot=slot
+                tenant.id,
+                tenant.quotas,
+                1,
+                tokens,
+                tenant.epoch,
+                decision.leased,
+                scopes=scopes,
+                slot=slot,
+                budgets=budgets,
+                price=price,
             )
             return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
-        if slot is not None:  # refused by a bucket: nothing taken, the slot goes back
+        if slot is not None:  # refused by a bucket or a budget: nothing taken, the slot goes back
             self._slots.release(slot)
+        if decision.budget is not None:
+            await self._count_refusal(prepared, "quota_rejections")
+            raise self._billing.refused(prepared, decision.budget)
         # a request larger than a burst (413) is the request's fault, not a quota storm: counted apart
         reason = "exceeds_burst" if decision.never else "rate_limited"
         self._metrics.quota_rejections.labels(
             self._metrics.tenant(tenant.id), metric_bucket(decision), reason
         ).inc()
-        counter = "oversized_rejections" if decision.never else "quota_rejections"
-        try:  # bookkeeping only: the 429 or 413 stands without it
+        await self._count_refusal(prepared, "oversized_rejections" if decision.never else "quota_rejections")
+        raise refusal(prepared, decision, self._rate_limit_headers)
+
+    async def _count_refusal(self, prepared: PreparedRequest, counter: str) -> None:
+        """Count a refusal in the tenant's usage (bookkeeping only: the 429 or 413 stands without it)."""
+        tenant = prepared.tenant
+        try:
             await self._usage.record(tenant.id, tenant.epoch, **{counter: 1})
         except StoreUnavailable:
             log.warning("usage_record_failed", request_id=prepared.rid, tenant=tenant.id)
-        raise refusal(prepared, decision, self._rate_limit_headers)
 
     def release(self, reservation: Reservation) -> None:
         """Give back the concurrency slot ``reservation`` holds, if any (its request has ended: its last

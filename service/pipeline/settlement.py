@@ -43,6 +43,7 @@ import structlog
 from service.config.settings import RedisSettings
 from service.observability.metrics import GatewayMetrics
 from service.runtime.task_stop import stop_tasks
+from tenancy.billing import UsageRow
 from tenancy.errors import StoreUnavailable
 from tenancy.quota import QuotaLimiter, Reservation
 
@@ -60,10 +61,12 @@ class Settlement:
         request_id: the request's id (its settle lands at most once under it).
         reservation: what admission took.
         used_tokens: prompt + completion tokens to charge; None gives the whole reservation back.
-        usage: usage counters to add (fields of :class:`tenancy.models.Usage`).
+        usage: usage counters to add (fields of :class:`tenancy.models.Usage`, and ``cost`` in picodollars).
         covers: how many requests it settles.
         summed: a tenant's summed settles (:meth:`Settler.submit`): ``request_id`` is the sum's own, and
             ``reservation`` holds the net units given back (negative: charged), ``used_tokens`` None.
+        rows: its usage by UTC day, API key and model (:class:`tenancy.billing.UsageRow`; none when
+            nothing was charged).
     """
 
     request_id: str
@@ -72,6 +75,7 @@ class Settlement:
     usage: Mapping[str, int]
     covers: int = 1
     summed: bool = False
+    rows: tuple[UsageRow, ...] = ()
 
 
 @dataclass(slots=True)
@@ -84,6 +88,7 @@ class _Sum:
     tokens: int = 0
     usage: dict[str, int] = dataclasses.field(default_factory=dict)
     count: int = 0
+    rows: dict[tuple[str, str, str], list[int]] = dataclasses.field(default_factory=dict)
 
     def settlement(self, linger: bool = False) -> Settlement:
         """One settle of it all: the sums as a reservation given back whole (``used_tokens`` None);
@@ -91,7 +96,9 @@ class _Sum:
         whole = dataclasses.replace(
             self.reservation, requests=self.requests, tokens=self.tokens, linger=linger
         )
-        return Settlement(f"sum-{secrets.token_hex(12)}", whole, None, self.usage, self.count, summed=True)
+        rows = tuple(UsageRow(*at, *counts) for at, counts in self.rows.items())
+        sid = f"sum-{secrets.token_hex(12)}"
+        return Settlement(sid, whole, None, self.usage, self.count, summed=True, rows=rows)
 
 
 class Settler:
@@ -124,7 +131,11 @@ class Settler:
 
     async def _try(self, item: Settlement) -> None:
         await self._quota.settle(
-            item.reservation, item.used_tokens, item.usage, once=(item.request_id, self._once_s)
+            item.reservation,
+            item.used_tokens,
+            item.usage,
+            once=(item.request_id, self._once_s),
+            rows=item.rows,
         )
 
     async def settle(self, item: Settlement) -> SettleResult:
@@ -186,6 +197,14 @@ class Settler:
         for name, amount in item.usage.items():
             if amount:
                 usage[name] = usage.get(name, 0) + amount
+        rows = total.rows
+        for row in item.rows:
+            held = rows.get(row[:3])  # (day, key id, model)
+            if held is None:
+                rows[row[:3]] = list(row[3:])
+            else:
+                for i, count in enumerate(row[3:]):
+                    held[i] += count
         total.count += 1
 
     def _flush(self) -> None:

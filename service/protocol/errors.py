@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from service.errors import (
+    BudgetExhausted,
     FirstTokenTimeout,
     GatewayError,
     InvalidRequest,
@@ -39,6 +40,7 @@ _TYPE_BY_ERROR: tuple[tuple[type[GatewayError], str], ...] = (
     (Unauthenticated, "authentication_error"),
     (PermissionDenied, "permission_error"),
     (NotFound, "not_found_error"),
+    (BudgetExhausted, "insufficient_quota"),
     (RateLimited, "rate_limit_error"),
     (Overloaded, "service_unavailable"),
     (QueueTimeout, "service_unavailable"),

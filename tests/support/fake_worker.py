@@ -46,6 +46,7 @@ class FakeWorker:
         up: False makes ``/health`` answer 503 (a worker restarting).
         finish: the finish reason of a complete answer: ``"length"`` (default) or ``"stop"`` (an end of
             turn, as a model that answered in fewer tokens than allowed).
+        cached_tokens: the prompt tokens it reports as served from its prefix cache (0).
         poison: a marker; a ``/generate`` whose JSON body contains it answers 500 ``{"error": {"message":
             poison_message}}`` (health and other requests stay fine). None: off.
         poison_message: the text of that 500.
@@ -77,6 +78,7 @@ class FakeWorker:
         self.tokens = list(TOKENS)
         self.up = True
         self.finish = "length"
+        self.cached_tokens = 0
         self._running: dict[str, asyncio.Event] = {}  # rid -> set by /abort_request (non-streamed)
         self.poison: str | None = None
         self.poison_message = "boom"
@@ -125,7 +127,7 @@ class FakeWorker:
             "id": body.get("rid"),
             "prompt_tokens": len(body["input_ids"]) if "input_ids" in body else len(body["text"].split()),
             "completion_tokens": n,
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
             "finish_reason": reason if done else None,
         }
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from policies.billing_periods import utc_day
 from service.app import create_app
 from tenancy.concurrency import ConcurrencyLimiter, HeldSlot
 from tenancy.errors import TenantExistsError, TenantNotFoundError
@@ -60,6 +61,12 @@ def test_deleted_and_recreated_tenant_starts_clean(
         terms = {"quotas": {"requests_per_min": 3, "tokens_per_min": 1000}, "max_concurrent_requests": 1}
         key = http.post(f"/admin/tenants/{tenant_id}/keys", json=terms, headers=ADMIN).json()
         headers = auth(key["api_key"])
+        # budgets of its own and of the key (their spend by period), and usage by day (issue 30's cost)
+        budget = {"period": "day", "hard_limit_usd": 100}
+        assert http.put(f"/admin/tenants/{tenant_id}/budget", json=budget, headers=ADMIN).is_success
+        key_budget = {"period": "month", "soft_limit_usd": 5}
+        key_path = f"/admin/tenants/{tenant_id}/keys/{key['key_id']}/budget"
+        assert http.put(key_path, json=key_budget, headers=ADMIN).is_success
         statuses = [
             http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=headers).status_code
             for _ in range(2)
@@ -76,11 +83,17 @@ def test_deleted_and_recreated_tenant_starts_clean(
             assert refused.json()["error"]["code"] == "concurrency_limit_exceeded"
             owned = keys_of(r, tenant_id, [key["key_id"]])
             assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
+            today = utc_day(time.time()).isoformat()
             assert {
                 f"bucket:{tenant_id}:model:{MODEL}:tokens",
                 f"bucket:{tenant_id}:key:{key['key_id']}:tokens",
                 f"slots:{tenant_id}",
                 f"slots:{tenant_id}:key:{key['key_id']}",
+                f"budgets:{tenant_id}",
+                f"spend:{tenant_id}:tenant:{today}",
+                f"spend:{tenant_id}:key:{key['key_id']}:{today[:7]}",
+                f"usage:{tenant_id}:day:{today}",
+                f"tenant:{tenant_id}:billing",
             } <= {k.removeprefix(prefix) for k in owned}, owned
             # the model's entry removed: its buckets live on until they refill, and go with the tenant too
             assert http.patch(

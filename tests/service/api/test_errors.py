@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from service.api.errors import http_status, to_api_error, validation_error
 from service.errors import (
+    BudgetExhausted,
     GatewayError,
     InvalidRequest,
     NotFound,
@@ -35,6 +36,7 @@ from service.protocol.errors import error_type, sse_error_event
         (NotFound("gone", code="model_not_found"), 404, "model_not_found", None),
         (RequestTooLarge("big"), 413, "request_too_large", None),
         (RateLimited("slow down", retry_after_s=2.2), 429, "rate_limit_exceeded", "3"),
+        (BudgetExhausted("spent", retry_after_s=3600), 429, "insufficient_quota", "3600"),
         (Overloaded("busy", "predicted_ttft", 0.2), 503, "overloaded", "1"),
         (QueueTimeout("late", retry_after_s=1.0), 503, "queue_timeout", "1"),
         (NoWorkerAvailable("none", retry_after_s=1.0), 503, "no_worker_available", "1"),
@@ -52,6 +54,8 @@ def test_each_domain_error_has_one_status_and_shape(
     assert (api.status, body["code"], body["message"]) == (status, code, error.message)
     assert body["param"] == error.param
     assert api.headers.get("Retry-After") == retry_after
+    # a spent budget does not come back by retrying: the openai client reads x-should-retry first
+    assert api.headers.get("x-should-retry") == ("false" if isinstance(error, BudgetExhausted) else None)
 
 
 def _every_error_class(kind: type[GatewayError] = GatewayError) -> set[type[GatewayError]]:
@@ -61,6 +65,8 @@ def _every_error_class(kind: type[GatewayError] = GatewayError) -> set[type[Gate
 STATUS_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
 STATUS_TYPE |= {404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 STATUS_TYPE |= {500: "server_error", 502: "upstream_error", 503: "service_unavailable"}
+OWN_TYPE = {BudgetExhausted: "insufficient_quota"}
+"""Errors whose type is not their status's: OpenAI answers a spent quota with 429, insufficient_quota."""
 
 
 @pytest.mark.parametrize("transport", [True, False])
@@ -75,7 +81,7 @@ def test_a_domain_error_s_type_without_http_matches_its_status(transport: bool) 
         else:
             error = kind("x")
         status = http_status(error)
-        assert error_type(error) == STATUS_TYPE[status], kind
+        assert error_type(error) == OWN_TYPE.get(kind, STATUS_TYPE[status]), kind
         assert to_api_error(error).body()["error"]["type"] == error_type(error)
         assert sse_error_event(error) == to_api_error(error).sse_event()
 
