@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -115,13 +116,15 @@ def slope_per_min(samples: list[tuple[float, float]], after_s: float) -> float:
 
 
 def gateway_pids(parent: int) -> list[int]:
-    """The gateway's worker processes: the children of its parent (uvicorn's supervisor), or the parent
-    when it serves alone."""
+    """The gateway's worker processes: the children of its parent (uvicorn's supervisor) that serve, not
+    multiprocessing's resource tracker; the parent when it serves alone."""
+    pids = []
     with contextlib.suppress(OSError):
-        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        if children:
-            return [int(pid) for pid in children]
-    return [parent]
+        for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"resource_tracker" not in Path(f"/proc/{child}/cmdline").read_bytes():
+                    pids.append(int(child))
+    return pids or [parent]
 
 
 def rss_mb(pid: int) -> float:
@@ -299,19 +302,20 @@ def run_soak(
             stack.restart_redis(down_s)
             figures.redis_restarts += 1
 
-        async def sampler(start: float, stop: asyncio.Event, client: httpx.AsyncClient) -> None:
-            while not stop.is_set():
-                at = round(time.monotonic() - start, 1)
-                for pid in gateway_pids(parent):
-                    with contextlib.suppress(OSError):
-                        figures.rss_mb.setdefault(str(pid), []).append((at, round(rss_mb(pid), 2)))
-                        figures.fds.setdefault(str(pid), []).append((at, open_fds(pid)))
-                with contextlib.suppress(httpx.HTTPError):
-                    tasks = loop_tasks((await client.get("/metrics", timeout=5)).text)
-                    if tasks is not None:
-                        figures.tasks.append((at, tasks))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), sample_every_s)
+        def sampler(start: float, stop: threading.Event) -> None:
+            """In a thread of its own: the load's event loop is busy, and samples must keep their period."""
+            with httpx.Client(base_url=stack.url, timeout=5) as client:
+                while not stop.is_set():
+                    at = round(time.monotonic() - start, 1)
+                    for pid in gateway_pids(parent):
+                        with contextlib.suppress(OSError):
+                            figures.rss_mb.setdefault(str(pid), []).append((at, round(rss_mb(pid), 2)))
+                            figures.fds.setdefault(str(pid), []).append((at, open_fds(pid)))
+                    with contextlib.suppress(httpx.HTTPError):
+                        tasks = loop_tasks(client.get("/metrics").text)
+                        if tasks is not None:
+                            figures.tasks.append((at, tasks))
+                    stop.wait(sample_every_s)
 
         async def run() -> None:
             concurrency = window * workers * processes
@@ -320,14 +324,16 @@ def run_soak(
             limits = httpx.Limits(
                 max_connections=1024, max_keepalive_connections=128, keepalive_expiry=KEEPALIVE_EXPIRY_S
             )
-            stop, sending_ended = asyncio.Event(), asyncio.Event()
+            sending_ended = asyncio.Event()
             async with httpx.AsyncClient(base_url=stack.url, timeout=120, limits=limits) as client:
                 start = time.monotonic()
                 side = [
                     asyncio.create_task(every(kill_every_s, sending_ended, kill)),
                     asyncio.create_task(every(redis_every_s, sending_ended, restart)),
-                    asyncio.create_task(sampler(start, stop, client)),
                 ]
+                sampling_stop = threading.Event()
+                sampling = threading.Thread(target=sampler, args=(start, sampling_stop), daemon=True)
+                sampling.start()
                 names = sorted(keys)
                 streams: set[asyncio.Task[None]] = set()
                 i = 0
@@ -345,8 +351,9 @@ def run_soak(
                 sending_ended.set()  # no fault begins after the last arrival (one under way finishes)
                 await asyncio.gather(*streams)
                 figures.duration_s = round(time.monotonic() - start, 1)
-                stop.set()
                 await asyncio.gather(*side)
+                sampling_stop.set()
+                await asyncio.to_thread(sampling.join)
 
         asyncio.run(run())
         deadline = time.monotonic() + 30  # settles held back by the last Redis restart land

@@ -119,10 +119,20 @@ class RedisSettings(BaseModel):
         "small quotas, which lease nothing, settle at once.",
     )
     settle_retries: int = Field(
-        8,
+        1000,
         ge=0,
-        description="Background retries of a served request's settle (charge and usage) that failed on the "
-        "response path because Redis was exhausted or slow; after the last it is counted lost.",
+        le=100_000,
+        description="Most background retries of a served request's settle (charge and usage) that failed on "
+        "the response path because Redis was unavailable; with settle_give_up_s, whichever ends first; then "
+        "it is counted lost (0: no retry).",
+    )
+    settle_give_up_s: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description="How long a served request's settle is retried while Redis is unavailable, s, from its "
+        "first failure (a Redis restart or failover of up to this long loses no charge); then it is "
+        "counted lost.",
     )
     settle_backoff_s: float = Field(
         0.1, gt=0, description="Base of the jittered exponential backoff between settle retries, s."
@@ -143,13 +153,16 @@ class RedisSettings(BaseModel):
 
     @property
     def settle_window_s(self) -> float:
-        """Longest time from a request's first settle try to its last retry, s: every backoff at its cap
-        and every try waiting out the pool and the socket timeouts."""
+        """Longest time from a request's first settle try to the end of its last retry, s: every backoff at
+        its cap and every try waiting out the pool and the socket timeouts, or the give-up time plus the
+        backoff and the try that began before it, whichever is shorter."""
+        per_try = self.pool_timeout_s + self.socket_timeout_s
         backoffs = sum(
             min(self.settle_backoff_max_s, self.settle_backoff_s * (1 << min(k, 30)))
-            for k in range(self.settle_retries)
+            for k in range(min(self.settle_retries, 10_000))
         )
-        return backoffs + (self.settle_retries + 1) * (self.pool_timeout_s + self.socket_timeout_s)
+        by_count = backoffs + (self.settle_retries + 1) * per_try
+        return min(by_count, self.settle_give_up_s + self.settle_backoff_max_s + 2 * per_try)
 
     @property
     def settle_marker_ttl_s(self) -> int:

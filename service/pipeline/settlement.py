@@ -5,10 +5,14 @@ usage and add the usage counters, one atomic Lua call) is tried once: a failed r
 is sent, a served answer's in a task of its own started as the answer goes out (:meth:`Settler.start`), so
 the answer never waits for Redis. When Redis is
 unavailable then (its connection pool stayed exhausted under a burst, a reply timed out), the settle is
-handed to a small set of background retries owned by the app: up to ``redis.settle_retries`` more tries,
-each after a "full jitter" exponential backoff (AWS Architecture Blog, "Exponential Backoff and Jitter",
-2015) between 0 and ``min(settle_backoff_max_s, settle_backoff_s * 2**k)``. The answer is never held back
-for them. At shutdown the retries still pending get ``redis.settle_drain_s`` to land, without backoff.
+handed to a small set of background retries owned by the app: more tries, for ``redis.settle_give_up_s``
+(60 s) from the first failure and at most ``redis.settle_retries``, each after a "full jitter" exponential
+backoff (AWS Architecture Blog, "Exponential Backoff and Jitter", 2015) between 0 and
+``min(settle_backoff_max_s, settle_backoff_s * 2**k)``. Bounded by time, not by a count alone: against a
+Redis that refuses connections at once (restarting), 8 tries with full jitter were spent in about 3 s, and
+the soak's 3-second restart lost a served request's charge (``tests/loadgen/test_soak.py``). The answer is
+never held back for them. At shutdown the retries still pending get ``redis.settle_drain_s`` to land,
+without backoff.
 
 A settle whose first try timed out may still have been applied by Redis; every settle therefore carries
 its request id and writes a marker (``settled:<request id>``, :meth:`tenancy.layout.KeyLayout.settled`)
@@ -271,8 +275,12 @@ class Settler:
 
     async def _retry(self, item: Settlement) -> None:
         attempts = 1
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._cfg.settle_give_up_s
         try:
             for retry in range(self._cfg.settle_retries):
+                if retry and loop.time() >= give_up_at:
+                    break
                 await self._pause(retry)
                 attempts += 1
                 try:

@@ -114,6 +114,41 @@ async def test_retries_spent_are_counted_lost_and_nothing_lands(one_connection: 
     assert (await UsageRecorder(one_connection, "s:").get("t")).requests == 0
 
 
+async def test_retries_go_on_for_the_give_up_time_not_a_count(one_connection: aioredis.Redis) -> None:
+    """Against an unavailable Redis each try fails at once: a count of retries with jittered backoffs of
+    20-50 ms is spent in a fraction of a second, while the give-up time holds the settle for as long as
+    it says (0.6 s here), then counts it lost; within it, Redis back, the settle lands."""
+    settler, _, metrics = settler_on(one_connection, settle_give_up_s=0.6)
+    conn = await one_connection.connection_pool.get_connection()
+    started = asyncio.get_running_loop().time()
+    item = Settlement("r-give-up", Reservation("t", QUOTAS, 1, 20), 10, SERVED)
+    assert await settler.settle(item) == "deferred"
+    await asyncio.sleep(0.3)  # more than 8 retries' worth of backoff: still retrying
+    assert settler.pending == 1 and value(metrics, "radixgate_settle_failures_total") == 0
+    for _ in range(200):
+        if not settler.pending:
+            break
+        await asyncio.sleep(0.01)
+    took = asyncio.get_running_loop().time() - started
+    assert settler.pending == 0 and value(metrics, "radixgate_settle_failures_total") == 1
+    assert 0.6 <= took < 2.0
+    await one_connection.connection_pool.release(conn)
+    landing, _, _ = settler_on(one_connection, settle_give_up_s=5)
+    held = await one_connection.connection_pool.get_connection()
+    assert (
+        await landing.settle(Settlement("r-lands", Reservation("t", QUOTAS, 1, 20), 10, SERVED)) == "deferred"
+    )
+    await asyncio.sleep(0.5)
+    await one_connection.connection_pool.release(held)  # Redis "back" within the give-up time
+    for _ in range(200):
+        if not landing.pending:
+            break
+        await asyncio.sleep(0.01)
+    assert (await UsageRecorder(one_connection, "s:").get("t")).requests == 1
+    await landing.drain()
+    await settler.drain()
+
+
 async def test_drain_lands_pending_settles_without_backoff_and_counts_the_rest(
     one_connection: aioredis.Redis,
 ) -> None:
