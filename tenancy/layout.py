@@ -137,20 +137,53 @@ class KeyLayout:
         """Model id -> JSON price set by an admin."""
         return f"{self.prefix}prices"
 
+    def once(self, call_id: str) -> str:
+        """``P once:<call id>``: the reply of one script call (:func:`lua` with ``once``), kept seconds; no
+        tenant id in it, so it is nothing a tenant's deletion must find."""
+        return f"{self.prefix}once:{call_id}"
+
     def settled(self, request_id: str) -> str:
         """Marker of a request whose settle landed (``settle.lua``; expires, owned by no tenant)."""
         return f"{self.prefix}settled:{request_id}"
 
 
-def lua(name: str, guarded: bool = False, buckets: bool = False, billing: bool = False) -> str:
+ONCE_CALL = """
+-- once: KEYS[1] this call's marker, ARGV[1] its lifetime (ms); the script's own keys and arguments follow.
+-- A call sent again (redis-py retries a command whose reply a broken connection cut off, after Redis may
+-- have run it) finds the marker and gets the first run's reply, changing nothing.
+local once_key, once_ttl = KEYS[1], ARGV[1]
+local seen = redis.call('GET', once_key)
+if seen then
+  return cjson.decode(seen)
+end
+local once_out = once_body({unpack(KEYS, 2)}, {unpack(ARGV, 2)})
+redis.call('SET', once_key, cjson.encode(once_out), 'PX', once_ttl)
+return once_out
+"""
+"""The end of a script made with ``once=True`` (:func:`lua`)."""
+
+
+def lua(
+    name: str, guarded: bool = False, buckets: bool = False, billing: bool = False, once: bool = False
+) -> str:
     """The text of ``tenancy/<name>``, after the tenant guard (``tenant_guard.lua``) when ``guarded``, the
     token-bucket steps (``bucket_lib.lua``) when ``buckets`` and the money steps (``billing_lib.lua``)
-    when ``billing``."""
+    when ``billing``.
+
+    ``once``: the script runs at most once per call: its body becomes a function of its keys and
+    arguments, called behind a marker (:data:`ONCE_CALL`; the caller puts the marker's key first in
+    ``KEYS`` and its lifetime in ms first in ``ARGV``, :meth:`KeyLayout.once`), so that a call Redis ran
+    and whose reply was lost is not run twice when the client sends it again (the idempotency key of
+    Stripe's API, per call). The script's replies must be JSON-encodable (numbers, strings, arrays)."""
     files = resources.files("tenancy")
     parts = [files.joinpath("tenant_guard.lua").read_text()] if guarded else []
     if buckets:
         parts.append(files.joinpath("bucket_lib.lua").read_text())
     if billing:
         parts.append(files.joinpath("billing_lib.lua").read_text())
-    parts.append(files.joinpath(name).read_text())
+    body = files.joinpath(name).read_text()
+    if once:
+        parts += ["local function once_body(KEYS, ARGV)", body, "end", ONCE_CALL]
+    else:
+        parts.append(body)
     return "\n".join(parts)

@@ -18,6 +18,7 @@ leave a bucket behind, nor charge or refund a re-created tenant of the same id.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,10 @@ from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untime
 from tenancy.layout import BucketName, KeyLayout, ScopeKind, lua
 from tenancy.models import USAGE_FIELDS, BucketLimits, Quotas
 from tenancy.script_batch import ScriptBatcher
+
+ONCE_TTL_MS = 10_000
+"""How long a reservation's reply is kept for a call sent again, ms: past redis-py's one immediate retry of
+a call whose reply was cut (each try bounded by ``redis.socket_timeout_s``, 2 s), with room."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +184,7 @@ class QuotaLimiter:
     ) -> None:
         self._layout = KeyLayout(prefix)
         self._script = redis.register_script(
-            lua("token_bucket.lua", guarded=True, buckets=True, billing=True)
+            lua("token_bucket.lua", guarded=True, buckets=True, billing=True, once=True)
         )
         self._settle = redis.register_script(lua("settle.lua", guarded=True, buckets=True, billing=True))
         self._batch = ScriptBatcher(redis)  # concurrent requests' scripts share a pipeline
@@ -230,8 +235,11 @@ class QuotaLimiter:
         operation: str = "QuotaLimiter.reserve",
         extra_keys: Sequence[str] = (),
     ) -> list[str | int]:
-        keys = [self._layout.tenant(tenant_id), *(b.key for b in buckets), *extra_keys]
+        # the call's marker first (lua(once=True)): a call redis-py sends again after a cut reply runs once
+        once = self._layout.once(secrets.token_hex(8))
+        keys = [once, self._layout.tenant(tenant_id), *(b.key for b in buckets), *extra_keys]
         args: list[str | float] = [
+            ONCE_TTL_MS,
             "" if now_ms is None else repr(float(now_ms)),
             mode,
             "0" if epoch is None else "1",

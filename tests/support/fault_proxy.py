@@ -59,6 +59,13 @@ class FaultProxy:
             return f"127.0.0.1:{self.port}"
         return f"{self._scheme}://127.0.0.1:{self.port}{self._path.rstrip('/')}"
 
+    @property
+    def target_url(self) -> str:
+        """The target's own address, in the form the proxy was given."""
+        if self._scheme == "tcp":
+            return f"{self.target_host}:{self.target_port}"
+        return f"{self._scheme}://{self.target_host}:{self.target_port}{self._path.rstrip('/')}"
+
     def clear(self) -> None:
         """No fault from now on (counters kept)."""
         self.latency_s = self.jitter_s = 0.0

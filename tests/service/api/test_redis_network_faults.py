@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.service.api.test_api import ADMIN, auth, chat, new_tenant, usage_of
 from tests.service.api.test_store_unavailable import (
@@ -29,6 +30,9 @@ from tests.service.api.test_store_unavailable import (
 from tests.support.fake_worker import FakeWorker
 from tests.support.fault_proxy import FaultProxy
 from tests.support.servers import ThreadedServer
+
+LEDGER = {"requests_per_min": 0.001, "request_burst": 100_000, "tokens_per_min": 0.001, "token_burst": 10**7}
+"""Buckets that never refuse here and refill next to nothing: what is left shows what was charged."""
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +90,7 @@ def test_connections_reset_mid_reply_give_answers_or_clean_503s_and_a_balanced_l
     never a 500; the usage counts exactly what was answered, and a 503 is charged nothing."""
     settings = settings_for(proxy.url, stub_model_dir, fake[1], "rnf-reset:")
     with gateway_client(settings) as http:
-        tenant_id, key = new_tenant(http, quotas=HUGE)
+        tenant_id, key = new_tenant(http, quotas=LEDGER)
         proxy.reset_after_bytes = 1500
         answers = [ask(http, key, max_tokens=2) for _ in range(60)]
         resets = proxy.resets
@@ -99,6 +103,15 @@ def test_connections_reset_mid_reply_give_answers_or_clean_503s_and_a_balanced_l
         served = served_tokens(answers)
         usage = wait_for_usage(http, tenant_id, served[0])
         assert (usage["requests"], usage["completion_tokens"]) == served
+        # the buckets (no refill to speak of) were charged once per answer, settled to what it used: a
+        # take whose reply was cut and which redis-py sent again was not taken twice
+        with redis.Redis.from_url(proxy.target_url, decode_responses=True) as r:
+            levels = {
+                b: float(r.hget(f"rnf-reset:bucket:{tenant_id}:{b}", "level")) for b in ("requests", "tokens")
+            }
+        assert levels["requests"] == pytest.approx(LEDGER["request_burst"] - served[0], abs=0.01)
+        spent = usage["prompt_tokens"] + usage["completion_tokens"]
+        assert levels["tokens"] == pytest.approx(LEDGER["token_burst"] - spent, abs=0.01), spent
 
 
 def test_a_black_holed_redis_gives_503_within_the_socket_timeout_and_recovers_with_the_ledger_whole(
