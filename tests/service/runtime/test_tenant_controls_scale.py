@@ -8,9 +8,15 @@
 - Per-model and per-key buckets: 5 tenants have a model bucket of burst 15 and 5 tenants a key with its own
   bucket of burst 12 (refill 1 request/min: under one more in the test's time); neither has a cap, so every
   request reaches the bucket and each admits exactly its burst.
-- Every answer is a 200 stream read to its end or a 429 (``concurrency_limit_exceeded`` or the bucket's
-  ``rate_limit_exceeded``): no 5xx. Nothing is charged for a refusal: each tenant's usage counts exactly the
-  streams it was answered, and its completion tokens are the tokens they carried.
+- Budgets: 5 of the capped tenants (caps 10 to 50) also have a daily budget whose hard limit holds 5.5
+  streams' worst-case cost (the model priced on output tokens only: a stream's worst case is its cost). The
+  hard limit is reserved at admission in the same atomic call as the buckets, so each admits exactly 5 of
+  its 40 concurrent streams across the four processes, its spend is their cost, under the limit, and
+  nothing is left in flight once they end.
+- Every answer is a 200 stream read to its end or a 429 (``concurrency_limit_exceeded``, the bucket's
+  ``rate_limit_exceeded`` or a budget's ``insufficient_quota``): no 5xx. Nothing is charged for a refusal:
+  each tenant's usage counts exactly the streams it was answered, and its completion tokens are the tokens
+  they carried.
 
 The figures (streams admitted and refused, each cap's peak, the wall time) are printed.
 """
@@ -36,6 +42,10 @@ STREAMS_PER_TENANT = 40  # 2,000 in all
 CAPPED = 40  # tenants 0..39: caps of 10, 20, 30, 40, 50 in turn
 MODEL_BURST, KEY_BURST = 15, 12  # tenants 40..44 and 45..49
 LARGE = {"requests_per_min": 1e6, "tokens_per_min": 1e9}
+BUDGETED = 5  # tenants 0..4 (caps 10..50): a daily budget of 5.5 streams' cost
+OUTPUT_USD_PER_MTOK = 1  # a stream of 8 tokens costs 8e-6 USD (input free: its worst case is its cost)
+STREAM_PICOS = len(TOKENS) * OUTPUT_USD_PER_MTOK * 10**6
+BUDGET_STREAMS = 5
 
 
 def marker(tenant: int) -> str:
@@ -104,7 +114,9 @@ def test_four_processes_fifty_tenants_two_thousand_streams_hold_every_cap_and_bu
         worker.markers.extend(marker(t) for t in range(TENANTS))
         env = gateway_env(redis_url, stub_model_dir, worker.url, port, PROCESSES, "scale30:")
         # one worker with room for every stream: the caps and buckets refuse, not the windows or queues
+        price = {"input_per_mtok": 0, "output_per_mtok": OUTPUT_USD_PER_MTOK}
         env |= {
+            "RADIXGATE_PRICING__MODELS": json.dumps({MODEL: price}),
             "RADIXGATE_SCHEDULER__WINDOW_MODE": "fixed",
             "RADIXGATE_SCHEDULER__WINDOW_INITIAL": "2048",
             "RADIXGATE_SCHEDULER__WINDOW_MAX": "2048",
@@ -123,16 +135,29 @@ def test_four_processes_fifty_tenants_two_thousand_streams_hold_every_cap_and_bu
                         terms = {"quotas": {"requests_per_min": 1, "request_burst": KEY_BURST}}
                     issued = admin.post(f"/admin/tenants/{body['id']}/keys", json=terms).json()
                     keys[t], key_ids[t] = issued["api_key"], issued["key_id"]
+                    if t < BUDGETED:
+                        hard = (BUDGET_STREAMS + 0.5) * STREAM_PICOS / 10**12
+                        budget = {"period": "day", "hard_limit_usd": hard}
+                        assert admin.put(f"/admin/tenants/{body['id']}/budget", json=budget).is_success
             started = time.monotonic()
             answers = asyncio.run(send_all(base, keys))
             took = time.monotonic() - started
             with httpx.Client(base_url=base, timeout=30, headers=ADMIN) as admin:
                 usage = {t: admin.get(f"/admin/tenants/scale-{t:02d}/usage").json() for t in range(TENANTS)}
+                spend = {
+                    t: admin.get(f"/admin/tenants/scale-{t:02d}/budget").json()["spend"]
+                    for t in range(BUDGETED)
+                }
         finally:
             server.close()
 
     statuses = Counter((status, code) for _, status, code, _ in answers)
-    assert set(statuses) <= {(200, ""), (429, "concurrency_limit_exceeded"), (429, "rate_limit_exceeded")}
+    assert set(statuses) <= {
+        (200, ""),
+        (429, "concurrency_limit_exceeded"),
+        (429, "rate_limit_exceeded"),
+        (429, "insufficient_quota"),
+    }
     peaks = {t: worker.peak_in_flight[marker(t)] for t in range(TENANTS)}
     served = Counter(t for t, status, _, _ in answers if status == 200)
     for t in range(TENANTS):
@@ -140,7 +165,12 @@ def test_four_processes_fifty_tenants_two_thousand_streams_hold_every_cap_and_bu
         if cap is not None:
             assert 0 < peaks[t] <= cap, (t, cap, peaks[t])
             # a refusal at the cap means ``cap`` slots were held, each by a stream that was then served
-            assert served[t] >= min(cap, STREAMS_PER_TENANT), (t, cap, served[t])
+            assert served[t] >= min(cap, STREAMS_PER_TENANT, BUDGET_STREAMS if t < BUDGETED else cap), t
+        if t < BUDGETED:  # the budget's hard limit admits exactly the streams whose worst case fits
+            assert served[t] == BUDGET_STREAMS, (t, served[t])
+            assert spend[t]["spent_picodollars"] == served[t] * STREAM_PICOS == usage[t]["cost_picodollars"]
+            assert spend[t]["spent_picodollars"] <= (BUDGET_STREAMS + 0.5) * STREAM_PICOS
+            assert spend[t]["in_flight_usd"] == 0  # every reservation settled at its real cost
         # every 200 was a whole stream, and usage counts exactly what was served
         tokens = sum(n for u, status, _, n in answers if u == t and status == 200)
         assert tokens == served[t] * len(TOKENS), t
@@ -156,5 +186,6 @@ def test_four_processes_fifty_tenants_two_thousand_streams_hold_every_cap_and_bu
         f"\n{len(answers)} streams over {PROCESSES} processes in {took:.1f} s: {dict(statuses)}; "
         f"{at_cap} of {CAPPED} capped tenants reached their cap at the worker, none passed it; "
         f"model buckets admitted {[served[t] for t in range(CAPPED, CAPPED + 5)]} (burst {MODEL_BURST}), "
-        f"key buckets {[served[t] for t in range(CAPPED + 5, TENANTS)]} (burst {KEY_BURST})"
+        f"key buckets {[served[t] for t in range(CAPPED + 5, TENANTS)]} (burst {KEY_BURST}), "
+        f"budgets {[served[t] for t in range(BUDGETED)]} (room for {BUDGET_STREAMS}.5 streams)"
     )
