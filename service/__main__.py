@@ -151,13 +151,18 @@ def serve(config: Path | None = CONFIG_OPTION) -> None:
             settings.shutdown.drain_timeout_s + settings.shutdown.end_timeout_s + KEEP_ALIVE_S + 1
         ),
     }
+    sec = settings.security  # the operator endpoints' own port (service/api/operator_access.py)
+    if sec.operator_port == settings.port:
+        typer.echo("invalid setting RADIXGATE_SECURITY__OPERATOR_PORT: it is RADIXGATE_PORT too", err=True)
+        raise typer.Exit(2)
+    operator = None if sec.operator_port is None else (sec.operator_host, sec.operator_port)
     if settings.workers == 1:
-        raise typer.Exit(serve_one(create_app(settings), options))
+        raise typer.Exit(serve_one(create_app(settings), options, operator))
     else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
         configure_logging(settings.observability.log_level)
         if config is not None:  # each process reads its settings again, the file too
             os.environ[CONFIG_FILE_ENV] = str(config.resolve())
-        serve_processes(settings.workers, options, os.environ)
+        serve_processes(settings.workers, options, os.environ, operator)
 
 
 @cli.command()
