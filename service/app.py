@@ -24,6 +24,7 @@ from service.api import (
     health_routes,
     openai_routes,
 )
+from service.api.admin_audit import AdminAuditLog
 from service.api.deps import new_request_id
 from service.api.errors import http_status, install_error_handlers, response_for
 from service.api.openai_routes import COMPLETION_ROUTES
@@ -481,5 +482,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_body_schemas(
         app, [*admin_routes.ADMIN_BODY_MODELS, *admin_keys.ADMIN_BODY_MODELS], suffix=ADMIN_SUFFIX
     )
+    app.add_middleware(AdminAuditLog, admin_token=settings.admin_token.get_secret_value())  # inside the ids
     app.add_middleware(RequestIdMiddleware)
     return app
