@@ -27,6 +27,7 @@ from service.api import (
 from service.api.admin_audit import AdminAuditLog
 from service.api.deps import new_request_id
 from service.api.errors import http_status, install_error_handlers, response_for
+from service.api.key_guessing import BadKeyThrottle
 from service.api.openai_routes import COMPLETION_ROUTES
 from service.api.openapi_bodies import ADMIN_SUFFIX, install_body_schemas
 from service.api.operator_access import OperatorPorts, operator_ports
@@ -461,6 +462,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan, redirect_slashes=False)
     app.state.settings = settings
     app.operator = operator_ports(settings)
+    app.state.bad_keys = BadKeyThrottle(settings.security)  # service/api/key_guessing.py
     obs = settings.observability
     app.state.metrics = GatewayMetrics(
         CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir, obs.engine_scrape_s

@@ -65,6 +65,14 @@ class SecuritySettings(BaseModel):
         "dropped first: a dropped address starts again with a full burst).",
     )
 
+    client_address_header: str = Field(
+        "",
+        max_length=64,
+        description="Request header that carries the client's address (X-Real-IP, or X-Forwarded-For: its "
+        "last entry) for the bad-key throttle, set by the proxy in front; only when every request comes "
+        "through it (a client could send it itself otherwise). Empty: the TCP peer's address.",
+    )
+
     @field_validator("metrics_token")
     @classmethod
     def _metrics_token_length(cls, value: SecretStr) -> SecretStr:

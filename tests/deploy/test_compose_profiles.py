@@ -78,6 +78,9 @@ def test_redis_persists_and_the_balancer_and_prometheus_know_both_gateways() -> 
         # clients through the balancer to the API port; Prometheus to the operator port (/metrics is there)
         assert f"server {gateway}:{port}" in nginx and f"{gateway}:{operator}" in prometheus
         assert f"{gateway}:{operator}" not in nginx and f"{gateway}:{port}" not in prometheus
+        # the bad-key throttle counts each client, not the balancer: nginx names the client in that header
+        header = env["RADIXGATE_SECURITY__CLIENT_ADDRESS_HEADER"]
+        assert f"proxy_set_header {header} $remote_addr;" in nginx
     assert "proxy_buffering off" in nginx  # streams pass through as they are written
     for mount in data["services"]["lb"]["volumes"] + data["services"]["prometheus"]["volumes"]:
         source = mount.split(":")[0]
