@@ -28,7 +28,7 @@ lint: setup
 	.venv/bin/mypy
 
 unit: setup       ## tests that need no engine (Redis is started by the fixtures)
-	$(PY) -m pytest -q -m "not engine"
+	$(PY) -m pytest -q -m "not engine and not deep_fuzz and not soak"
 
 test: setup engine lint  ## everything CI runs
 	$(PY) -m pytest -q -ra --durations=25

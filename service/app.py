@@ -265,7 +265,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if obs.loop_lag_interval_s:
             background.append(
                 asyncio.create_task(
-                    watch_loop_lag(metrics.runtime.loop_lag, obs.loop_lag_interval_s), name="loop-lag"
+                    watch_loop_lag(
+                        metrics.runtime.loop_lag, obs.loop_lag_interval_s, tasks=metrics.runtime.tasks
+                    ),
+                    name="loop-lag",
                 )
             )
         if obs.engine_scrape_s:

@@ -99,6 +99,12 @@ class DiscoverySettings(BaseModel):
         description="Nameserver to ask, an IP address, IPV4:PORT or [IPV6]:PORT (port 53 when none is "
         "given; unset: the system's resolver, /etc/resolv.conf).",
     )
+    hosts_file: str | None = Field(
+        "/etc/hosts",
+        max_length=4096,
+        description="Hosts file read before DNS, as the system's resolver does (nsswitch 'files dns'): a "
+        "name listed there resolves to its addresses (e.g. localhost); null: DNS only.",
+    )
 
     @field_validator("dns_name")
     @classmethod

@@ -1,5 +1,6 @@
-"""The gateway process's own health: how late its event loop runs (``radixgate_event_loop_lag_seconds``) and
-how long each quota-store call takes (``radixgate_store_call_seconds{op}``).
+"""The gateway process's own health: how late its event loop runs (``radixgate_event_loop_lag_seconds``), how
+many tasks it holds (``radixgate_event_loop_tasks``) and how long each quota-store call takes
+(``radixgate_store_call_seconds{op}``).
 
 Event-loop lag: :func:`watch_loop_lag` sleeps ``interval_s`` over and over and observes by how much each
 sleep overran (``monotonic after - before - interval_s``, floored at 0): the time a callback that was ready
@@ -26,7 +27,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 LOOP_LAG_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -59,6 +60,13 @@ class RuntimeMetrics:
             buckets=STORE_CALL_BUCKETS_S,
             registry=registry,
         )
+        self.tasks = Gauge(
+            "radixgate_event_loop_tasks",
+            "asyncio tasks alive in the gateway's event loop (summed over its processes), sampled every "
+            "observability.loop_lag_interval_s: flat under steady load; growing, a leak.",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
         self._store_children: dict[str, Callable[[float], None]] = {}
 
     def observe_store_call(self, op: str, seconds: float) -> None:
@@ -70,14 +78,20 @@ class RuntimeMetrics:
 
 
 async def watch_loop_lag(
-    histogram: Histogram, interval_s: float, clock: Callable[[], float] = time.monotonic
+    histogram: Histogram,
+    interval_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    tasks: Gauge | None = None,
 ) -> None:
-    """Sleep ``interval_s`` s at a time until cancelled, observing each sleep's overrun in ``histogram``."""
+    """Sleep ``interval_s`` s at a time until cancelled, observing each sleep's overrun in ``histogram``,
+    and setting ``tasks`` (when given) to the number of the loop's tasks not done (``asyncio.all_tasks``)."""
     observe = histogram.observe
     while True:
         before = clock()
         await asyncio.sleep(interval_s)
         observe(max(0.0, clock() - before - interval_s))
+        if tasks is not None:
+            tasks.set(len(asyncio.all_tasks()))
 
 
 __all__ = [

@@ -1,7 +1,8 @@
 """Workers found from a DNS name and shared through the worker registry (``discovery.*``).
 
-Every replica resolves the name each ``discovery.interval_s`` (dnspython's asyncio resolver, the system's
-nameservers or ``discovery.nameserver``) and applies :func:`policies.worker_discovery.plan_discovery` to
+Every replica resolves the name each ``discovery.interval_s`` (the hosts file ``discovery.hosts_file``
+first, as the system's resolver does; then dnspython's asyncio resolver, the system's nameservers or
+``discovery.nameserver``) and applies :func:`policies.worker_discovery.plan_discovery` to
 the registry: found workers are registered for every replica (each replica's pool follows the registry
 within its sync period, :func:`service.workers.registry.sync_loop`), gone ones drained, then removed.
 Replicas doing the same lookups write the same entries, so the work is idempotent and needs no leader. A
@@ -18,6 +19,7 @@ import asyncio
 import ipaddress
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import dns.asyncresolver
 import dns.exception
@@ -98,6 +100,35 @@ async def lookup(resolver: dns.asyncresolver.Resolver, name: str) -> set[str]:
     return addresses
 
 
+def hosts_addresses(text: str, name: str) -> set[str]:
+    """The addresses a hosts file (``hosts(5)``: an address, then its names; ``#`` starts a comment) gives
+    ``name`` (matched without case or a final dot); empty when it does not list it. Lines whose first
+    field is not an IP address are skipped."""
+    wanted = name.removesuffix(".").lower()
+    addresses: set[str] = set()
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2 or wanted not in (n.removesuffix(".").lower() for n in fields[1:]):
+            continue
+        try:
+            addresses.add(str(ipaddress.ip_address(fields[0])))
+        except ValueError:
+            continue
+    return addresses
+
+
+async def read_hosts(path: str | None, name: str) -> set[str]:
+    """:func:`hosts_addresses` of the file at ``path`` (off the event loop); empty when ``path`` is None or
+    cannot be read."""
+    if path is None:
+        return set()
+    try:
+        text = await asyncio.to_thread(Path(path).read_text, errors="replace")
+    except OSError:
+        return set()
+    return hosts_addresses(text, name)
+
+
 def worker_urls(addresses: set[str], settings: DiscoverySettings) -> set[str]:
     """``scheme://address:port`` of each address (IPv6 in brackets)."""
     urls = set()
@@ -172,7 +203,10 @@ class DnsDiscovery:
         """One lookup and its changes to the registry; False when the lookup or Redis failed (nothing
         changed)."""
         try:
-            addresses = await lookup(self._resolver, self._name)
+            # the hosts file first, as the system's resolver reads it (dnspython does not)
+            addresses = await read_hosts(self._settings.hosts_file, self._name)
+            if not addresses:
+                addresses = await lookup(self._resolver, self._name)
         except LookupFailed as exc:
             self._now_in("failed", exc.reason, error=str(exc))
             return False
@@ -215,8 +249,10 @@ __all__ = [
     "DnsDiscovery",
     "LookupFailed",
     "NoRecords",
+    "hosts_addresses",
     "lookup",
     "make_resolver",
     "no_workers_hint",
+    "read_hosts",
     "worker_urls",
 ]

@@ -58,6 +58,41 @@ async def test_loop_lag_is_observed_when_the_loop_is_blocked() -> None:
     assert registry.get_sample_value(f"{lag}_sum") >= 0.25  # type: ignore[operator]
 
 
+def test_the_loops_tasks_are_counted_and_go_down_when_they_end() -> None:
+    """On a fresh event loop (the suite's session loop runs other tests' tasks, which come and go)."""
+    asyncio.run(_count_tasks())
+
+
+async def _count_tasks() -> None:
+    registry = CollectorRegistry()
+    metrics = RuntimeMetrics(registry)
+
+    def tasks() -> float:
+        return registry.get_sample_value("radixgate_event_loop_tasks") or 0.0
+
+    async def wait_until(condition: object) -> None:
+        for _ in range(500):
+            if condition():  # type: ignore[operator]
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not seen in 5 s")
+
+    watcher = asyncio.create_task(watch_loop_lag(metrics.loop_lag, 0.01, tasks=metrics.tasks))
+    try:
+        await wait_until(lambda: tasks() >= 1)
+        base = tasks()
+        release = asyncio.Event()
+        held = [asyncio.create_task(release.wait()) for _ in range(50)]
+        await wait_until(lambda: tasks() == base + 50)
+        release.set()
+        await asyncio.gather(*held)
+        await wait_until(lambda: tasks() == base)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 async def test_store_calls_are_timed_per_operation(redis_client: aioredis.Redis) -> None:
     registry = CollectorRegistry()
     metrics = RuntimeMetrics(registry)

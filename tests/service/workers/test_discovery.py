@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from service.app import create_app
 from service.config.discovery import DiscoverySettings
 from service.config.settings import Settings
-from service.workers.discovery import DnsDiscovery
+from service.workers.discovery import DnsDiscovery, hosts_addresses, read_hosts
 from service.workers.registry import WorkerRegistry
 from tests.conftest import ADMIN_TOKEN
 from tests.service.api.test_admin_workers import wait_for, workers
@@ -90,6 +90,44 @@ async def test_the_registry_follows_the_records(
     assert await first.sync()
     assert b not in await registry.entries()
     assert b not in await registry.discovered()
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "addresses"),
+    [
+        ("127.0.0.1 localhost\n::1 localhost ip6-localhost\n", "localhost", {"127.0.0.1", "::1"}),
+        ("10.0.0.5  gpu-1.lan gpu-1  # a comment\n", "GPU-1.", {"10.0.0.5"}),
+        ("# 10.0.0.9 commented\n10.0.0.8 other\n", "commented", set()),
+        ("not-an-ip workers\n10.0.0.7 workers\n", "workers", {"10.0.0.7"}),
+        ("10.0.0.6\n", "10.0.0.6", set()),  # an address without a name names nothing
+    ],
+)
+def test_the_hosts_file_is_read_as_the_system_reads_it(text: str, name: str, addresses: set[str]) -> None:
+    assert hosts_addresses(text, name) == addresses
+
+
+async def test_a_name_in_the_hosts_file_is_found_before_dns(
+    dns: tuple[RecordsResolver, str], registry: WorkerRegistry, tmp_path: Path
+) -> None:
+    """A name the hosts file lists (``localhost`` on every machine) resolves without DNS, which has no
+    record of it (dnspython alone answered NXDOMAIN for localhost, and drained every worker); a name it
+    does not list still goes to DNS, and ``hosts_file: null`` turns the file off."""
+    records, ns = dns
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n10.2.0.1 {NAME}\n")
+    records.set(NAME, ["10.1.0.1"])
+    assert await follower(ns, registry, Clock(), hosts_file=str(hosts)).sync()
+    assert await registry.entries() == {"http://10.2.0.1:30000": "active"}
+    hosts.write_text("127.0.0.1 localhost\n")
+    assert await follower(ns, registry, Clock(), hosts_file=str(hosts)).sync()
+    assert (await registry.entries())["http://10.1.0.1:30000"] == "active"
+    local = DiscoverySettings.model_validate({"dns_name": "localhost", "nameserver": ns, "timeout_s": 1})
+    no_file = DiscoverySettings.model_validate({**local.model_dump(), "hosts_file": None})
+    assert (await read_hosts(local.hosts_file, "localhost")) >= {"127.0.0.1"}  # the machine's /etc/hosts
+    found = DnsDiscovery(local, registry, Clock())
+    assert await found.sync() and found.state == ("resolved", "")
+    dns_only = DnsDiscovery(no_file, registry, Clock())
+    assert await dns_only.sync() and dns_only.state == ("no_records", "nxdomain")
 
 
 async def test_a_failed_lookup_changes_nothing_and_an_empty_answer_drains(
