@@ -8,8 +8,8 @@ answered), when (``timestamp``, ISO 8601 UTC, as every line; ``duration_ms``) an
 count: a wrong token's 403, a body's 400, a missing tenant's 404 are each one line.
 
 It is an ASGI middleware (:class:`AdminAuditLog`), so one line is written whatever answers: the route, a
-dependency's refusal (admin token, body) or an error handler; and exactly one, when the answer is sent, or
-once the app returns without one (a client that left: status 499).
+dependency's refusal (admin token, body) or an error handler; and exactly one, once the app returns: with
+the status it answered, 500 when it raised before answering, 499 when it was cancelled (the client left).
 """
 
 from __future__ import annotations
@@ -96,6 +96,10 @@ class AdminAuditLog:
 
         try:
             await self.app(scope, receive, watched)
+        except Exception:  # answered 500 by the server-error middleware outside this one
+            if status is None:
+                status = 500
+            raise
         finally:
             self._write(scope, status, bytes(body), time.perf_counter() - start)
 

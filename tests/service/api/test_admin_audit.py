@@ -191,3 +191,20 @@ async def test_the_line_as_written_has_the_time_and_never_the_token() -> None:
     assert line["target"] == {"tenant_id": "acme", "created": "k1"} and line["action"] == "unmatched"
     assert line["timestamp"].endswith("Z") and datetime.fromisoformat(line["timestamp"]).tzinfo is not None
     assert ADMIN_TOKEN not in out.getvalue() and "rg-secret" not in out.getvalue()
+
+
+async def test_a_crash_is_one_line_with_status_500() -> None:
+    async def crashing(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    scope = {"type": "http", "method": "DELETE", "path": "/admin/x", "headers": [], "query_string": b""}
+    with capture_logs() as logs, pytest.raises(RuntimeError):
+        await AdminAuditLog(crashing, ADMIN_TOKEN)(scope, receive, send)
+    (line,) = audit_lines(logs)
+    assert (line["status"], line["who"]) == (500, "none")
