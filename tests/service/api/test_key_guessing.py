@@ -5,6 +5,7 @@ addresses, and valid keys from them, are untouched."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +152,24 @@ def test_a_guesser_is_refused_before_its_guesses_cost_redis_reads(http: httpx.Cl
     ]
     assert [r.status_code for r in wrong] == [403] * 5 + [429] * 2
     assert http.get("/admin/tenants", headers={"X-Real-IP": "192.0.2.2"} | ADMIN).status_code == 200
+
+
+def test_the_rate_a_guesser_gets_with_the_defaults(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]
+) -> None:
+    """One client guessing as fast as it can for 6 s against the default throttle (burst 20, 0.5/s): 401s
+    (each one Redis read) = 20 + 0.5 x the time; everything else 429. Prints the figures (``pytest -s``)."""
+    app = create_app(gateway_settings(redis_url, stub_model_dir, [fake[1]]))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    statuses: dict[int, int] = {}
+    with ThreadedServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        started = time.monotonic()
+        n = 0
+        while (elapsed := time.monotonic() - started) < 6.0:
+            guess = {"Authorization": f"Bearer rg-{n:012x}." + "A" * 43}
+            status = http.post("/v1/chat/completions", json=body, headers=guess).status_code
+            statuses[status] = statuses.get(status, 0) + 1
+            n += 1
+    print(f"\n{n} guesses in {elapsed:.1f} s ({n / elapsed:.0f}/s): {statuses}")
+    assert set(statuses) <= {401, 429}
+    assert 20 + int(0.5 * elapsed) - 2 <= statuses[401] <= 20 + int(0.5 * elapsed) + 1
