@@ -5,6 +5,7 @@ token), ``/metrics`` (tenant ids in its labels) asks for ``security.metrics_toke
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 from service.app import create_app
 from service.config.security import SecuritySettings
 from service.config.settings import Settings
+from service.diagnose.sources import ScrapedWindow, SourceError, scrape_window
 from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer, free_port
@@ -166,3 +168,21 @@ def test_serve_listens_on_the_operator_port_in_every_process(served: tuple[str, 
             assert fresh.get(f"{api}/metrics").status_code == 404
             assert fresh.get(f"{ops}/metrics").status_code == 200
             assert "workers" not in fresh.get(f"{api}/readyz").json()
+
+
+def test_diagnose_scrapes_a_gateway_behind_the_metrics_token(
+    redis_url: str, stub_model_dir: Path, fake: tuple[FakeWorker, str]
+) -> None:
+    """`python -m service diagnose --gateway` sends its admin token to the gateway's /metrics; without one it
+    says what the gateway asks for."""
+    settings = settings_with(redis_url, stub_model_dir, fake[1], metrics_token=METRICS_TOKEN)
+
+    async def scrape(token: str | None) -> ScrapedWindow:
+        async with httpx.AsyncClient(timeout=10) as http:
+            return await scrape_window(server.url, [], 0.1, 0.1, http, token=token)
+
+    with ThreadedServer(create_app(settings)) as server:
+        window = asyncio.run(scrape(ADMIN_TOKEN))
+        assert window.scrapes and any(name.startswith("radixgate_") for name in window.scrapes[0].samples)
+        with pytest.raises(SourceError, match="metrics token"):
+            asyncio.run(scrape(None))
