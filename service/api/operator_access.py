@@ -5,9 +5,10 @@ With ``security.operator_port`` set the gateway listens on a second port (``pyth
 both: :func:`service.runtime.host_serve.operator_socket`), and :class:`OperatorPorts` sorts each request by
 the port it came in on (the ASGI scope's ``server``): the operator paths answer 404 on the API port, and every
 path but the operator ones, ``/healthz`` and ``/readyz`` answers 404 on the operator port (no completions
-there). Without it, every path answers on the API port, and :func:`operator_request` decides who gets
-``/readyz``'s detail and ``/metrics`` (when ``security.metrics_token`` is set): a request on the operator
-port, or one that carries the admin token or the metrics token (compared in constant time).
+there), and ``/readyz``'s detail answers there only. Without it, every path answers on the API port, and
+``/readyz``'s detail goes to a request that carries the admin token or the metrics token (compared in
+constant time). With ``security.metrics_token`` set, ``/metrics`` asks for it (or the admin token) on
+whichever port serves it.
 """
 
 from __future__ import annotations
@@ -64,28 +65,35 @@ def operator_ports(settings: Settings) -> OperatorPorts | None:
     return None if port is None else OperatorPorts(port)
 
 
-def operator_request(request: Request, settings: Settings) -> bool:
-    """The request may see operator detail: it came in on ``security.operator_port``, or it carries the admin
-    token or ``security.metrics_token`` as its bearer token (constant-time comparisons)."""
-    port = settings.security.operator_port
-    if port is not None and OperatorPorts(port).on_operator_port(request.scope):
-        return True
+def operator_token(request: Request, settings: Settings) -> bool:
+    """The request's bearer token is the admin token or ``security.metrics_token`` (constant-time
+    comparisons, both made whatever the first gives: the time does not tell which one matched)."""
     token = bearer_token(request)
     if token is None:
         return False
     known = [settings.admin_token.get_secret_value(), settings.security.metrics_token.get_secret_value()]
-    # both compared, whatever the first gives: the time does not tell which one matched
     matches = [tokens_equal(token, secret) for secret in known if secret]
     return any(matches)
 
 
+def operator_request(request: Request, settings: Settings) -> bool:
+    """The request may see ``/readyz``'s detail: with ``security.operator_port`` set, it came in on that port
+    (the detail answers there only, as every operator endpoint); without, it carries the admin token or
+    the metrics token (:func:`operator_token`)."""
+    port = settings.security.operator_port
+    if port is not None:
+        return OperatorPorts(port).on_operator_port(request.scope)
+    return operator_token(request, settings)
+
+
 def require_metrics_access(request: Request, settings: Settings) -> None:
-    """``/metrics``'s check: with ``security.metrics_token`` set, only :func:`operator_request` passes.
+    """``/metrics``'s check: with ``security.metrics_token`` set, only a request with that token or the admin
+    token passes, on whichever port serves ``/metrics``.
 
     Raises:
         APIError: 401 no bearer token; 403 a token that is neither the metrics nor the admin token.
     """
-    if not settings.security.metrics_token.get_secret_value() or operator_request(request, settings):
+    if not settings.security.metrics_token.get_secret_value() or operator_token(request, settings):
         return
     if bearer_token(request) is None:
         raise APIError(401, "/metrics needs 'Authorization: Bearer <metrics token>'.", code="missing_api_key")

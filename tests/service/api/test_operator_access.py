@@ -96,6 +96,10 @@ def test_operator_port_serves_metrics_admin_and_detail_and_the_api_port_does_not
         httpx.Client(base_url=f"http://127.0.0.1:{operator}", timeout=10) as ops,
     ):
         assert ready_body(api) == {"ready": True, "draining": False}
+        assert ready_body(api, **ADMIN) == {
+            "ready": True,
+            "draining": False,
+        }  # the detail: operator port only
         assert api.get("/healthz").status_code == 200
         assert api.get("/v1/models").status_code == 401  # the API itself: a key is needed, not a 404
         for path in ("/metrics", "/admin/tenants", "/admin/workers", "/admin"):
