@@ -38,7 +38,7 @@ def settings_with(redis_url: str, model_dir: Path, worker: str, **security: Any)
 
 
 def ready_body(client: httpx.Client, **headers: str) -> dict[str, object]:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # generous: a loaded machine
     while (resp := client.get("/readyz", headers=headers)).status_code != 200:
         assert time.monotonic() < deadline, resp.text
         time.sleep(0.1)
@@ -157,18 +157,18 @@ def served(redis_url: str, stub_model_dir: Path, tmp_path: Path) -> Iterator[tup
 def test_serve_listens_on_the_operator_port_in_every_process(served: tuple[str, str]) -> None:
     """`serve` binds the operator port beside the API port (two processes share both sockets)."""
     api, ops = served
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # two processes start: generous on a loaded machine
     while True:
         try:
             if httpx.get(f"{ops}/readyz", timeout=2).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
-        assert time.monotonic() < deadline, "no operator port in 60 s"
+        assert time.monotonic() < deadline, "no operator port in 120 s"
         time.sleep(0.2)
     # several connections: each process (whichever accepts) sorts by port the same way
     for _ in range(6):
-        with httpx.Client(timeout=5) as fresh:
+        with httpx.Client(timeout=30) as fresh:
             assert fresh.get(f"{api}/metrics").status_code == 404
             assert fresh.get(f"{ops}/metrics").status_code == 200
             assert "workers" not in fresh.get(f"{api}/readyz").json()
