@@ -47,7 +47,8 @@ class SecuritySettings(BaseModel):
         0.5,
         ge=0,
         le=1000,
-        description="Unknown API keys one client address may try per second once its burst is spent; the "
+        description="Bad API keys (unknown, revoked, malformed) or admin tokens one client address may try "
+        "per second once its burst is spent; the "
         "next is answered 429 with Retry-After before any Redis lookup (a per-process token bucket per "
         "address, policies/token_bucket.py); 0: no throttle, requests/s.",
     )
@@ -55,7 +56,8 @@ class SecuritySettings(BaseModel):
         20,
         ge=1,
         le=100_000,
-        description="Unknown API keys one client address may try at once before the rate above applies.",
+        description="Bad API keys or admin tokens one client address may try at once before the rate above "
+        "applies.",
     )
     bad_key_addresses: int = Field(
         10_000,

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import structlog
 from fastapi import FastAPI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -30,6 +31,7 @@ from service.config.security import SecuritySettings
 from service.observability.logs import configure_logging
 from service.observability.tracing import Tracing
 from service.workers.registry import worker_id
+from tenancy.layout import KeyLayout
 from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer
@@ -289,6 +291,18 @@ def test_a_revoked_key_and_a_disabled_tenant_are_refused_within_the_cache_bound(
     assert run.http.post("/v1/chat/completions", json=chat_body(), headers=disabled.auth).status_code == 200
     assert run.http.post(f"/admin/tenants/{disabled.id}/disable", headers=ADMIN).status_code == 200
     refused_within(run, disabled, 403, bound)
+
+
+def test_a_key_gone_without_an_invalidation_message_is_refused_within_the_cache_ttl(run: Run) -> None:
+    """A lost pub/sub message: the key's record leaves Redis with no message (a raw DEL), so only the auth
+    cache's TTL (``redis.auth_cache_ttl_s``) bounds how long a replica still answers it from memory."""
+    settings = run.app.state.settings
+    gone = new_tenant(run.http, 100)
+    assert run.http.post("/v1/chat/completions", json=chat_body(), headers=gone.auth).status_code == 200
+    with redis.Redis.from_url(settings.redis.url) as store:
+        assert store.delete(KeyLayout(settings.redis.key_prefix).api_key(gone.key_id)) == 1
+    elapsed = refused_within(run, gone, 401, settings.redis.auth_cache_ttl_s + 1.0)
+    print(f"refused {elapsed:.2f} s after its record left Redis (TTL {settings.redis.auth_cache_ttl_s} s)")
 
 
 def test_no_key_material_or_prompt_text_in_logs_metrics_or_answers(run: Run) -> None:
