@@ -22,6 +22,7 @@ from fastapi import Depends, Request
 from service.api.body_encoding import body_decoder
 from service.api.errors import APIError
 from service.api.key_guessing import bad_key_throttle
+from service.protocol.limits import MAX_JSON_DEPTH, nested_deeper_than
 from service.state import GatewayState
 from tenancy.keys import tokens_equal
 from tenancy.models import Tenant
@@ -207,7 +208,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
     """A body decoded as a JSON object (:func:`decode_json`).
 
     Raises:
-        APIError: 400 not JSON (also ``NaN``/``Infinity``) or not an object.
+        APIError: 400 not JSON (also ``NaN``/``Infinity``), not an object, or nested deeper than
+            :data:`service.protocol.limits.MAX_JSON_DEPTH` levels.
     """
     try:
         payload = decode_json(raw)
@@ -219,6 +221,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
         ) from exc
     if not isinstance(payload, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if nested_deeper_than(payload, MAX_JSON_DEPTH, raw.count(b"{") + raw.count(b"[")):
+        raise APIError(400, f"The JSON body nests deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
     return payload
 
 

@@ -339,7 +339,10 @@ def _unsupported(param: str) -> InvalidRequest:
 def _json_excerpt(value: Any, limit: int = 64) -> str:
     """``value`` as the client wrote it (JSON: ``true``, not Python's ``True``; nu13), cut to ``limit``
     characters."""
-    return json.dumps(value, separators=(", ", ": "))[:limit]
+    try:
+        return json.dumps(value, separators=(", ", ": "))[:limit]
+    except (RecursionError, ValueError):  # deeper than json_object lets through; kept safe all the same
+        return f"<a nested {type(value).__name__}>"
 
 
 def screen(body: Mapping[str, Any], table: Mapping[str, FieldRule], prefix: str = "") -> dict[str, Any]:

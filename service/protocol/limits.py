@@ -56,6 +56,33 @@ MAX_NAME_CHARS = 256
 """Length of a message's ``name``."""
 
 
+MAX_JSON_DEPTH = 512
+"""Deepest nesting of a request body's JSON (objects and arrays), levels. The decoders stop near 1,000
+(orjson at 1,024, Python's json at its recursion limit), but code that walks a value recursively (a
+``json.dumps`` of it for an error message) failed at about 900 (Python's recursion limit of 1,000 less the
+stack below it): a 500. 512 stays well below that, and above what a field's own checks answer by name
+(a JSON schema nested 300 deep in ``tools.0.function.parameters`` is refused naming that field)."""
+
+
+def nested_deeper_than(value: Any, limit: int, containers: int | None = None) -> bool:
+    """Whether ``value`` (decoded JSON) nests objects and arrays more than ``limit`` levels deep; iterative,
+    linear in the number of containers. ``containers``: how many objects and arrays the body holds at most
+    (e.g. its ``{`` and ``[`` count), when known: no more than ``limit`` of them cannot be too deep, and
+    nothing is walked."""
+    if containers is not None and containers <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
 def check_count(items: Any, limit: int, param: str, what: str) -> None:
     """Refuse a list longer than ``limit`` before anything in it is validated (a list of 10,000 invalid
     items cost 10,000 validation errors, ~0.25 s, where its length alone answers it). Not a list: left to
@@ -74,6 +101,7 @@ def check_count(items: Any, limit: int, param: str, what: str) -> None:
 
 __all__ = [
     "MAX_CONTENT_PARTS",
+    "MAX_JSON_DEPTH",
     "MAX_MESSAGES",
     "MAX_NAME_CHARS",
     "MAX_STOP_BYTES",
@@ -88,4 +116,5 @@ __all__ = [
     "TEMPERATURE_MAX",
     "TOP_K_ALL",
     "check_count",
+    "nested_deeper_than",
 ]

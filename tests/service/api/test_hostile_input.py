@@ -56,6 +56,14 @@ LONG_PARAM = LONG_NAME[: MAX_PARAM_CHARS - 1] + "…"  # the name, cut
 BAD_PART = {"type": "bogus", "text": 7}
 DEEP = "[" * 100_000 + "]" * 100_000
 
+
+def deep_in(field: str, depth: int, route: str = "chat") -> str:
+    """A body with ``field`` nested ``depth`` levels deep (objects), raw JSON."""
+    nested = '{"a":' * depth + "1" + "}" * depth
+    head = '"input": "hi"' if route == "responses" else '"messages": [{"role": "user", "content": "hi"}]'
+    return f'{{"model": "{MODEL}", {head}, "{field}": {nested}}}'
+
+
 # (route, body as JSON or raw bytes, the param named, or None when the body is not JSON)
 HOSTILE: list[tuple[str, str, Any, str | None]] = [
     (
@@ -95,6 +103,10 @@ HOSTILE: list[tuple[str, str, Any, str | None]] = [
         "tools",
     ),
     ("JSON nested 100k deep", "/v1/chat/completions", DEEP, None),
+    # under the decoders' own limit (~1,000), over what code that walks a value recursively takes (~900)
+    ("tools nested 1,020 deep", "/v1/chat/completions", deep_in("tools", 1020), None),
+    ("tool_choice nested 1,020 deep", "/v1/responses", deep_in("tool_choice", 1020, "responses"), None),
+    ("metadata nested 513 deep", "/v1/chat/completions", deep_in("metadata", 513), None),
     ("10k invalid prompts", "/v1/completions", {"model": MODEL, "prompt": [1.5] * 10_000}, "prompt.0"),
     (
         "unknown parameter",
