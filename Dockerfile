@@ -7,5 +7,6 @@ COPY tenancy ./tenancy
 COPY policies ./policies
 COPY loadgen ./loadgen
 RUN pip install --no-cache-dir ".[otel]"
-EXPOSE 8000
+# the API; 9100: the operator endpoints when RADIXGATE_SECURITY__OPERATOR_PORT=9100 (compose, deploy/k8s)
+EXPOSE 8000 9100
 CMD ["python", "-m", "service", "serve"]

@@ -45,6 +45,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Plan, run and report load scenarios against any OpenAI-compatible endpoint.",
+    # click's plain help: rich's table cut long option names at 80 columns (--worker-drain-deadli…)
+    rich_markup_mode=None,
 )
 
 app.command("bench-gateway")(bench_gateway)

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 
@@ -25,6 +25,7 @@ from service.config.sources import (
     ConfigFileError,
     config_file_in,
     effective_settings,
+    non_json_variables,
     origin,
     startup_warnings,
 )
@@ -76,17 +77,17 @@ def load_settings(config: Path | None = None) -> Settings:
             else:  # a rule across settings (e.g. workers and engine.launch)
                 typer.echo(f"invalid settings: {msg}", err=True)
         raise typer.Exit(2) from None
-    except SettingsError as exc:  # a list or map that is not JSON
+    except SettingsError as exc:  # a list or map that is not JSON: pydantic-settings names the top field
         field = re.search(r'field "(\w+)"', str(exc))
-        where = f"RADIXGATE_{field.group(1).upper()}" if field else "RADIXGATE_*"
-        if field and field.group(1) in Settings.model_fields and field.group(1) != "priority_classes":
-            nested = Settings.model_fields[field.group(1)].annotation
-            where += "__*" if isinstance(nested, type) and issubclass(nested, BaseModel) else ""
-        typer.echo(
-            f"invalid setting {where}: not valid JSON ({exc.__cause__}); lists and maps are given as JSON, "
-            """e.g. '["http://10.0.0.5:30000"]'""",
-            err=True,
-        )
+        culprits = non_json_variables(Settings, os.environ, field.group(1)) if field else []
+        named = f"RADIXGATE_{field.group(1).upper()}" if field else "RADIXGATE_*"
+        for where, example in culprits or [(named, "")]:
+            shown = f", e.g. {where}={example}" if example else ""
+            typer.echo(
+                f"invalid setting {where}: not valid JSON ({exc.__cause__}); lists and maps are given as "
+                f"JSON{shown}",
+                err=True,
+            )
         raise typer.Exit(2) from None
     for line in startup_warnings(Settings, os.environ, file):
         typer.echo(line, err=True)
@@ -151,13 +152,18 @@ def serve(config: Path | None = CONFIG_OPTION) -> None:
             settings.shutdown.drain_timeout_s + settings.shutdown.end_timeout_s + KEEP_ALIVE_S + 1
         ),
     }
+    sec = settings.security  # the operator endpoints' own port (service/api/operator_access.py)
+    if sec.operator_port == settings.port:
+        typer.echo("invalid setting RADIXGATE_SECURITY__OPERATOR_PORT: it is RADIXGATE_PORT too", err=True)
+        raise typer.Exit(2)
+    operator = None if sec.operator_port is None else (sec.operator_host, sec.operator_port)
     if settings.workers == 1:
-        raise typer.Exit(serve_one(create_app(settings), options))
+        raise typer.Exit(serve_one(create_app(settings), options, operator))
     else:  # each process builds its app (and reads the same RADIXGATE_* settings) from the factory
         configure_logging(settings.observability.log_level)
         if config is not None:  # each process reads its settings again, the file too
             os.environ[CONFIG_FILE_ENV] = str(config.resolve())
-        serve_processes(settings.workers, options, os.environ)
+        serve_processes(settings.workers, options, os.environ, operator)
 
 
 @cli.command()

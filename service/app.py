@@ -12,10 +12,7 @@ from contextlib import asynccontextmanager
 import structlog
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
@@ -28,12 +25,15 @@ from service.api import (
     health_routes,
     openai_routes,
 )
+from service.api.admin_audit import AdminAuditLog
 from service.api.deps import new_request_id
 from service.api.errors import http_status, install_error_handlers, response_for
+from service.api.key_guessing import BadKeyThrottle
 from service.api.openai_routes import COMPLETION_ROUTES
 from service.api.openapi_bodies import ADMIN_SUFFIX, install_body_schemas
+from service.api.operator_access import OperatorPorts, operator_ports
 from service.api.request_ids import client_request_id, id_headers
-from service.config.settings import RedisSettings, Settings
+from service.config.settings import Settings
 from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
 from service.observability.pool_gauges import scrape_engines
@@ -57,7 +57,7 @@ from service.runtime.drain import (
 from service.runtime.http_protocol import CONNECTIONS_EXTENSION
 from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
-from service.state import GatewayState
+from service.state import GatewayState, connect_redis
 from service.workers.client import SGLangClient
 from service.workers.discovery import DnsDiscovery, no_workers_hint
 from service.workers.launcher import WorkerProcess
@@ -114,12 +114,18 @@ class GatewayApp(FastAPI):
     request is counted in it while in the app; during a drain each is served with ``Connection: close`` on
     its answer, and from the drain deadline on each one but the probes and ``/metrics``
     (:data:`service.runtime.drain.SERVED_WHILE_DRAINING`) is refused here with 503 ``shutting_down``,
-    ``Retry-After`` and ``Connection: close``.
+    ``Retry-After`` and ``Connection: close``. With ``security.operator_port`` set, a path asked on the
+    wrong port (``/metrics`` or ``/admin`` on the API port, a completion on the operator port) is a 404
+    here (:class:`service.api.operator_access.OperatorPorts`).
     """
 
     drain: Drain | None = None
+    operator: OperatorPorts | None = None  # security.operator_port (service/api/operator_access.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.operator is not None and scope["type"] == "http" and not self.operator.allowed(scope):
+            await self.operator.refuse(scope, receive, send)
+            return
         drain = self.drain
         if drain is None or scope["type"] != "http":
             await super().__call__(scope, receive, send)
@@ -174,27 +180,6 @@ class GatewayApp(FastAPI):
             response = await response_for(request, exc)
         response.raw_headers.extend(id_headers(rid, client))
         await response(scope, receive, send)
-
-
-def connect_redis(settings: RedisSettings) -> Redis:
-    """A Redis client over a bounded, blocking connection pool.
-
-    At most ``max_connections`` connections; a caller waits up to ``pool_timeout_s`` for a free one
-    (redis-py's default pool fails at once with ``MaxConnectionsError`` instead). A reply slower than
-    ``socket_timeout_s`` fails the call. A broken connection is retried once at once (Redis restarted:
-    the pooled connection is stale); a timeout is not retried, so a call's latency stays bounded. Each
-    of these failures surfaces as :class:`tenancy.errors.StoreUnavailable` (503 with Retry-After).
-    """
-    pool = BlockingConnectionPool.from_url(
-        settings.url,
-        max_connections=settings.max_connections,
-        timeout=settings.pool_timeout_s,
-        socket_timeout=settings.socket_timeout_s,
-        socket_connect_timeout=settings.connect_timeout_s,
-        decode_responses=True,
-        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-    )
-    return Redis.from_pool(pool)  # closing the client closes the pool
 
 
 @asynccontextmanager
@@ -480,6 +465,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # no redirect_slashes: "/admin/tenants/" (an empty id) is a 404, not a 307 to the list of every tenant
     app = GatewayApp(title="radixgate", version="0.1.0", lifespan=_lifespan, redirect_slashes=False)
     app.state.settings = settings
+    app.operator = operator_ports(settings)
+    app.state.bad_keys = BadKeyThrottle(settings.security)  # service/api/key_guessing.py
     obs = settings.observability
     app.state.metrics = GatewayMetrics(
         CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir, obs.engine_scrape_s
@@ -504,5 +491,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         [*admin_routes.ADMIN_BODY_MODELS, *admin_keys.ADMIN_BODY_MODELS, *admin_billing.ADMIN_BODY_MODELS],
         suffix=ADMIN_SUFFIX,
     )
+    app.add_middleware(AdminAuditLog, admin_token=settings.admin_token.get_secret_value())  # inside the ids
     app.add_middleware(RequestIdMiddleware)
     return app

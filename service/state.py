@@ -1,12 +1,16 @@
-"""Long-lived objects of one gateway replica, built in the app's lifespan and reached through deps."""
+"""Long-lived objects of one gateway replica, built in the app's lifespan and reached through deps, and the
+Redis client and the lease counter the lifespan builds them with."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from service.config.settings import Settings
+from service.config.settings import RedisSettings, Settings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.billing import Billing
 from service.pipeline.dispatch import Dispatcher
@@ -39,3 +43,24 @@ class GatewayState:
     models: ServedModels  # every served model: its tokenizer, scheduler, workers' reports
     billing: Billing  # prices and budgets (service/pipeline/billing.py)
     planner: PlannerTask | None = None  # radixgate_desired_workers' decisions (None: planner.enabled off)
+
+
+def connect_redis(settings: RedisSettings) -> Redis:
+    """A Redis client over a bounded, blocking connection pool.
+
+    At most ``max_connections`` connections; a caller waits up to ``pool_timeout_s`` for a free one
+    (redis-py's default pool fails at once with ``MaxConnectionsError`` instead). A reply slower than
+    ``socket_timeout_s`` fails the call. A broken connection is retried once at once (Redis restarted:
+    the pooled connection is stale); a timeout is not retried, so a call's latency stays bounded. Each
+    of these failures surfaces as :class:`tenancy.errors.StoreUnavailable` (503 with Retry-After).
+    """
+    pool = BlockingConnectionPool.from_url(
+        settings.url,
+        max_connections=settings.max_connections,
+        timeout=settings.pool_timeout_s,
+        socket_timeout=settings.socket_timeout_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
+    return Redis.from_pool(pool)  # closing the client closes the pool

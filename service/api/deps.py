@@ -21,6 +21,8 @@ from fastapi import Depends, Request
 
 from service.api.body_encoding import body_decoder
 from service.api.errors import APIError
+from service.api.key_guessing import bad_key_throttle
+from service.protocol.limits import MAX_JSON_DEPTH, nested_deeper_than
 from service.state import GatewayState
 from tenancy.keys import tokens_equal
 from tenancy.models import Tenant
@@ -57,7 +59,8 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
 
     Raises:
         APIError: 401 missing/unknown/revoked key, or ``expired_api_key`` past the key's ``expires_at``
-            (unix time of this replica's clock); 403 disabled tenant.
+            (unix time of this replica's clock); 403 disabled tenant; 429 ``too_many_bad_keys`` from an
+            address that presented too many bad keys (:mod:`service.api.key_guessing`).
         StoreUnavailable: Redis is exhausted, slow or unreachable.
     """
     token = bearer_token(request)
@@ -65,8 +68,11 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
         raise APIError(
             401, "You didn't provide an API key. Send 'Authorization: Bearer <key>'.", code="missing_api_key"
         )
+    throttle = bad_key_throttle(request)
+    throttle.check(request)  # an address that keeps guessing: 429 before the lookup costs a Redis read
     found = await state.tenants.authenticate_key(token)
     if found is None:
+        throttle.failed(request)
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
     tenant, record = found
     if record.expires_at is not None and record.expired(time.time()):
@@ -102,7 +108,8 @@ async def require_admin(request: Request, state: StateDep) -> None:
     """Allow only the admin token (constant-time comparison).
 
     Raises:
-        APIError: 401 no token; 403 any other token, or the admin API is off (no token configured).
+        APIError: 401 no token; 403 any other token, or the admin API is off (no token configured); 429
+            ``too_many_bad_keys`` (:mod:`service.api.key_guessing`).
     """
     token = bearer_token(request)
     if token is None:
@@ -112,7 +119,10 @@ async def require_admin(request: Request, state: StateDep) -> None:
     expected = state.settings.admin_token.get_secret_value()
     if not expected:
         raise APIError(403, "The admin API is disabled (no admin token configured).", code="admin_disabled")
+    throttle = bad_key_throttle(request)
+    throttle.check(request)
     if not tokens_equal(token, expected):
+        throttle.failed(request)
         raise APIError(403, "This token may not use the admin API.", code="admin_required")
 
 
@@ -198,7 +208,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
     """A body decoded as a JSON object (:func:`decode_json`).
 
     Raises:
-        APIError: 400 not JSON (also ``NaN``/``Infinity``) or not an object.
+        APIError: 400 not JSON (also ``NaN``/``Infinity``), not an object, or nested deeper than
+            :data:`service.protocol.limits.MAX_JSON_DEPTH` levels.
     """
     try:
         payload = decode_json(raw)
@@ -210,6 +221,8 @@ def json_object(raw: bytes) -> dict[str, Any]:
         ) from exc
     if not isinstance(payload, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if nested_deeper_than(payload, MAX_JSON_DEPTH, raw.count(b"{") + raw.count(b"[")):
+        raise APIError(400, f"The JSON body nests deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
     return payload
 
 

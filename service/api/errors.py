@@ -33,7 +33,15 @@ from service.errors import (
     UpstreamRejected,
 )
 from service.protocol.compact_json import compact_json
-from service.protocol.errors import error_object, error_type, invalid_params, sse_error_frame
+from service.protocol.errors import (
+    MAX_MESSAGE_CHARS,
+    MAX_PARAM_CHARS,
+    cut,
+    error_object,
+    error_type,
+    invalid_params,
+    sse_error_frame,
+)
 from tenancy.errors import StoreUnavailable
 
 log = structlog.get_logger("radixgate.errors")
@@ -76,11 +84,13 @@ class APIError(Exception):
         error_type: str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> None:
+        # bounded here, so that neither the answer nor the request_rejected line echoes a large body back
+        message = cut(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
-        self.param = param
+        self.param = None if param is None else cut(param, MAX_PARAM_CHARS)
         self.headers = headers or {}
         self.details = details
         self.error_type = error_type or _TYPE_BY_STATUS.get(

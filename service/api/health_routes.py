@@ -9,6 +9,7 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from redis.exceptions import RedisError
 
 from service.api.deps import StateDep
+from service.api.operator_access import operator_request, require_metrics_access
 from service.runtime.drain import RETRY_AFTER_S
 
 router = APIRouter(tags=["health"])
@@ -21,10 +22,12 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(state: StateDep) -> JSONResponse:
+async def readyz(request: Request, state: StateDep) -> JSONResponse:
     """Ready when Redis answers and at least one worker is healthy (503 otherwise); 503 with
     ``"draining": true`` from the stop signal on (:mod:`service.runtime.drain`): a balancer stops sending
-    here."""
+    here. Anyone gets ``ready`` and ``draining``; the detail (Redis, each worker's URL and health) only an
+    operator (:func:`service.api.operator_access.operator_request`: the operator port, the admin token or
+    the metrics token): worker URLs are internal addresses."""
     if state.drain.draining:
         return JSONResponse(
             {"ready": False, "draining": True},
@@ -37,10 +40,10 @@ async def readyz(state: StateDep) -> JSONResponse:
         redis_ok = False
     workers = {w.url: w.healthy for w in state.pool.workers}
     ready = redis_ok and any(workers.values())
-    return JSONResponse(
-        {"ready": ready, "draining": False, "redis": redis_ok, "workers": workers},
-        status_code=200 if ready else 503,
-    )
+    body: dict[str, object] = {"ready": ready, "draining": False}
+    if operator_request(request, state.settings):
+        body |= {"redis": redis_ok, "workers": workers}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics")
@@ -48,7 +51,13 @@ async def metrics(request: Request, state: StateDep) -> Response:
     """Prometheus exposition of this replica's metrics: the OpenMetrics text format (with the latency
     histograms' exemplars, when tracing is on) to a scraper whose ``Accept`` names
     ``application/openmetrics-text`` (Prometheus does, and keeps exemplars with
-    ``--enable-feature=exemplar-storage``), else the classic text format."""
+    ``--enable-feature=exemplar-storage``), else the classic text format. With ``security.metrics_token``
+    set, only to its bearer (or the admin token's): 401/403 otherwise.
+
+    Raises:
+        APIError: 401/403 (:func:`service.api.operator_access.require_metrics_access`).
+    """
+    require_metrics_access(request, state.settings)
     if "application/openmetrics-text" in request.headers.get("accept", ""):
         body = state.metrics.scrape(state.pool.workers, openmetrics=True)
         return Response(body, media_type=OPENMETRICS_TYPE)

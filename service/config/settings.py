@@ -38,6 +38,7 @@ from service.config.policies import (
     default_priority_classes,
 )
 from service.config.pricing import PricingSettings, check_priced_models
+from service.config.security import SecuritySettings
 from service.config.shutdown import ShutdownSettings
 from service.config.sources import ConfigFileSource
 from service.config.tracing import TracingSettings
@@ -415,6 +416,7 @@ class Settings(HomeSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import json
 import tomllib
+import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -324,3 +325,70 @@ def origin(
             return ""
         node = node[part]
     return f" (in {file})"
+
+
+JSON_EXAMPLES = {
+    "workers": """'["http://10.0.0.5:30000", "http://10.0.0.6:30000"]'""",
+    "priority_classes": """'{"interactive": {"rank": 2, "sglang_priority": 10, "ttft_goal_ms": 500}, """
+    """"standard": {"rank": 1, "sglang_priority": 0, "ttft_goal_ms": 2000}}'""",
+    "models": """'[{"id": "llama-3.1-8b", "workers": ["http://10.0.0.5:30000"]}]'""",
+    "extra_models": """'["my-alias"]'""",
+}
+"""An example value of each list or map setting, by field name, for the error of one that is not JSON."""
+
+
+def _unwrapped(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated[...]`` and ``| None``."""
+    while True:
+        origin = typing.get_origin(annotation)
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if origin is typing.Annotated or (origin in (typing.Union, types.UnionType) and len(args) == 1):
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def _json_example(name: str, annotation: Any) -> str | None:
+    """An example of a setting that the environment gives as JSON (a list, a map, a section), or None for
+    a plain value."""
+    kind = _unwrapped(annotation)
+    origin = typing.get_origin(kind) or kind
+    if name in JSON_EXAMPLES:
+        return JSON_EXAMPLES[name]
+    if origin in (list, tuple, set):
+        return """'["a", "b"]'"""
+    if origin is dict or _model_of(kind) is not None:
+        return """'{"name": "value"}'"""
+    return None
+
+
+def non_json_variables(
+    settings_cls: type[BaseModel], environ: Mapping[str, str], field: str
+) -> list[tuple[str, str]]:
+    """The variables under setting ``field`` (``RADIXGATE_UPSTREAM`` and ``RADIXGATE_UPSTREAM__*``) that must
+    be JSON (a list, a map, a whole section) and are not: (variable, an example of the setting), in name
+    order. pydantic-settings names only the top field (``upstream``) of such an error.
+    """
+    found = []
+    top = env_name((field,))
+    for name in sorted(environ):
+        upper = name.upper()
+        if upper != top and not upper.startswith(top + NESTED):
+            continue
+        model: type[BaseModel] | None = settings_cls
+        annotation: Any = None
+        path = upper.removeprefix(PREFIX).lower().split(NESTED)
+        for part in path:
+            info = model.model_fields.get(part) if model is not None else None
+            if info is None:
+                annotation = None
+                break
+            annotation, model = info.annotation, _model_of(_unwrapped(info.annotation))
+        example = _json_example(path[-1], annotation) if annotation is not None else None
+        if example is None:
+            continue
+        try:
+            json.loads(environ[name])
+        except ValueError:
+            found.append((upper, example))
+    return found

@@ -132,7 +132,7 @@ async def from_scrapes(
     timeout_s: float = 10.0,
 ) -> Result:
     """Diagnose ``window_s`` of direct scrapes of ``gateway`` and ``workers`` (without workers: the ones
-    ``GET /admin/workers`` lists, with ``admin_token``).
+    ``GET /admin/workers`` lists, with ``admin_token``, which the gateway's ``/metrics`` is sent too).
 
     Raises:
         DiagnoseInputError: no workers and no admin token, or more than :data:`MAX_WORKERS`.
@@ -149,7 +149,7 @@ async def from_scrapes(
             urls = await list_workers(gateway, admin_token, http)
         if len(urls) > MAX_WORKERS:
             raise DiagnoseInputError(f"{len(urls)} workers: at most {MAX_WORKERS} per run")
-        scraped = await scrape_window(gateway, urls, window_s, interval_s, http)
+        scraped = await scrape_window(gateway, urls, window_s, interval_s, http, token=admin_token)
     names = [host_port(u) for u in urls]
     window, baseline = fleet_view(scraped, names), fleet_view(scraped, names, baseline=True)
     source = f"scrapes of {gateway} and {len(urls)} workers every {interval_s:g} s"

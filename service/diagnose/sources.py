@@ -174,9 +174,11 @@ async def scrape_window(
     interval_s: float,
     http: httpx.AsyncClient,
     clock: Callable[[], float] = time.monotonic,
+    token: str | None = None,
 ) -> ScrapedWindow:
     """Scrape ``gateway`` and ``workers`` (base URLs) every ``interval_s`` (the last one at ``window_s``),
-    all targets at once each time.
+    all targets at once each time; ``token``: the bearer token sent to the gateway (its metrics or admin
+    token, for a gateway with ``security.metrics_token`` set; docs/security.md).
 
     Raises:
         SourceError: a target did not answer 200 with an exposition.
@@ -189,7 +191,10 @@ async def scrape_window(
         due = start + min(window_s, tick * interval_s)
         await asyncio.sleep(max(0.0, due - clock()))
         at = clock()
-        texts = await asyncio.gather(*(_get_metrics(http, url) for url in targets))
+        gateway_auth = {"Authorization": f"Bearer {token}"} if token else {}
+        texts = await asyncio.gather(
+            *(_get_metrics(http, url, gateway_auth if url == gateway else {}) for url in targets)
+        )
         samples: Samples = {}
         for url, text in zip(targets, texts, strict=True):
             for name, rows in parse_exposition(text, {"instance": host_port(url)}).items():
@@ -198,11 +203,16 @@ async def scrape_window(
     return ScrapedWindow(scrapes)
 
 
-async def _get_metrics(http: httpx.AsyncClient, url: str) -> str:
+async def _get_metrics(http: httpx.AsyncClient, url: str, headers: Mapping[str, str]) -> str:
     try:
-        resp = await http.get(url.rstrip("/") + "/metrics")
+        resp = await http.get(url.rstrip("/") + "/metrics", headers=headers)
     except httpx.HTTPError as exc:
         raise SourceError(f"{url}/metrics: {exc.__class__.__name__}: {exc}") from None
+    if resp.status_code in (401, 403):
+        raise SourceError(
+            f"{url}/metrics answered {resp.status_code}: the gateway asks for its metrics token "
+            "(--admin-token, or RADIXGATE_ADMIN_TOKEN in the gateway's settings)"
+        )
     if resp.status_code != 200:
         raise SourceError(f"{url}/metrics answered {resp.status_code}")
     return resp.text

@@ -14,7 +14,7 @@ Types are strict (``"5"`` is not a number, ``true`` is not 1) and every number a
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -67,7 +67,9 @@ class ChatMessage(BaseModel):
 
     model_config = REQUEST_CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    # fail_fast: the first invalid part or message ends validation (a body invalid in 30,000 places gave
+    # 30,000 errors, ~0.1 s to list; the answer names one either way)
+    content: str | Annotated[list[TextPart], Field(fail_fast=True)] | None = None
     tool_call_id: str | None = Field(None, max_length=limits.MAX_NAME_CHARS)
     tool_calls: list[AssistantToolCall] | None = Field(None, max_length=MAX_TOOLS)
 
@@ -168,9 +170,9 @@ class SamplingFields(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     """Body of ``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage] = Field(..., min_length=1, max_length=limits.MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=limits.MAX_MESSAGES, fail_fast=True)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS, fail_fast=True)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
@@ -202,7 +204,7 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     """Body of ``POST /v1/completions`` (one text prompt)."""
 
-    prompt: str | list[str]
+    prompt: str | Annotated[list[str], Field(fail_fast=True)]
     logprobs: int | None = Field(None, ge=0, le=5, description="Alternatives per token (legacy shape).")
 
     @field_validator("prompt")

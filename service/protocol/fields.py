@@ -192,7 +192,9 @@ _SAMPLING: dict[str, FieldRule] = {
 
 CHAT_FIELDS: dict[str, FieldRule] = {
     **_SAMPLING,
-    "messages": _served(f"text content; up to {limits.MAX_MESSAGES} messages"),
+    "messages": _served(
+        f"text content; up to {limits.MAX_MESSAGES} messages, {limits.MAX_CONTENT_PARTS} content parts each"
+    ),
     "chat_template_kwargs": _served(
         "not OpenAI: SGLang / vLLM extension; variables for the model's chat template, which the gateway "
         f'renders (e.g. `{{"enable_thinking": false}}`): up to {template_kwargs.MAX_KWARGS} entries, '
@@ -337,7 +339,10 @@ def _unsupported(param: str) -> InvalidRequest:
 def _json_excerpt(value: Any, limit: int = 64) -> str:
     """``value`` as the client wrote it (JSON: ``true``, not Python's ``True``; nu13), cut to ``limit``
     characters."""
-    return json.dumps(value, separators=(", ", ": "))[:limit]
+    try:
+        return json.dumps(value, separators=(", ", ": "))[:limit]
+    except (RecursionError, ValueError):  # deeper than json_object lets through; kept safe all the same
+        return f"<a nested {type(value).__name__}>"
 
 
 def screen(body: Mapping[str, Any], table: Mapping[str, FieldRule], prefix: str = "") -> dict[str, Any]:
@@ -424,11 +429,15 @@ def screen_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     """:func:`screen` a ``/v1/chat/completions`` body, its messages and their content parts."""
     kept = _screen_common(body, CHAT_FIELDS)
     messages = kept.get("messages")
+    limits.check_count(messages, limits.MAX_MESSAGES, "messages", "messages")
+    limits.check_count(kept.get("tools"), MAX_TOOLS, "tools", "tools")
     if isinstance(messages, list):
         screened = []
         for i, message in enumerate(messages):
             if isinstance(message, dict):
                 message = screen(message, MESSAGE_FIELDS, f"messages.{i}.")
+                parts = message.get("content")
+                limits.check_count(parts, limits.MAX_CONTENT_PARTS, f"messages.{i}.content", "content parts")
                 if "content" in message:
                     message["content"] = _screen_content(message["content"], f"messages.{i}.content.")
             screened.append(message)

@@ -10,6 +10,10 @@ themselves (:class:`service.workers.worker_info.TokenLimits`), checked in :mod:`
 
 from __future__ import annotations
 
+from typing import Any
+
+from service.errors import InvalidRequest
+
 TOP_K_ALL = 1 << 30
 """Largest ``top_k``: SGLang's own "whole vocabulary" value (``sampling_params.TOP_K_ALL``). SGLang keeps
 ``top_k`` in an int32 tensor, so 2**31 kills its scheduler (issue 8); anything above the vocabulary
@@ -39,13 +43,65 @@ stop string makes the engine hold back and re-decode that many tokens at every s
 MAX_MESSAGES = 2048
 """Messages per chat request (OpenAI's limit)."""
 
+MAX_CONTENT_PARTS = 1024
+"""Content parts of one message (chat ``content``, a Responses message's ``content`` or a tool output's
+``output``). OpenAI publishes no limit; each part is validated and joined, so a body of 30,000 one-letter
+parts (within the 1 MiB body bound) took ~0.2 s of validation: counted before any validation, as
+``messages`` and ``tools`` are."""
+
 MAX_USER_CHARS = 256
 """Length of ``user``-like identifiers (``user``, ``safety_identifier``, ``prompt_cache_key``)."""
 
 MAX_NAME_CHARS = 256
 """Length of a message's ``name``."""
 
+
+MAX_JSON_DEPTH = 512
+"""Deepest nesting of a request body's JSON (objects and arrays), levels. The decoders stop near 1,000
+(orjson at 1,024, Python's json at its recursion limit), but code that walks a value recursively (a
+``json.dumps`` of it for an error message) failed at about 900 (Python's recursion limit of 1,000 less the
+stack below it): a 500. 512 stays well below that, and above what a field's own checks answer by name
+(a JSON schema nested 300 deep in ``tools.0.function.parameters`` is refused naming that field)."""
+
+
+def nested_deeper_than(value: Any, limit: int, containers: int | None = None) -> bool:
+    """Whether ``value`` (decoded JSON) nests objects and arrays more than ``limit`` levels deep; iterative,
+    linear in the number of containers. ``containers``: how many objects and arrays the body holds at most
+    (e.g. its ``{`` and ``[`` count), when known: no more than ``limit`` of them cannot be too deep, and
+    nothing is walked."""
+    if containers is not None and containers <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def check_count(items: Any, limit: int, param: str, what: str) -> None:
+    """Refuse a list longer than ``limit`` before anything in it is validated (a list of 10,000 invalid
+    items cost 10,000 validation errors, ~0.25 s, where its length alone answers it). Not a list: left to
+    the request model.
+
+    Raises:
+        InvalidRequest: 400 ``invalid_value`` naming ``param``.
+    """
+    if isinstance(items, list) and len(items) > limit:
+        raise InvalidRequest(
+            f"Invalid '{param}': {len(items)} {what}; at most {limit} are served.",
+            code="invalid_value",
+            param=param,
+        )
+
+
 __all__ = [
+    "MAX_CONTENT_PARTS",
+    "MAX_JSON_DEPTH",
     "MAX_MESSAGES",
     "MAX_NAME_CHARS",
     "MAX_STOP_BYTES",
@@ -59,4 +115,6 @@ __all__ = [
     "SEED_MIN",
     "TEMPERATURE_MAX",
     "TOP_K_ALL",
+    "check_count",
+    "nested_deeper_than",
 ]

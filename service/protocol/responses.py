@@ -134,7 +134,7 @@ class InputMessage(BaseModel):
     model_config = REQUEST_CONFIG
     type: Literal["message"] | None = None
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextContent]
+    content: str | Annotated[list[TextContent], Field(fail_fast=True)]  # as a chat message's parts
     id: str | None = Field(None, max_length=256)
 
     @field_validator("content")
@@ -235,12 +235,14 @@ class ResponsesRequest(BaseModel):
 
     model_config = REQUEST_CONFIG
     model: str = Field(..., min_length=1, max_length=256)
-    input: str | list[InputItem] = Field(..., description="At most limits.MAX_MESSAGES items (screened).")
+    input: str | Annotated[list[InputItem], Field(fail_fast=True)] = Field(
+        ..., description="At most limits.MAX_MESSAGES items (screened)."
+    )
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=limits.TEMPERATURE_MAX)
     top_p: float | None = Field(None, gt=0, le=1)
-    tools: list[ResponseFunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tools: list[ResponseFunctionTool] | None = Field(None, max_length=MAX_TOOLS, fail_fast=True)
     tool_choice: Literal["none", "auto", "required"] | ResponseToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -283,6 +285,7 @@ def screen_responses(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(options, dict):
         kept["stream_options"] = screen(options, STREAM_OPTION_FIELDS, "stream_options.")
     items = kept.get("input")
+    limits.check_count(kept.get("tools"), MAX_TOOLS, "tools", "tools")
     for i, item in enumerate(items if isinstance(items, list) else []):
         if not isinstance(item, dict):
             continue
@@ -290,9 +293,10 @@ def screen_responses(body: Mapping[str, Any]) -> dict[str, Any]:
         if kind not in INPUT_ITEM_TYPES:
             raise _unsupported(f"input.{i}", f"Input items of type '{kind}' are not served by this gateway.")
         parts = item.get("content") if kind == "message" else item.get("output")
+        field = "content" if kind == "message" else "output"
+        limits.check_count(parts, limits.MAX_CONTENT_PARTS, f"input.{i}.{field}", "content parts")
         for j, part in enumerate(parts if isinstance(parts, list) else []):
             if isinstance(part, dict) and part.get("type") in REFUSED_PART_TYPES:
-                field = "content" if kind == "message" else "output"
                 raise _unsupported(
                     f"input.{i}.{field}.{j}",
                     f"Input parts of type '{part['type']}' are not served by this gateway (text only).",

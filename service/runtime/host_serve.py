@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
-from socket import socket
+from socket import AF_INET, AF_INET6, SO_REUSEADDR, SOCK_STREAM, SOL_SOCKET, socket
 from types import FrameType
 from typing import Any
 
@@ -100,17 +100,46 @@ class GatewayServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve_one(app: Any, options: dict[str, Any]) -> int:
+def operator_socket(host: str, port: int) -> socket:
+    """A bound TCP socket on ``host``:``port`` for the operator endpoints (``security.operator_port``,
+    :mod:`service.api.operator_access`), made as uvicorn makes its own (``SO_REUSEADDR``, inheritable by
+    the gateway processes of ``RADIXGATE_WORKERS`` > 1); the server listens on it.
+
+    Raises:
+        OSError: the address is in use or not this host's.
+    """
+    sock = socket(AF_INET6 if ":" in host else AF_INET, SOCK_STREAM)
+    sock.setsockopt(SOL_SOCKET, SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_one(app: Any, options: dict[str, Any], operator: tuple[str, int] | None = None) -> int:
     """Serve ``app`` in this process with :class:`GatewayServer` until it stops; the exit status: 0, or
     uvicorn's start-up failure status (3) when it never started serving.
 
     Args:
         app: the ASGI app.
         options: keyword arguments of :class:`uvicorn.Config` (host, port, loop, ...).
+        operator: (host, port) of the operator endpoints' own listening socket, served by the same server.
+
+    Raises:
+        OSError: a port is in use.
     """
-    server = GatewayServer(uvicorn.Config(app, **options))
-    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C before its handlers were set
-        server.run()
+    config = uvicorn.Config(app, **options)
+    server = GatewayServer(config)
+    sockets = None if operator is None else [config.bind_socket(), operator_socket(*operator)]
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C before its handlers were set
+            server.run(sockets=sockets)
+    finally:
+        for sock in sockets or ():
+            sock.close()
     return 0 if server.started else STARTUP_FAILURE
 
 
@@ -173,7 +202,12 @@ class MetricsMultiprocess(Multiprocess):
         self._marking_dead(super().handle_ttou)
 
 
-def serve_processes(workers: int, options: dict[str, Any], environ: MutableMapping[str, str]) -> None:
+def serve_processes(
+    workers: int,
+    options: dict[str, Any],
+    environ: MutableMapping[str, str],
+    operator: tuple[str, int] | None = None,
+) -> None:
     """Run ``workers`` gateway processes (``service.app:create_app``, each building its own Settings from
     the environment) on one port until SIGINT/SIGTERM, in prometheus_client's multiprocess mode.
 
@@ -187,10 +221,13 @@ def serve_processes(workers: int, options: dict[str, Any], environ: MutableMappi
         for name in MULTIPROC_ENV:
             environ[name] = str(multiproc_dir)
         config = uvicorn.Config("service.app:create_app", factory=True, workers=workers, **options)
-        sock = config.bind_socket()
+        sockets = [config.bind_socket()]
         try:
-            MetricsMultiprocess(config, [sock], multiproc_dir).run()
+            if operator is not None:
+                sockets.append(operator_socket(*operator))
+            MetricsMultiprocess(config, sockets, multiproc_dir).run()
         except KeyboardInterrupt:  # as uvicorn.run: a Ctrl-C during start-up ends quietly
             pass
         finally:
-            sock.close()
+            for sock in sockets:
+                sock.close()

@@ -73,8 +73,14 @@ def test_redis_persists_and_the_balancer_and_prometheus_know_both_gateways() -> 
     nginx = (REPO / "deploy" / "compose" / "nginx.conf").read_text()
     prometheus = (REPO / "deploy" / "compose" / "prometheus.yml").read_text()
     for gateway in ("gateway-1", "gateway-2"):
-        port = data["services"][gateway]["environment"]["RADIXGATE_PORT"]
-        assert f"server {gateway}:{port}" in nginx and f"{gateway}:{port}" in prometheus
+        env = data["services"][gateway]["environment"]
+        port, operator = env["RADIXGATE_PORT"], env["RADIXGATE_SECURITY__OPERATOR_PORT"]
+        # clients through the balancer to the API port; Prometheus to the operator port (/metrics is there)
+        assert f"server {gateway}:{port}" in nginx and f"{gateway}:{operator}" in prometheus
+        assert f"{gateway}:{operator}" not in nginx and f"{gateway}:{port}" not in prometheus
+        # the bad-key throttle counts each client, not the balancer: nginx names the client in that header
+        header = env["RADIXGATE_SECURITY__CLIENT_ADDRESS_HEADER"]
+        assert f"proxy_set_header {header} $remote_addr;" in nginx
     assert "proxy_buffering off" in nginx  # streams pass through as they are written
     for mount in data["services"]["lb"]["volumes"] + data["services"]["prometheus"]["volumes"]:
         source = mount.split(":")[0]
@@ -82,3 +88,19 @@ def test_redis_persists_and_the_balancer_and_prometheus_know_both_gateways() -> 
             assert (REPO / source).exists(), source
     assert shlex.split("--scale sim-worker=3")  # the documented scaling form names the service
     assert "--scale sim-worker=" in (REPO / "compose.yaml").read_text()
+
+
+def test_no_operator_endpoint_is_published_on_every_interface() -> None:
+    """The balancer's :8000 (every interface) reaches only the gateways' API ports, which answer /metrics and
+    /admin 404 once the operator port is set; what compose publishes of an operator port, and Redis and
+    Prometheus, is bound to 127.0.0.1."""
+    data = resolved(ENV)
+    for name, service in data["services"].items():
+        env = service.get("environment") or {}
+        if name.startswith("gateway-"):
+            assert env["RADIXGATE_SECURITY__OPERATOR_PORT"] != env["RADIXGATE_PORT"]
+        for published in service.get("ports", []):
+            if name == "lb":
+                assert published == "8000:8000"  # the API, for clients
+            else:
+                assert str(published).startswith("127.0.0.1:"), (name, published)

@@ -201,6 +201,13 @@ def test_probes_secrets_and_the_drain_fit_the_grace_period(
     assert {"/healthz", "/readyz"} <= paths and {"/healthz", "/readyz"} <= SERVED_WHILE_DRAINING
     port_names = {p["name"]: p["containerPort"] for p in gateway["ports"]}
     assert port_names[gateway["readinessProbe"]["httpGet"]["port"]] == settings.port
+    # Prometheus scrapes the operator port (the API port answers /metrics 404 once it is set)
+    service_ports = {
+        p["name"]: p["targetPort"] for p in one(objects, "Service", "radixgate-gateway")["spec"]["ports"]
+    }
+    (scraped,) = {e["port"] for e in one(objects, "ServiceMonitor")["spec"]["endpoints"]}
+    assert settings.security.operator_port is not None and settings.security.operator_host == "0.0.0.0"
+    assert port_names[service_ports[scraped]] == settings.security.operator_port != settings.port
     secrets = {v["name"]: v["valueFrom"]["secretKeyRef"] for v in gateway["env"] if "valueFrom" in v}
     assert set(secrets) == {"RADIXGATE_ADMIN_TOKEN", "RADIXGATE_KEY_PEPPER"}
     pre_stop = gateway["lifecycle"]["preStop"]["exec"]["command"]

@@ -15,6 +15,8 @@ from typing import Any
 import redis
 import uvicorn
 
+from service.runtime.host_serve import operator_socket
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
@@ -77,7 +79,7 @@ SERVE_PROTOCOL = "service.runtime.http_protocol:CoalescingHttpToolsProtocol"
 class ThreadedServer:
     """Runs an ASGI app under uvicorn in a daemon thread (real HTTP on ``host``, default 127.0.0.1; any
     127.0.0.0/8 address works on Linux), with the HTTP protocol the gateway serves with (``http``: another
-    uvicorn protocol, e.g. ``"httptools"``)."""
+    uvicorn protocol, e.g. ``"httptools"``); ``extra_ports``: more ports the same server listens on."""
 
     def __init__(
         self,
@@ -86,13 +88,18 @@ class ThreadedServer:
         startup_timeout_s: float = 120.0,
         http: str = SERVE_PROTOCOL,
         host: str = "127.0.0.1",
+        extra_ports: tuple[int, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan="on", http=http)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        # more ports served by the same server (the gateway's security.operator_port), as `serve` binds them
+        self.sockets = None
+        if extra_ports:
+            self.sockets = [config.bind_socket(), *(operator_socket(host, p) for p in extra_ports)]
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": self.sockets}, daemon=True)
 
     @property
     def url(self) -> str:
@@ -113,3 +120,5 @@ class ThreadedServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        for sock in self.sockets or ():
+            sock.close()

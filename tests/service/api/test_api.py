@@ -588,7 +588,7 @@ def test_upstream_down_gives_503_and_charges_nothing(redis_url: str, stub_model_
             assert_openai_error(resp, 503)
             assert resp.headers["Retry-After"] == "1"
         assert usage_of(http, tenant_id)["requests"] == 0
-        ready = http.get("/readyz")
+        ready = http.get("/readyz", headers=ADMIN)  # the detail is an operator's (docs/security.md)
         assert ready.status_code == 503 and ready.json()["redis"] is True
 
 

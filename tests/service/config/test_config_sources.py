@@ -37,7 +37,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path) -> pytest.M
     monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
     served: list[Any] = []
     monkeypatch.setattr(service_main, "create_app", lambda settings: settings)
-    monkeypatch.setattr(service_main, "serve_one", lambda app, options: served.append(app) or 0)
+    monkeypatch.setattr(
+        service_main, "serve_one", lambda app, options, operator=None: served.append(app) or 0
+    )
     monkeypatch.setattr(service_main, "configure_logging", lambda level: None)
     monkeypatch.served = served  # type: ignore[attr-defined]
     return monkeypatch
@@ -194,7 +196,7 @@ def test_serve_hands_the_file_to_every_gateway_process(clean_env: pytest.MonkeyP
     clean_env.setattr(
         service_main,
         "serve_processes",
-        lambda n, options, environ: seen.append(environ.get("RADIXGATE_CONFIG_FILE")),
+        lambda n, options, environ, operator=None: seen.append(environ.get("RADIXGATE_CONFIG_FILE")),
     )
     result = CliRunner().invoke(cli, ["serve", "--config", str(path)])
     assert result.exit_code == 0, result.output

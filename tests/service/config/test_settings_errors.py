@@ -201,3 +201,35 @@ def assert_one_clear_line(
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and len(result.output.splitlines()) <= 3, result.output
     assert result.output.startswith("invalid setting") and says in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RADIXGATE_UPSTREAM__WORKERS", "http://w:30000"),
+        ("RADIXGATE_PRIORITY_CLASSES", '{"interactive": {rank: 1}}'),
+        ("RADIXGATE_MODELS", "[{id: 1}]"),
+        ("RADIXGATE_EXTRA_MODELS", "alias"),
+    ],
+)
+def test_a_setting_that_is_not_json_is_named_with_an_example_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, stub_model_dir: Path, name: str, value: str
+) -> None:
+    """The line said 'RADIXGATE_UPSTREAM__*' for RADIXGATE_UPSTREAM__WORKERS, and gave a worker URL list as
+    the example for the priority classes. It names the variable, and its example is a value that setting
+    takes."""
+    monkeypatch.setattr(service_main, "serve_one", refuse_to_serve)
+    monkeypatch.setenv("RADIXGATE_API__TOKENIZER_PATH", str(stub_model_dir))
+    monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["serve"])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert result.output.startswith(f"invalid setting {name}: not valid JSON"), result.output
+    assert "__*" not in result.output
+    example = result.output.split(f"e.g. {name}=", 1)[1].strip()
+    assert example.startswith("'") and example.endswith("'")
+    monkeypatch.setenv(name, example[1:-1])
+    if name == "RADIXGATE_MODELS":  # its example's model counts prompts with its own tokenizer
+        monkeypatch.setenv(
+            name, example[1:-1].replace('"workers"', f'"tokenizer_path": "{stub_model_dir}", "workers"')
+        )
+    Settings()  # the example is a value the setting takes
