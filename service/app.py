@@ -292,6 +292,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         quota = QuotaLimiter(redis, prefix, settings.redis.settle_linger_s, retention, rows)
         quota.on_soft_limit = billing.soft_limit_reached
         settler = Settler(quota, settings.redis, metrics)
+        background.append(asyncio.create_task(settler.replay(), name="settle-journal"))  # off startup
         leased = LeasedQuota(
             quota,
             settings.redis.quota_lease_s,

@@ -146,6 +146,12 @@ class RedisSettings(BaseModel):
         ge=1,
         description="Settles a replica retries at once at most; one more is counted lost at once.",
     )
+    settle_journal_dir: Path | None = Field(
+        None,
+        description="Folder where a stopping gateway writes the settles Redis did not take during its "
+        "drain, replayed (each at most once) by the next process started on it; unset: they are counted "
+        "lost (radixgate_settle_failures_total).",
+    )
     settle_drain_s: float = Field(
         10.0,
         ge=0,

@@ -412,6 +412,12 @@ class GatewayMetrics:
             "spent, a script error, too many pending, or shutdown (answer kept; logged as settle_lost).",
             registry=registry,
         )
+        self.settle_journaled = Counter(
+            "radixgate_settle_journaled_total",
+            "Requests whose settle a stopping gateway wrote to its local journal (redis.settle_journal_dir) "
+            "for the next process to replay, instead of counting it lost.",
+            registry=registry,
+        )
         self.settle_deferred = Counter(
             "radixgate_settle_deferred_total",
             "Settles that failed on the response path (Redis unavailable) and went to background retries.",

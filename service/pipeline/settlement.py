@@ -46,6 +46,7 @@ import structlog
 
 from service.config.settings import RedisSettings
 from service.observability.metrics import GatewayMetrics
+from service.pipeline.settle_journal import SettleJournal
 from service.runtime.task_stop import stop_tasks
 from tenancy.billing import UsageRow
 from tenancy.errors import StoreUnavailable
@@ -113,14 +114,27 @@ class Settler:
         settings: the Redis settings (``settle_*``).
         metrics: the app's metrics.
 
-    Build one per app in the lifespan and call :meth:`drain` before closing Redis.
+    Build one per app in the lifespan, start :meth:`replay` and call :meth:`drain` before closing Redis.
+    ``journal``: where :meth:`drain` keeps what Redis did not take (default: ``redis.settle_journal_dir``'s,
+    when set).
     """
 
-    def __init__(self, quota: QuotaLimiter, settings: RedisSettings, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        quota: QuotaLimiter,
+        settings: RedisSettings,
+        metrics: GatewayMetrics,
+        journal: SettleJournal | None = None,
+    ) -> None:
         self._quota = quota
         self._cfg = settings
         self._metrics = metrics
         self._once_s = settings.settle_marker_ttl_s
+        if journal is None and settings.settle_journal_dir is not None:
+            journal = SettleJournal(settings.settle_journal_dir, settings.settle_queue_max)
+        self._journal = journal
+        self._journaled: set[str] = set()  # request ids written to the journal (not lost)
+        self._items: dict[asyncio.Task[None], Settlement] = {}  # each retry's settle
         self._tasks: set[asyncio.Task[None]] = set()
         self._draining = asyncio.Event()
         self._running: dict[str, set[asyncio.Task[Any]]] = {}
@@ -247,6 +261,8 @@ class Settler:
             await asyncio.wait(set(running), timeout=self._cfg.pool_timeout_s + self._cfg.socket_timeout_s)
 
     def _defer(self, item: Settlement, cause: str) -> SettleResult:
+        if self._draining.is_set() and self._keep([item]):
+            return "deferred"  # to the next gateway process, through the journal
         if self._cfg.settle_retries == 0 or self._draining.is_set():
             self._lost(item, "unavailable", attempts=1)
             return "lost"
@@ -259,12 +275,14 @@ class Settler:
         )
         task = asyncio.get_running_loop().create_task(self._retry(item), name=f"settle-{item.request_id}")
         self._tasks.add(task)
+        self._items[task] = item
         self._metrics.settle_pending.set(len(self._tasks))
         task.add_done_callback(self._done)
         return "deferred"
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._items.pop(task, None)
         self._metrics.settle_pending.set(len(self._tasks))
 
     async def _pause(self, retry: int) -> None:
@@ -302,7 +320,8 @@ class Settler:
                 return
             self._lost(item, "retries_spent", attempts)
         except asyncio.CancelledError:
-            self._lost(item, "shutdown", attempts)
+            if item.request_id not in self._journaled:
+                self._lost(item, "shutdown", attempts)
             raise
 
     def _lost(self, item: Settlement, reason: str, attempts: int) -> None:
@@ -336,7 +355,38 @@ class Settler:
         if not under_way:
             return
         _, pending = await asyncio.wait(under_way, timeout=self._cfg.settle_drain_s)
+        self._keep([self._items[t] for t in pending if t in self._items])
         await stop_tasks(pending)  # they call Redis, which can swallow one cancel
+
+    def _keep(self, items: list[Settlement]) -> bool:
+        """Write ``items`` to the journal for the next gateway process (:meth:`replay`); False when there
+        is no journal or it could not be written (they are then counted lost as before)."""
+        if self._journal is None or not items:
+            return False
+        try:
+            written = self._journal.write(items)
+        except OSError as exc:
+            log.error("settle_journal_failed", error=str(exc), settles=len(items))
+            return False
+        for item in items[:written]:
+            self._journaled.add(item.request_id)
+            log.warning("settle_journaled", request_id=item.request_id, tenant=item.reservation.tenant_id)
+        for item in items[written:]:
+            self._lost(item, "journal_full", attempts=1)
+        self._metrics.settle_journaled.inc(sum(item.covers for item in items[:written]))
+        return True
+
+    async def replay(self) -> None:
+        """Settle what stopped gateway processes left in the journal (each at most once, under its
+        request's marker; one Redis can't take now is retried as any deferred settle); logged as
+        ``settle_journal_replayed`` with the count."""
+        if self._journal is None:
+            return
+        items = await asyncio.to_thread(self._journal.claim)
+        for item in items:
+            await self.settle(item)
+        if items:
+            log.warning("settle_journal_replayed", settles=len(items))
 
 
 __all__ = ["SettleResult", "Settlement", "Settler"]
