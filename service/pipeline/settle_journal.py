@@ -23,14 +23,10 @@ import pickle
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import structlog
-
-if TYPE_CHECKING:
-    from service.pipeline.settlement import Settlement
 
 log = structlog.get_logger("radixgate.settle")
 
@@ -39,7 +35,8 @@ FORMAT = 1
 
 
 class SettleJournal:
-    """The settles of this host's gateway processes, in ``directory``.
+    """The settles of this host's gateway processes, in ``directory`` (any picklable values; the settler
+    writes :class:`~service.pipeline.settlement.Settlement` ones, without their concurrency slot).
 
     Args:
         directory: the folder (made when missing).
@@ -52,14 +49,13 @@ class SettleJournal:
         self.max_entries = max_entries
         self._pid = os.getpid() if pid is None else pid
 
-    def write(self, items: Sequence[Settlement]) -> int:
+    def write(self, items: Sequence[Any]) -> int:
         """Write up to ``max_entries`` of ``items`` in one new file; returns how many (0: none given).
 
         Raises:
             OSError: the folder or the file could not be written (the caller counts them lost).
         """
-        kept = [replace(item, reservation=replace(item.reservation, slot=None)) for item in items]
-        kept = kept[: self.max_entries]
+        kept = list(items[: self.max_entries])
         if not kept:
             return 0
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -69,12 +65,12 @@ class SettleJournal:
         tmp.rename(self.directory / f"{name}.journal")
         return len(kept)
 
-    def claim(self) -> list[Settlement]:
+    def claim(self) -> list[Any]:
         """Take every journal in the folder (renamed first, so another process starting at the same time
         does not take it too), load and delete it; the settles in them, oldest file first."""
         if not self.directory.is_dir():
             return []
-        found: list[tuple[float, Settlement]] = []
+        found: list[tuple[float, Any]] = []
         for path in sorted(self.directory.glob("settles-*.journal")):
             mine = path.with_suffix(f".replaying-{self._pid}")
             try:

@@ -363,8 +363,8 @@ class Settler:
         is no journal or it could not be written (they are then counted lost as before)."""
         if self._journal is None or not items:
             return False
-        try:
-            written = self._journal.write(items)
+        try:  # the slot is this process's; the next one must not release it again
+            written = self._journal.write([replace_slot(item) for item in items])
         except OSError as exc:
             log.error("settle_journal_failed", error=str(exc), settles=len(items))
             return False
@@ -389,4 +389,11 @@ class Settler:
             log.warning("settle_journal_replayed", settles=len(items))
 
 
-__all__ = ["SettleResult", "Settlement", "Settler"]
+def replace_slot(item: Settlement) -> Settlement:
+    """``item`` without its concurrency slot."""
+    if item.reservation.slot is None:
+        return item
+    return dataclasses.replace(item, reservation=dataclasses.replace(item.reservation, slot=None))
+
+
+__all__ = ["SettleResult", "Settlement", "Settler", "replace_slot"]
