@@ -4,7 +4,7 @@ Money is never a float here. A price is a whole number of **micro-dollars per mi
 (``$0.15 / 1M`` = 150,000), so a price has at most six decimal places in USD. A cost is then a whole
 number of **picodollars** (1e-12 USD): ``tokens x price`` exactly, since one token at ``p`` micro-dollars
 per million tokens costs ``p x 1e-6 / 1e6`` USD = ``p`` picodollars. Costs add up exactly in Redis's 64-bit
-integers (``HINCRBY``); one counter holds up to about $9.2M (``tenancy/money_lib.lua`` carries above $1M
+integers (``HINCRBY``); one counter holds up to about $9.2M (``tenancy/billing_lib.lua`` carries above $1M
 into a second field, so a lifetime total never overflows).
 
 A cached prompt token (a prefix-cache hit the worker reports as ``cached_tokens``, OpenAI's
