@@ -36,6 +36,11 @@ def _decode(raw: str) -> ModelPrice:
     return ModelPrice(int(data["input"]), int(data["cached_input"]), int(data["output"]))
 
 
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class PriceStore:
     """The admin's prices in Redis.
 
@@ -105,7 +110,7 @@ class PriceBook:
         self._overrides: dict[str, ModelPrice] = {}
         self._expires = -1.0
         self._loaded = False
-        self._loading: asyncio.Future[None] | None = None
+        self._loading: asyncio.Task[None] | None = None
 
     @property
     def defaults(self) -> Mapping[str, ModelPrice]:
@@ -139,11 +144,18 @@ class PriceBook:
         return dict(self._table), dict(self._overrides)
 
     async def refresh(self) -> None:
-        """Read the admin's prices (one read at a time: concurrent callers wait for it)."""
-        if self._loading is not None:
-            await asyncio.shield(self._loading)
-            return
-        self._loading = asyncio.get_running_loop().create_future()
+        """Read the admin's prices: one read at a time, in a task the concurrent callers share (one that
+        leaves does not cancel it for the others).
+
+        Raises:
+            StoreUnavailable: Redis failed and no table was read before.
+        """
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self._load())
+            self._loading.add_done_callback(_retrieved)
+        await asyncio.shield(self._loading)
+
+    async def _load(self) -> None:
         began = self._clock()
         try:
             overrides = await self._store.overrides()
@@ -154,8 +166,7 @@ class PriceBook:
             self._expires = began + self._ttl_s
             return
         finally:
-            loading, self._loading = self._loading, None
-            loading.set_result(None)
+            self._loading = None
         self._overrides = overrides
         self._table = {**self._defaults, **overrides}
         self._expires = began + self._ttl_s
