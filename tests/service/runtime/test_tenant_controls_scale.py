@@ -97,12 +97,33 @@ async def one_stream(http: httpx.AsyncClient, key: str, tenant: int, i: int) -> 
 
 
 async def send_all(base: str, keys: dict[int, str]) -> list[tuple[int, int, str, int]]:
-    """Every tenant's streams at once, interleaved: (tenant, status, code, tokens) per stream."""
+    """Every tenant's streams, interleaved, their connections opened 1 ms apart (2 s for all: a stream
+    lasts 8 s, so all 2,000 are in flight together; a single burst of 2,000 SYNs overflowed the listen
+    queues on a loaded machine): (tenant, status, code, tokens) per stream."""
     limits = httpx.Limits(max_connections=TENANTS * STREAMS_PER_TENANT + 10, max_keepalive_connections=0)
+
+    async def later(n: int, t: int, i: int) -> tuple[int, str, int]:
+        await asyncio.sleep(n * 0.001)
+        return await one_stream(http, keys[t], t, i)
+
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
         jobs = [(t, i) for i in range(STREAMS_PER_TENANT) for t in range(TENANTS)]
-        answers = await asyncio.gather(*(one_stream(http, keys[t], t, i) for t, i in jobs))
+        answers = await asyncio.gather(*(later(n, t, i) for n, (t, i) in enumerate(jobs)))
     return [(t, *answer) for (t, _), answer in zip(jobs, answers, strict=True)]
+
+
+def usage_once_counted(admin: httpx.Client) -> dict[int, dict[str, Any]]:
+    """Every tenant's usage once it counts each of its streams (answers and refusals: a refusal's count
+    is recorded after its answer, by whichever process refused it), at most 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        usage = {t: admin.get(f"/admin/tenants/scale-{t:02d}/usage").json() for t in range(TENANTS)}
+        counted = [
+            u["requests"] + u["concurrency_rejections"] + u["quota_rejections"] for u in usage.values()
+        ]
+        if all(n >= STREAMS_PER_TENANT for n in counted) or time.monotonic() > deadline:
+            return usage
+        time.sleep(0.2)
 
 
 def test_four_processes_fifty_tenants_two_thousand_streams_hold_every_cap_and_bucket(
@@ -143,7 +164,7 @@ def test_four_processes_fifty_tenants_two_thousand_streams_hold_every_cap_and_bu
             answers = asyncio.run(send_all(base, keys))
             took = time.monotonic() - started
             with httpx.Client(base_url=base, timeout=30, headers=ADMIN) as admin:
-                usage = {t: admin.get(f"/admin/tenants/scale-{t:02d}/usage").json() for t in range(TENANTS)}
+                usage = usage_once_counted(admin)
                 spend = {
                     t: admin.get(f"/admin/tenants/scale-{t:02d}/budget").json()["spend"]
                     for t in range(BUDGETED)
