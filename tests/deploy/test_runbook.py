@@ -17,7 +17,15 @@ from starlette.routing import BaseRoute, Route
 from loadgen.sim.metrics import SimMetrics
 from loadgen.sim.profiles import get_profile
 from loadgen.sim.server import SimServer
-from service.api import admin_routes, admin_workers, health_routes, openai_routes
+from service.api import (
+    admin_billing,
+    admin_keys,
+    admin_planner,
+    admin_routes,
+    admin_workers,
+    health_routes,
+    openai_routes,
+)
 from service.observability.metrics import GatewayMetrics
 from tests.support.doc_links import anchors, slug
 from tests.support.paths import REPO
@@ -68,7 +76,15 @@ def route_patterns(routes: list[BaseRoute]) -> list[re.Pattern[str]]:
 
 def gateway_routes() -> list[re.Pattern[str]]:
     """The gateway's routes (its routers, with their prefixes)."""
-    routers = (admin_routes.router, admin_workers.router, health_routes.router, openai_routes.router)
+    routers = (
+        admin_routes.router,
+        admin_keys.router,
+        admin_billing.router,
+        admin_planner.router,
+        admin_workers.router,
+        health_routes.router,
+        openai_routes.router,
+    )
     return route_patterns([route for router in routers for route in router.routes])
 
 

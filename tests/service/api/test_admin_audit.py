@@ -26,7 +26,7 @@ from service.api.admin_audit import AdminAuditLog
 from service.app import create_app
 from service.observability.logs import configure_logging
 from service.workers.registry import worker_id
-from tests.conftest import ADMIN_TOKEN, gateway_settings
+from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer
 
@@ -85,6 +85,24 @@ STEPS = [
     Step("POST", "/admin/tenants/{tenant_id}/enable", None, 200, "enable_tenant"),
     Step("POST", "/admin/tenants/{tenant_id}/keys", {"name": "k"}, 201, "issue_key"),
     Step("PATCH", "/admin/tenants/{tenant_id}/keys/{key_id}", {"name": "k2"}, 200, "update_key"),
+    Step(
+        "PUT",
+        "/admin/tenants/{tenant_id}/budget",
+        {"period": "day", "hard_limit_usd": 5},
+        200,
+        "set_tenant_budget",
+    ),
+    Step("DELETE", "/admin/tenants/{tenant_id}/budget", None, 200, "clear_tenant_budget"),
+    Step(
+        "PUT",
+        "/admin/tenants/{tenant_id}/keys/{key_id}/budget",
+        {"period": "month", "soft_limit_usd": 1},
+        200,
+        "set_key_budget",
+    ),
+    Step("DELETE", "/admin/tenants/{tenant_id}/keys/{key_id}/budget", None, 200, "clear_key_budget"),
+    Step("PUT", "/admin/prices/{model}", {"input_per_mtok": 1, "output_per_mtok": 2}, 200, "set_price"),
+    Step("DELETE", "/admin/prices/{model}", None, 200, "clear_price"),
     Step("DELETE", "/admin/tenants/{tenant_id}/keys/{key_id}", None, 200, "revoke_key"),
     Step("DELETE", "/admin/tenants/{tenant_id}", None, 204, "delete_tenant"),
     Step("POST", "/admin/workers", {"url": "{spare}"}, 201, "add_worker"),
@@ -103,7 +121,7 @@ def test_the_table_covers_every_mutating_admin_route(gw: Gateway) -> None:
 
 def test_every_mutating_admin_action_writes_exactly_one_audit_line(gw: Gateway) -> None:
     tenant = f"aud{next(_ids)}"
-    params = {"tenant_id": tenant, "wid": worker_id(gw.spare_worker)}
+    params = {"tenant_id": tenant, "wid": worker_id(gw.spare_worker), "model": MODEL}
     fill = {"{tenant}": tenant, "{spare}": gw.spare_worker}
     for step in STEPS:
         path = step.route.format(**params)

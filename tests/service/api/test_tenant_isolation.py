@@ -138,7 +138,9 @@ def public(path: str) -> Probe:
 
 def admin(method: str, template: str) -> Probe:
     def probe(r: Run) -> list[httpx.Response]:
-        path = template.format(tenant_id=r.b.id, key_id=r.b.key_id, wid=worker_id("http://127.0.0.1:1"))
+        path = template.format(
+            tenant_id=r.b.id, key_id=r.b.key_id, wid=worker_id("http://127.0.0.1:1"), model=MODEL
+        )
         body = {
             "id": r.a.id,
             "name": "taken",
@@ -215,6 +217,16 @@ ADMIN_ROUTES = [
     ("GET", "/admin/tenants/{tenant_id}/keys/{key_id}"),
     ("PATCH", "/admin/tenants/{tenant_id}/keys/{key_id}"),
     ("DELETE", "/admin/tenants/{tenant_id}/keys/{key_id}"),
+    ("GET", "/admin/tenants/{tenant_id}/budget"),
+    ("PUT", "/admin/tenants/{tenant_id}/budget"),
+    ("DELETE", "/admin/tenants/{tenant_id}/budget"),
+    ("GET", "/admin/tenants/{tenant_id}/keys/{key_id}/budget"),
+    ("PUT", "/admin/tenants/{tenant_id}/keys/{key_id}/budget"),
+    ("DELETE", "/admin/tenants/{tenant_id}/keys/{key_id}/budget"),
+    ("GET", "/admin/prices"),
+    ("GET", "/admin/prices/{model}"),
+    ("PUT", "/admin/prices/{model}"),
+    ("DELETE", "/admin/prices/{model}"),
     ("GET", "/admin/workers"),
     ("POST", "/admin/workers"),
     ("POST", "/admin/workers/{wid}/drain"),
