@@ -343,7 +343,8 @@ def soak(
 ) -> None:
     """Streams past capacity for minutes, with a worker killed and Redis restarted on a schedule
     (loadgen/soak.py); exit 1 when a request was not answered (whole, or a clean 429/503), a tenant's
-    ledger does not balance, or a gateway process's memory grew by more than 1 MB/min."""
+    ledger does not balance, or a gateway process's memory grew by more than 1 MB/min over the run's
+    second half."""
     from loadgen.soak import figures_json, figures_text, run_soak
 
     figures = run_soak(

@@ -112,7 +112,9 @@ def test_deep_no_generated_request_gets_a_server_error(api_schema: Any, served: 
     for result in api_schema.get_all_operations():
         operation = result.ok()
         tenant_facing = operation.path.startswith("/v1/")
-        counts[operation.verbose_name] = fuzz(operation, url, key if tenant_facing else ADMIN_TOKEN, 1000)
+        counts[f"{operation.method.upper()} {operation.path}"] = fuzz(
+            operation, url, key if tenant_facing else ADMIN_TOKEN, 1000
+        )
     for name, sent in sorted(counts.items()):
         print(f"{sent:6d}  {name}")
     print(f"{sum(counts.values())} cases over {len(counts)} operations, 0 answered 5xx")
