@@ -3,7 +3,7 @@ read a window of metrics under (``python -m service diagnose``'s tests, issue 28
 
 The workers run the ``llama-3.1-70b-h100-tp8`` profile at speed 1 (a streamed 16-token answer takes about
 0.2 s: the engine's times dwarf the gateway's own in a test process) with the simulated DCGM gauges; the
-gateway reaches Redis through a :class:`tests.support.delay_proxy.DelayProxy` (the quota store's latency
+gateway reaches Redis through a :class:`tests.support.fault_proxy.FaultProxy` (the quota store's latency
 is a knob too), takes one quota call per request (no leases), and keeps fixed windows of
 :data:`WINDOW` requests per worker, so that a load of more clients than the windows hold queues in the
 gateway.
@@ -25,7 +25,7 @@ from loadgen.sim.knobs import PerfKnobs
 from loadgen.sim.profiles import get_profile
 from service.diagnose.sources import ScrapedWindow, scrape_window
 from tests.conftest import ADMIN_TOKEN
-from tests.support.delay_proxy import DelayProxy
+from tests.support.fault_proxy import FaultProxy
 from tests.support.prometheus import SimStack
 from tests.support.prometheus_live import Load, running
 
@@ -67,7 +67,7 @@ class DiagnoseStack:
     """
 
     def __init__(self, redis_url: str, model_dir: Path, workers: int = 3) -> None:
-        self.redis = DelayProxy(redis_url)
+        self.redis = FaultProxy(redis_url)
         self._workers = workers
         self._model_dir = model_dir
         self._stack = contextlib.ExitStack()

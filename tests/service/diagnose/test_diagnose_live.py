@@ -125,7 +125,7 @@ def diagnosed(ds: DiagnoseStack, case: Case, windows: dict[str, tuple[float, flo
     ds.knobs(case.worker, **case.knobs)
     if case.fault is not None:
         ds.stack.sims[case.worker or 0].set_fault(case.fault)
-    ds.redis.delay_s = case.redis_delay_s
+    ds.redis.latency_s = case.redis_delay_s
     try:
         return ds.run(
             window,
@@ -138,7 +138,7 @@ def diagnosed(ds: DiagnoseStack, case: Case, windows: dict[str, tuple[float, flo
         ds.knobs()
         for sim in ds.stack.sims:
             sim.set_fault(FaultSpec())
-        ds.redis.delay_s = 0.0
+        ds.redis.latency_s = 0.0
         if case.fault is not None:
             ds.wait_healthy()
 
