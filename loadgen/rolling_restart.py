@@ -45,6 +45,7 @@ import orjson
 import redis
 
 from loadgen.stack import LocalStack, free_port
+from tenancy.layout import KeyLayout
 
 MODEL = "sim-model"
 KEEPALIVE_EXPIRY_S = 2.0
@@ -354,7 +355,7 @@ def moved_streams(log: Path, tenant: str) -> int:
 
 def charged(redis_url: str, prefix: str, tenant: str) -> dict[str, int]:
     """The tenant's usage as Redis holds it (requests, prompt and completion tokens, errors)."""
-    raw = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(f"{prefix}usage:{tenant}")
+    raw = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(KeyLayout(prefix).usage(tenant))
     return {name: int(raw.get(name, 0)) for name in ("requests", "prompt_tokens", "completion_tokens")}
 
 

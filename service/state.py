@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,6 +21,7 @@ from service.runtime.drain import Drain
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter
+from tenancy.redis_client import RedisClient
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
 
@@ -30,7 +31,7 @@ class GatewayState:
     """Everything a request handler may need."""
 
     settings: Settings
-    redis: Redis
+    redis: RedisClient
     tenants: TenantStore
     quota: QuotaLimiter
     usage: UsageRecorder
@@ -45,8 +46,9 @@ class GatewayState:
     planner: PlannerTask | None = None  # radixgate_desired_workers' decisions (None: planner.enabled off)
 
 
-def connect_redis(settings: RedisSettings) -> Redis:
-    """A Redis client over a bounded, blocking connection pool.
+def connect_redis(settings: RedisSettings) -> RedisClient:
+    """A Redis client over a bounded, blocking connection pool; with ``settings.cluster``, a Redis Cluster
+    client (:func:`connect_cluster`).
 
     At most ``max_connections`` connections; a caller waits up to ``pool_timeout_s`` for a free one
     (redis-py's default pool fails at once with ``MaxConnectionsError`` instead). A reply slower than
@@ -54,6 +56,8 @@ def connect_redis(settings: RedisSettings) -> Redis:
     the pooled connection is stale); a timeout is not retried, so a call's latency stays bounded. Each
     of these failures surfaces as :class:`tenancy.errors.StoreUnavailable` (503 with Retry-After).
     """
+    if settings.cluster:
+        return connect_cluster(settings)
     pool = BlockingConnectionPool.from_url(
         settings.url,
         max_connections=settings.max_connections,
@@ -64,3 +68,19 @@ def connect_redis(settings: RedisSettings) -> Redis:
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
     return Redis.from_pool(pool)  # closing the client closes the pool
+
+
+def connect_cluster(settings: RedisSettings) -> RedisCluster:
+    """A Redis Cluster client that starts from the node ``settings.url`` names and learns the others
+    (``CLUSTER SLOTS``); each call goes to the node of its keys' slot, following ``MOVED``/``ASK`` while
+    slots migrate. At most ``max_connections`` connections per node; the timeouts as :func:`connect_redis`.
+    A call fails with :class:`tenancy.errors.StoreUnavailable` as on one Redis.
+    """
+    return RedisCluster.from_url(
+        settings.url,
+        max_connections=settings.max_connections,
+        socket_timeout=settings.socket_timeout_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from tenancy.models import ApiKeyRecord, Tenant
+from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.auth_cache")
 
@@ -147,7 +147,7 @@ class AuthCache:
 
 
 async def follow_invalidations(
-    redis: Redis,
+    redis: RedisClient,
     channel: str,
     cache: AuthCache,
     retry_s: float = 1.0,

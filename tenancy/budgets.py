@@ -28,7 +28,6 @@ from typing import Any, NamedTuple, cast
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from policies.billing_periods import Period, PeriodWindow, period_window
@@ -37,6 +36,7 @@ from tenancy.auth_cache import invalidation_channel
 from tenancy.billing import SPEND_RETENTION_S, BudgetHold, BudgetScope
 from tenancy.errors import CallObserver, TenantNotFoundError, store_operation
 from tenancy.layout import KeyLayout
+from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.budgets")
 
@@ -179,13 +179,13 @@ class BudgetStore:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix.
+        prefix: RedisClient key prefix.
         clock: unix time, s (which period is now; test hook).
     """
 
     observe_call: CallObserver | None = None
 
-    def __init__(self, redis: Redis, prefix: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, redis: RedisClient, prefix: str, clock: Callable[[], float] = time.time) -> None:
         self._redis = redis
         self._layout = KeyLayout(prefix)
         self._channel = invalidation_channel(prefix)
@@ -310,7 +310,7 @@ class BudgetCache:
         64 reads), in a task of its own (a caller that leaves does not cancel it for the others).
 
         Raises:
-            StoreUnavailable: Redis failed.
+            StoreUnavailable: RedisClient failed.
         """
         found = self.fresh(tenant_id)
         if found is not None:

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from tenancy.errors import CallObserver, StoreUnavailable, TenantNotFoundError, store_operation, timed_call
 from tenancy.layout import KeyLayout, lua
+from tenancy.redis_client import RedisClient
 from tenancy.script_batch import ScriptBatcher
 
 log = structlog.get_logger("radixgate.concurrency")
@@ -58,7 +58,7 @@ class HeldSlot:
     Attributes:
         slot_id: unique id of the slot (the member in each set), 16 hex characters.
         tenant_id: whose slot.
-        sets: Redis keys of the slot sets it holds a member in (the tenant's, the key's: those capped).
+        sets: RedisClient keys of the slot sets it holds a member in (the tenant's, the key's: those capped).
     """
 
     slot_id: str
@@ -87,7 +87,7 @@ class ConcurrencyLimiter:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix.
+        prefix: RedisClient key prefix.
         lease_s: a slot's lease, s: a slot its holder stops renewing is free again after at most this.
         on_lost: called with the number of slots found lost by a renewal (their lease ended before it
             landed, e.g. Redis was unreachable for longer than the lease), for a metric.
@@ -100,7 +100,7 @@ class ConcurrencyLimiter:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         prefix: str,
         lease_s: float,
         on_lost: Callable[[int], None] | None = None,
@@ -163,7 +163,7 @@ class ConcurrencyLimiter:
 
         Raises:
             TenantNotFoundError: ``epoch`` was given and the tenant is gone (nothing was written).
-            StoreUnavailable: Redis is unavailable; whatever the call may have taken is released.
+            StoreUnavailable: RedisClient is unavailable; whatever the call may have taken is released.
         """
         sets = self.slot_sets(tenant_id, tenant_cap, key_id, key_cap)
         if not sets:
@@ -229,7 +229,7 @@ class ConcurrencyLimiter:
         ended first), which are no longer renewed and are removed from their other sets.
 
         Raises:
-            StoreUnavailable: Redis is unavailable (the leases not renewed end in time).
+            StoreUnavailable: RedisClient is unavailable (the leases not renewed end in time).
         """
         held = list(self._held.values())
         found: list[HeldSlot] = []

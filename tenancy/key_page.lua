@@ -1,13 +1,13 @@
 -- One page of a tenant's API keys, oldest first, read atomically (see tenancy/layout.py).
 -- KEYS[1] tenant record, KEYS[2] its key-id set, KEYS[3] its key ids scored by creation time (sorted set)
--- ARGV[1] prefix of API key records ("<P>key:"), ARGV[2] the key id to start after ("" = the oldest),
+-- ARGV[1] prefix of its API key records ("<T>key:"), ARGV[2] the key id to start after ("" = the oldest),
 -- ARGV[3] page size
 -- Returns -1 if the tenant does not exist, -2 if ARGV[2] is not one of its keys, else
 -- {more (1 when keys follow the page, else 0), key record JSON, ...}.
 -- Order: creation time, then key id (the sorted set's order), a total order, so a page that starts
 -- after a key's position returns every key that exists throughout a listing exactly once.
--- Like tenant_delete.lua, the key records are named from ARGV[1], not declared in KEYS: atomic on one
--- Redis, not portable to Redis Cluster as it stands.
+-- Like tenant_delete.lua, the key records are named from ARGV[1], not declared in KEYS; they carry the
+-- tenant's hash tag, so on Redis Cluster they are in the slot of the declared keys.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return -1
 end

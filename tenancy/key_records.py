@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from tenancy.errors import KeyNotFoundError, store_operation
 from tenancy.layout import KeyLayout
 from tenancy.models import ApiKeyInfo, ApiKeyRecord, KeyPatch
+from tenancy.redis_client import RedisClient
 
 
 def key_info(record: ApiKeyRecord) -> ApiKeyInfo:
@@ -34,7 +34,7 @@ class KeyRecords:
     """Reads and writes of one key's record; :class:`tenancy.store.TenantStore` sets ``_redis`` and
     ``_layout`` and publishes the invalidations (``_invalidate``)."""
 
-    _redis: Redis
+    _redis: RedisClient
     _layout: KeyLayout
 
     async def _invalidate(self, message: str) -> None:
@@ -42,7 +42,7 @@ class KeyRecords:
         raise NotImplementedError
 
     async def _key_record(self, tenant_id: str, key_id: str) -> ApiKeyRecord:
-        raw = await self._redis.get(self._layout.api_key(key_id))
+        raw = await self._redis.get(self._layout.api_key(tenant_id, key_id))
         if raw is None:
             raise KeyNotFoundError(key_id)
         record = ApiKeyRecord.model_validate_json(raw)
@@ -74,7 +74,7 @@ class KeyRecords:
         Raises:
             KeyNotFoundError: no such key of that tenant.
         """
-        key = self._layout.api_key(key_id)
+        key = self._layout.api_key(tenant_id, key_id)
         changes = patch.model_dump(exclude_unset=True)
         quota_fields = (
             {name: getattr(patch.quotas, name) for name in patch.quotas.model_fields_set}

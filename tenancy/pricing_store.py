@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from policies.pricing import FREE, ModelPrice
 from tenancy.auth_cache import invalidation_channel
 from tenancy.errors import CallObserver, StoreUnavailable, store_operation
 from tenancy.layout import KeyLayout
+from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.pricing")
 
@@ -46,14 +46,14 @@ class PriceStore:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix.
+        prefix: RedisClient key prefix.
 
     ``observe_call``: told each call's latency (:func:`tenancy.errors.store_operation`).
     """
 
     observe_call: CallObserver | None = None
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: RedisClient, prefix: str) -> None:
         self._redis = redis
         self._layout = KeyLayout(prefix)
         self._channel = invalidation_channel(prefix)
@@ -128,7 +128,7 @@ class PriceBook:
         """``model_id``'s price (:data:`FREE` when nobody priced it), reading the table again when stale.
 
         Raises:
-            StoreUnavailable: Redis failed and the book holds no table read before (a stale one is used,
+            StoreUnavailable: RedisClient failed and the book holds no table read before (a stale one is used,
                 and logged, rather than failing the request).
         """
         found = self.fresh(model_id)
@@ -148,7 +148,7 @@ class PriceBook:
         leaves does not cancel it for the others).
 
         Raises:
-            StoreUnavailable: Redis failed and no table was read before.
+            StoreUnavailable: RedisClient failed and no table was read before.
         """
         if self._loading is None:
             self._loading = asyncio.ensure_future(self._load())

@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from redis.asyncio import Redis
-
 from policies.billing_periods import DAY_S, day_end_s, parse_day
 from policies.pricing import FREE, ModelPrice
 from policies.rate_limits import BucketLevel
@@ -42,6 +40,7 @@ from tenancy.concurrency import HeldSlot
 from tenancy.errors import CallObserver, TenantNotFoundError, timed_call, untimed_store_operation
 from tenancy.layout import BucketName, KeyLayout, ScopeKind, lua
 from tenancy.models import USAGE_FIELDS, BucketLimits, Quotas
+from tenancy.redis_client import RedisClient
 from tenancy.script_batch import ScriptBatcher
 
 ONCE_TTL_MS = 10_000
@@ -156,7 +155,7 @@ class QuotaLimiter:
 
     Args:
         redis: async client.
-        prefix: Redis key prefix; buckets live at ``<prefix>bucket:<tenant>:{requests,tokens}``.
+        prefix: RedisClient key prefix; buckets live at ``<prefix>bucket:<tenant>:{requests,tokens}``.
         settle_linger_s: how long a settle waits to share a pipeline with others, s
             (:class:`tenancy.script_batch.ScriptBatcher`).
 
@@ -175,7 +174,7 @@ class QuotaLimiter:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         prefix: str,
         settle_linger_s: float = 0.0,
         usage_retention_days: int = 400,
@@ -236,7 +235,7 @@ class QuotaLimiter:
         extra_keys: Sequence[str] = (),
     ) -> list[str | int]:
         # the call's marker first (lua(once=True)): a call redis-py sends again after a cut reply runs once
-        once = self._layout.once(secrets.token_hex(8))
+        once = self._layout.once(tenant_id, secrets.token_hex(8))
         keys = [once, self._layout.tenant(tenant_id), *(b.key for b in buckets), *extra_keys]
         args: list[str | float] = [
             ONCE_TTL_MS,
@@ -427,7 +426,7 @@ class QuotaLimiter:
         if not buckets and not counts and not r.budgets and not rows:
             return True
         layout = self._layout
-        marker = layout.settled(once[0]) if once is not None else layout.settled("")
+        marker = layout.settled(r.tenant_id, once[0] if once is not None else "")
         keys = [layout.tenant(r.tenant_id), layout.usage(r.tenant_id), marker, *(b.key for b in buckets)]
         args: list[str | int] = [
             "" if now_ms is None else repr(float(now_ms)),

@@ -26,6 +26,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
+from tenancy.redis_client import RedisClient, is_cluster
+
 _Call = tuple[AsyncScript, Sequence[str], Sequence[str | int | float], "asyncio.Future[Any]"]
 
 
@@ -48,18 +50,21 @@ class ScriptBatcher:
     """Runs :class:`AsyncScript` calls, pipelining those made in the same event-loop round.
 
     Args:
-        redis: the client whose pool the pipelines use.
+        redis: the client whose pool the pipelines use. A Redis Cluster client
+            (:class:`redis.asyncio.RedisCluster`) has no one pool: there each call is sent alone, through
+            the client, which routes it to its slot's node (no pipelining).
 
     A transport failure of a pipeline (``ConnectionError``, ``TimeoutError``) is raised by every call in
     it, as each would have raised it alone; a script error (``ResponseError``) only by its own call.
     """
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._pending: list[_Call] | None = None  # the calls of this loop round, while collected
         self._wake: asyncio.Future[None] | None = None  # ends the collecting call's linger early
         self._flushes: set[asyncio.Task[None]] = set()
         self._busy = 0  # exchanges with Redis in progress
+        self._direct = is_cluster(redis)
 
     async def run(
         self,
@@ -82,6 +87,8 @@ class ScriptBatcher:
         in it, in the same write: a reservation sent just after a settle of the same replica is never run
         before it.
         """
+        if self._direct:
+            return await script(keys=keys, args=args)
         loop = asyncio.get_running_loop()
         if self._pending is not None:  # another call collects this round: join it
             future: asyncio.Future[Any] = loop.create_future()
@@ -154,7 +161,9 @@ class ScriptBatcher:
         """Write ``packed`` (``count`` commands) on a pooled connection and read ``count`` replies; an
         error reply is returned as its exception. Transport errors are retried by the client's retry
         policy on a fresh connection (as redis-py's own calls are), then raised."""
-        pool = self._redis.connection_pool
+        redis = self._redis
+        assert isinstance(redis, Redis)  # a cluster's calls go through the client (``_direct``)
+        pool = redis.connection_pool
         conn: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call, unused-ignore]
 
         async def roundtrip() -> list[Any]:

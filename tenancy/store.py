@@ -3,6 +3,13 @@
 Each creation gives the tenant a fresh random ``epoch``; scripts that write its buckets or usage check it,
 and :meth:`TenantStore.delete` removes the record, its keys, buckets and usage in one Lua call, so a
 deleted tenant leaves nothing behind and a re-created one (same id) starts clean.
+
+Every key a tenant owns carries its hash tag (:mod:`tenancy.layout`), so each call on them is one slot's,
+on one Redis or a Redis Cluster. Three entries live in other slots and are written by separate commands,
+in an order that leaves, after a crash between two of them, only an entry that reads as absent: the tenant
+index (``P tenants``, id -> epoch: written after the record, removed after it and only for the deleted
+epoch), and each key id's owner (``P keyid:<key id>``: written before the key record, which is what
+authentication trusts; a leftover names a tenant without that record).
 """
 
 from __future__ import annotations
@@ -15,8 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import structlog
-from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 from redis.exceptions import RedisError, WatchError
 
 from tenancy.auth_cache import AuthCache, invalidation_channel
@@ -41,6 +48,7 @@ from tenancy.models import (
     TenantCreate,
     TenantPatch,
 )
+from tenancy.redis_client import RedisClient
 
 __all__ = ["Authenticated", "KeyNotFoundError", "TenantExistsError", "TenantNotFoundError", "TenantStore"]
 
@@ -57,7 +65,7 @@ class Authenticated(NamedTuple):
 log = structlog.get_logger("radixgate.tenants")
 
 
-async def eviction_policy(redis: Redis) -> str | None:
+async def eviction_policy(redis: RedisClient) -> str | None:
     """Redis's ``maxmemory_policy`` (``INFO memory``, allowed where ``CONFIG`` is not), or None when Redis
     cannot be asked now. Anything but ``noeviction`` lets a full Redis drop this project's keys: tenant
     records and API keys (no TTL: ``allkeys-*``), buckets (a quota starts over) and ``settled:`` markers
@@ -66,6 +74,8 @@ async def eviction_policy(redis: Redis) -> str | None:
         info = await redis.info("memory")
     except (RedisError, OSError):
         return None
+    if info and all(isinstance(v, dict) for v in info.values()):  # Redis Cluster: one reply per node
+        info = next(iter(info.values()))
     policy = info.get("maxmemory_policy")
     return str(policy) if policy is not None else None
 
@@ -96,7 +106,7 @@ class TenantStore(KeyRecords):
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         prefix: str,
         pepper: bytes,
         cache: AuthCache | None = None,
@@ -112,6 +122,7 @@ class TenantStore(KeyRecords):
         self._delete_script = redis.register_script(lua("tenant_delete.lua"))
         self._issue_script = redis.register_script(lua("key_issue.lua"))
         self._key_page_script = redis.register_script(lua("key_page.lua"))
+        self._unindex_script = redis.register_script(lua("tenant_unindex.lua"))
 
     def _tenant_key(self, tenant_id: str) -> str:
         return self._layout.tenant(tenant_id)
@@ -119,8 +130,8 @@ class TenantStore(KeyRecords):
     def _tenant_keys_key(self, tenant_id: str) -> str:
         return self._layout.tenant_keys(tenant_id)
 
-    def _key_key(self, key_id: str) -> str:
-        return self._layout.api_key(key_id)
+    def _key_key(self, tenant_id: str, key_id: str) -> str:
+        return self._layout.api_key(tenant_id, key_id)
 
     @property
     def _index(self) -> str:
@@ -137,16 +148,26 @@ class TenantStore(KeyRecords):
         if spec.priority_class is None:
             raise ValueError("a stored tenant needs a priority class: give the default class")
         tenant = Tenant(**spec.model_dump(), epoch=secrets.token_hex(8))
-        # record and index entry in one transaction: a delete landing between the two left the id in the
-        # index without its record (nu19); when the id is taken, the SADD re-adds an id already there
+        # the record first, then its index entry (another slot on Redis Cluster) naming its epoch: a crash
+        # between the two leaves a tenant unlisted until it is written again (an index entry without its
+        # record, the other order, lists nothing and is skipped); a delete racing removes only its epoch's
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self._tenant_key(tenant.id), tenant.model_dump_json(), nx=True)
-            pipe.sadd(self._index, tenant.id)
             self._note_quota_models(pipe, tenant.id, tenant.quotas)
             created, *_ = await pipe.execute()
         if not created:
             raise TenantExistsError(tenant.id)
+        await self._index_entry(tenant.id, tenant.epoch)
         return tenant
+
+    async def _index_entry(self, tenant_id: str, epoch: str) -> None:
+        """Index the record of ``epoch``, then check it is still there: a delete that removed the record
+        in between (and found no entry to remove yet) has its entry removed here. With the check after the
+        removal in :meth:`delete`, whichever of the two writes second sees the other's write."""
+        await self._redis.hset(self._index, tenant_id, epoch)
+        raw = await self._redis.get(self._tenant_key(tenant_id))
+        if raw is None or Tenant.model_validate_json(raw).epoch != epoch:
+            await self._unindex_script(keys=[self._index], args=[tenant_id, epoch])
 
     @store_operation
     async def get(self, tenant_id: str) -> Tenant:
@@ -169,7 +190,7 @@ class TenantStore(KeyRecords):
         all); and whether more follow. Only the page's records are read (the index's ids all are: a SET,
         sorted here). Ids are unique and the page starts at the first id above ``after``, so a tenant that
         exists from the first page to the last is on exactly one page."""
-        ids = sorted(str(i) for i in await self._redis.smembers(self._index))
+        ids = sorted(str(i) for i in await self._redis.hkeys(self._index))
         if after is not None:
             ids = ids[bisect.bisect_right(ids, after) :]
         page: list[Tenant] = []
@@ -177,7 +198,7 @@ class TenantStore(KeyRecords):
             # an id whose record is gone (deleted since the index was read) is skipped and the page
             # filled from the ids after it: a short page must not end the listing early
             batch, ids = (ids, []) if limit is None else (ids[: limit - len(page)], ids[limit - len(page) :])
-            raws = await self._redis.mget([self._tenant_key(i) for i in batch])
+            raws = await self._get_many([self._tenant_key(i) for i in batch])
             page += [Tenant.model_validate_json(r) for r in raws if r is not None]
         return page, bool(ids)
 
@@ -229,21 +250,31 @@ class TenantStore(KeyRecords):
                     break
                 except WatchError:
                     continue  # changed since it was read: read it again
+        await self._index_entry(tenant_id, merged.epoch)  # again: a create cut short before it
         await self._invalidate(f"tenant:{tenant_id}")
         return merged
 
-    def _note_quota_models(self, pipe: Pipeline, tenant_id: str, quotas: Quotas) -> None:
+    def _note_quota_models(self, pipe: Pipeline | ClusterPipeline, tenant_id: str, quotas: Quotas) -> None:
         """Add the model ids ``quotas`` names to the tenant's set of them, in ``pipe`` (the transaction
         that writes the record): every model bucket a request can write is then named there, also after
         its entry is removed, so :meth:`delete` clears them all."""
         if quotas.models:
             pipe.sadd(self._layout.quota_models(tenant_id), *(m.model for m in quotas.models))
 
+    async def _get_many(self, keys: list[str]) -> list[str | None]:
+        """``GET`` of each key, in one pipeline (not atomic: on Redis Cluster the keys may be in several
+        slots, which ``MGET`` refuses)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.get(key)
+            replies: list[str | None] = await pipe.execute()
+        return replies
+
     @store_operation
     async def delete(self, tenant_id: str) -> None:
         """Delete a tenant and every key it owns (record, API keys, buckets of its own, of its keys and of
         its models, usage totals and by day, budgets and their spend, concurrency slot sets of its own and
-        of its keys) in one atomic call.
+        of its keys) in one atomic call; then its index entry and its key ids' owner entries.
 
         Raises:
             TenantNotFoundError: no such tenant.
@@ -252,7 +283,6 @@ class TenantStore(KeyRecords):
         keys = [
             layout.tenant(tenant_id),
             layout.tenant_keys(tenant_id),
-            layout.index,
             layout.usage(tenant_id),
             layout.tenant_keys_by_time(tenant_id),
             *(layout.bucket(tenant_id, b) for b in BUCKETS),
@@ -262,15 +292,23 @@ class TenantStore(KeyRecords):
             layout.billing_index(tenant_id),
         ]
         args = [
-            layout.api_key_prefix,
-            tenant_id,
+            layout.api_key_prefix(tenant_id),
             layout.scoped_bucket_prefix(tenant_id),
             layout.quota_models(tenant_id),
             layout.key_slots_prefix(tenant_id),
             layout.billing_index(tenant_id),
         ]
-        if not await self._delete_script(keys=keys, args=args):
+        deleted = await self._delete_script(keys=keys, args=args)
+        epoch, key_ids = (str(deleted[0]), [str(k) for k in deleted[1:]]) if deleted else ("", [])
+        if await self._unindex_script(keys=[self._index], args=[tenant_id, epoch]) and not epoch:
+            # an entry without its record removed: unless a create wrote both meanwhile (re-indexed)
+            raw = await self._redis.get(self._tenant_key(tenant_id))
+            if raw is not None:
+                await self._redis.hset(self._index, tenant_id, Tenant.model_validate_json(raw).epoch)
+        if not deleted:
             raise TenantNotFoundError(tenant_id)
+        if key_ids:
+            await self._redis.delete(*(layout.key_owner(k) for k in key_ids))
         await self._invalidate(f"tenant:{tenant_id}")
 
     @store_operation
@@ -291,18 +329,22 @@ class TenantStore(KeyRecords):
                 name=name,
                 **(terms.model_dump(include=set(KeyTerms.model_fields)) if terms is not None else {}),
             )
+            owner = self._layout.key_owner(parsed.key_id)
+            if not await self._redis.set(owner, tenant_id, nx=True):
+                continue  # the id is taken (by any tenant)
             keys = [
                 self._tenant_key(tenant_id),
-                self._key_key(parsed.key_id),
+                self._key_key(tenant_id, parsed.key_id),
                 self._tenant_keys_key(tenant_id),
                 self._layout.tenant_keys_by_time(tenant_id),
             ]
             args = [record.model_dump_json(), parsed.key_id, repr(record.created_at)]
             stored = int(await self._issue_script(keys=keys, args=args))
-            if stored == -1:
-                raise TenantNotFoundError(tenant_id)
             if stored == 1:
                 return IssuedKey(**key_info(record).model_dump(), api_key=parsed.full)
+            await self._redis.delete(owner)
+            if stored == -1:
+                raise TenantNotFoundError(tenant_id)
         raise RuntimeError("could not draw an unused API key id")
 
     @store_operation
@@ -343,7 +385,9 @@ class TenantStore(KeyRecords):
             layout.tenant_keys(tenant_id),
             layout.tenant_keys_by_time(tenant_id),
         ]
-        reply = await self._key_page_script(keys=keys, args=[layout.api_key_prefix, after or "", limit])
+        reply = await self._key_page_script(
+            keys=keys, args=[layout.api_key_prefix(tenant_id), after or "", limit]
+        )
         if reply == -1:
             raise TenantNotFoundError(tenant_id)
         if reply == -2:
@@ -356,14 +400,15 @@ class TenantStore(KeyRecords):
         """Mark a key revoked (kept for audit). Raises :class:`KeyNotFoundError`."""
         record = await self._key_record(tenant_id, key_id)
         record.revoked = True
-        await self._redis.set(self._key_key(key_id), record.model_dump_json(), xx=True)
+        await self._redis.set(self._key_key(tenant_id, key_id), record.model_dump_json(), xx=True)
         await self._invalidate(f"key:{key_id}")
         return key_info(record)
 
     @store_operation
     async def key_revoked(self, key_id: str) -> bool:
         """Whether API key ``key_id`` is revoked or gone (its tenant is not looked at)."""
-        raw = await self._redis.get(self._key_key(key_id))
+        owner = await self._redis.get(self._layout.key_owner(key_id))
+        raw = None if owner is None else await self._redis.get(self._key_key(str(owner), key_id))
         return raw is None or ApiKeyRecord.model_validate_json(raw).revoked
 
     async def _invalidate(self, message: str) -> None:
@@ -427,18 +472,24 @@ class TenantStore(KeyRecords):
         return matched
 
     async def _read_key(self, key_id: str) -> _KeyRead:
-        """The key record and its tenant from Redis; None when the key or its tenant is gone. Timed as
+        """The key record and its tenant from Redis; None when the key or its tenant is gone. Two reads:
+        the key id's owner, then the key record and the tenant record together (one slot). Timed as
         ``TenantStore.authenticate`` when ``observe_call`` is set."""
         observe, start = self.observe_call, time.perf_counter()
         try:
-            raw = await self._redis.get(self._key_key(key_id))
-            if raw is None:
+            owner = await self._redis.get(self._layout.key_owner(key_id))
+            if owner is None:
                 return None
-            record = ApiKeyRecord.model_validate_json(raw)
-            try:
-                return record, await self.get(record.tenant_id)
-            except TenantNotFoundError:
+            raw_key, raw_tenant = await self._redis.mget(
+                self._key_key(str(owner), key_id), self._tenant_key(str(owner))
+            )
+            if raw_key is None or raw_tenant is None:
                 return None
+            record = ApiKeyRecord.model_validate_json(raw_key)
+            tenant = Tenant.model_validate_json(raw_tenant)
+            if record.tenant_id != tenant.id:
+                return None
+            return record, tenant
         finally:
             if observe is not None:
                 observe("TenantStore.authenticate", time.perf_counter() - start)

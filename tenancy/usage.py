@@ -6,11 +6,10 @@ so a request settling after its tenant's deletion leaves no counters behind.
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
-
 from tenancy.errors import CallObserver, store_operation
 from tenancy.layout import KeyLayout, lua
 from tenancy.models import USAGE_FIELDS, Usage
+from tenancy.redis_client import RedisClient
 
 _FIELDS = USAGE_FIELDS
 
@@ -20,14 +19,14 @@ class UsageRecorder:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix; counters live at ``<prefix>usage:<tenant>``.
+        prefix: RedisClient key prefix; counters live at ``<prefix>usage:<tenant>``.
 
     ``observe_call``: told each call's latency (:func:`tenancy.errors.store_operation`).
     """
 
     observe_call: CallObserver | None = None
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: RedisClient, prefix: str) -> None:
         self._redis = redis
         self._layout = KeyLayout(prefix)
         self._script = redis.register_script(lua("usage_record.lua", guarded=True))

@@ -14,12 +14,11 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from typing import Any, Literal
 
-from redis.asyncio import Redis
-
 from policies.pricing import pico_to_usd, usd_text
 from tenancy.billing import MONEY_CARRY, ROW_COUNTERS, UsageRow
 from tenancy.errors import CallObserver, store_operation
 from tenancy.layout import KeyLayout
+from tenancy.redis_client import RedisClient
 
 GroupBy = Literal["day", "model", "key"]
 GROUPS: tuple[GroupBy, ...] = ("day", "model", "key")
@@ -79,12 +78,12 @@ class UsagePeriods:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix.
+        prefix: RedisClient key prefix.
     """
 
     observe_call: CallObserver | None = None
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: RedisClient, prefix: str) -> None:
         self._redis = redis
         self._layout = KeyLayout(prefix)
 

@@ -61,7 +61,15 @@ class RedisSettings(BaseModel):
 
     model_config = FINITE
 
-    url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="redis:// URL of the shared Redis.")
+    url: RedisUrl = Field(
+        "redis://127.0.0.1:6379/0",
+        description="redis:// URL of the shared Redis; with cluster, of any node of the Redis Cluster.",
+    )
+    cluster: bool = Field(
+        False,
+        description="The url is a node of a Redis Cluster: the client finds the others and sends each call "
+        "to the node of its slot (each tenant's keys share one slot: docs/redis-cluster.md).",
+    )
     key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
     socket_timeout_s: float = Field(
         2.0, gt=0, description="Longest wait for one Redis reply, s; then 503 (Redis slow or paused)."

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 import structlog
-from redis.asyncio import Redis
 
 from policies.pricing import ModelPrice, pico_to_usd, worst_case_cost
 from service.config.settings import Settings
@@ -26,6 +25,7 @@ from tenancy.billing import BudgetHold, BudgetRefusal
 from tenancy.budgets import BudgetCache, BudgetStore, TenantBudgets
 from tenancy.models import Quotas
 from tenancy.pricing_store import PriceBook, PriceStore
+from tenancy.redis_client import RedisClient
 from tenancy.usage import UsageRecorder
 from tenancy.usage_periods import UsagePeriods
 
@@ -64,7 +64,7 @@ class Billing:
         self._clock = clock
 
     @classmethod
-    def build(cls, redis: Redis, settings: Settings, metrics: GatewayMetrics) -> Billing:
+    def build(cls, redis: RedisClient, settings: Settings, metrics: GatewayMetrics) -> Billing:
         """A replica's billing from its settings (``pricing.*``, ``redis.key_prefix``)."""
         prefix, cfg = settings.redis.key_prefix, settings.pricing
         prices = PriceStore(redis, prefix)
@@ -106,7 +106,7 @@ class Billing:
         (:func:`policies.pricing.worst_case_cost`: its prompt, and ``n x max_tokens`` of completion).
 
         Raises:
-            StoreUnavailable: Redis failed while prices or budgets had to be read.
+            StoreUnavailable: RedisClient failed while prices or budgets had to be read.
         """
         tenant_id = prepared.tenant.id
         price = self.book.fresh(prepared.model_id)

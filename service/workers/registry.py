@@ -26,10 +26,10 @@ from collections.abc import Collection
 from typing import Literal
 
 import structlog
-from redis.asyncio import Redis
 
 from service.workers.pool import WorkerPool
 from tenancy.errors import StoreUnavailable, store_operation
+from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.registry")
 
@@ -46,11 +46,11 @@ class WorkerRegistry:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix.
+        prefix: RedisClient key prefix.
         listed: the worker URLs this replica's settings list (registered by :meth:`sync_entries`).
     """
 
-    def __init__(self, redis: Redis, prefix: str, listed: Collection[str] = ()) -> None:
+    def __init__(self, redis: RedisClient, prefix: str, listed: Collection[str] = ()) -> None:
         self._redis = redis
         self._key = f"{prefix}workers"
         self._discovered = f"{prefix}workers:discovered"

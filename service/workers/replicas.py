@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from redis.asyncio import Redis
 
 from policies.window_shares import window_share
 from tenancy.errors import StoreUnavailable, store_operation
+from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.replicas")
 
@@ -59,12 +59,12 @@ class ReplicaRegistry:
 
     Args:
         redis: async client (``decode_responses=True``).
-        prefix: Redis key prefix.
+        prefix: RedisClient key prefix.
         ttl_s: a replica heard from longer ago than this is gone, s.
         replica_id: this replica's id (default: random).
     """
 
-    def __init__(self, redis: Redis, prefix: str, ttl_s: float, replica_id: str | None = None) -> None:
+    def __init__(self, redis: RedisClient, prefix: str, ttl_s: float, replica_id: str | None = None) -> None:
         self._redis = redis
         self._key = f"{prefix}replicas"
         self._ttl = ttl_s
@@ -86,7 +86,7 @@ class ReplicaRegistry:
         """Write this replica's heartbeat (with :attr:`payload`) and read the live replicas.
 
         Raises:
-            StoreUnavailable: Redis did not answer (:attr:`live` is kept as it was).
+            StoreUnavailable: RedisClient did not answer (:attr:`live` is kept as it was).
         """
         seconds, micros = await self._redis.time()
         now = seconds + micros / 1e6

@@ -27,6 +27,7 @@ from service.openai.tool_formats import FORMATS, FunctionSpec
 from service.openai.tool_parser import CallParser
 from service.pipeline.prompting import PromptRenderer
 from service.workers.launcher import WorkerProcess
+from tenancy.layout import KeyLayout
 from tests.conftest import ADMIN_TOKEN
 from tests.support.engine import engine_home
 from tests.support.servers import ThreadedServer
@@ -99,7 +100,7 @@ def assert_settled(redis_url: str, gateway: str, tenant_id: str, totals: list[in
     to 10 s for the level to come into range; a wrong charge still fails, at the deadline."""
     store, deadline = redis.Redis.from_url(redis_url), time.monotonic() + 10.0
     while True:
-        level = float(store.hget(f"{PREFIX}bucket:{tenant_id}:tokens", "level") or 0)
+        level = float(store.hget(KeyLayout(PREFIX).bucket(tenant_id, "tokens"), "level") or 0)
         if 0 <= level - (BURST - sum(totals)) < 2 or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -29,6 +29,7 @@ from service.config.settings import Settings
 from service.workers.client import SGLangClient
 from service.workers.launcher import WorkerProcess
 from service.workers.upstream_errors import UpstreamError
+from tenancy.layout import KeyLayout
 from tests.conftest import ADMIN_TOKEN
 from tests.support.schema_table import ROWS
 from tests.support.servers import ThreadedServer
@@ -73,7 +74,7 @@ def charged(http: httpx.Client, redis_url: str, tenant_id: str) -> tuple[float, 
     settles of its answers are done (a streamed answer settles after its last chunk)."""
     time.sleep(0.3)
     level = float(
-        redis.Redis.from_url(redis_url).hget(f"{PREFIX}bucket:{tenant_id}:tokens", "level") or BURST
+        redis.Redis.from_url(redis_url).hget(KeyLayout(PREFIX).bucket(tenant_id, "tokens"), "level") or BURST
     )
     usage = http.get(f"/admin/tenants/{tenant_id}/usage", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     return BURST - level, usage.json()

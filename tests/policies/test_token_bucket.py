@@ -17,6 +17,7 @@ from policies.token_bucket import (
     try_take,
     wait_ms_for,
 )
+from tenancy.layout import KeyLayout
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter, Reservation
 
@@ -138,7 +139,7 @@ async def test_a_rate_too_slow_to_refill_in_time_refuses_with_a_bounded_wait(
     )
     assert slowest <= MAX_WAIT_MS and refused.retry_after_s == pytest.approx(slowest / 1000, rel=1e-6)
     assert (await limiter.adjust("slow", quotas, tokens=10, now_ms=2000))["tokens"] == pytest.approx(50)
-    assert 0 < await redis_client.pttl("t:bucket:slow:tokens") <= MAX_WAIT_MS + 1000
+    assert 0 < await redis_client.pttl(KeyLayout("t:").bucket("slow", "tokens")) <= MAX_WAIT_MS + 1000
     assert wait_ms_for(0, 60, BucketLimit(rate_per_min=1e-300, capacity=100)) == MAX_WAIT_MS
 
 

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from service.app import create_app
 from tenancy import keys
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
+from tenancy.layout import KeyLayout
 from tenancy.models import Tenant, TenantCreate, TenantPatch
 from tenancy.store import TenantStore
 from tests.conftest import ADMIN_TOKEN
@@ -84,7 +85,9 @@ async def test_store_answers_from_the_cache_within_its_ttl_only(redis_client: ai
         assert await store.authenticate(issued.api_key) is not None
         assert hmacs == []  # the key that passed: compared, not hashed again
         assert await store.authenticate(wrong) is None and hmacs == [wrong]
-    await redis_client.delete(f"ac1:key:{issued.key_id}")  # behind the store's back: no invalidation
+    await redis_client.delete(
+        KeyLayout("ac1:").api_key("acme", issued.key_id)
+    )  # behind the store's back: no invalidation
     clock.now += 0.9
     assert await store.authenticate(issued.api_key) is not None  # answered from memory
     clock.now += 0.1

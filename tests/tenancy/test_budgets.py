@@ -18,6 +18,7 @@ from policies.pricing import ModelPrice, request_cost, worst_case_cost
 from tenancy.billing import BudgetHold, UsageRow
 from tenancy.budgets import Budget, BudgetCache, BudgetSpec, BudgetStore
 from tenancy.errors import TenantNotFoundError
+from tenancy.layout import KeyLayout
 from tenancy.models import Quotas, TenantCreate
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.store import TenantStore
@@ -129,10 +130,10 @@ async def test_day_rows_sum_to_totals_are_bounded_and_money_carries(redis_client
     for _ in range(3):
         assert await quota.settle(reservation, 13, {"cost": big})
     assert await periods.cost("rows") == 5010 + 3 * big
-    raw = await redis_client.hgetall(f"{PREFIX}usage:rows")
+    raw = await redis_client.hgetall(KeyLayout(PREFIX).usage("rows"))
     assert int(raw["cost"]) < 10**18 and raw["carry:cost"] == "2"
     # the day's hash expires after the retention, and is in the tenant's billing index
-    ttl = await redis_client.ttl(f"{PREFIX}usage:rows:day:{DAY}")
+    ttl = await redis_client.ttl(KeyLayout(PREFIX).usage_day("rows", DAY))
     assert 400 * 86_400 - 10 < ttl - (NOW - time.time()) <= 400.5 * 86_400 + 2  # TTL is whole seconds
 
 
@@ -193,10 +194,9 @@ async def test_delete_removes_budgets_spend_and_day_rows(redis_client: aioredis.
     reservation = Reservation("gone", Quotas(), 1, 150, epoch, budgets=holds, price=PRICE)
     assert await quota.settle(reservation, 120, {"requests": 1, "cost": REAL}, rows=(row,))
     owned = [k async for k in redis_client.scan_iter(match="*gone*")]
-    assert {f"{PREFIX}budgets:gone", f"{PREFIX}usage:gone:day:{DAY}", f"{PREFIX}tenant:gone:billing"} <= set(
-        owned
-    )
-    assert f"{PREFIX}spend:gone:key:{key.key_id}:{MONTH}" in owned
+    layout = KeyLayout(PREFIX)
+    assert {layout.budgets("gone"), layout.usage_day("gone", DAY), layout.billing_index("gone")} <= set(owned)
+    assert layout.spend("gone", f"key:{key.key_id}", MONTH) in owned
     await store.delete("gone")
     assert [k async for k in redis_client.scan_iter(match="*gone*")] == []
     assert [k async for k in redis_client.scan_iter(match=f"*{key.key_id}*")] == []

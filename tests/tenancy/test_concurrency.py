@@ -198,4 +198,4 @@ async def test_many_slots_renew_in_batches(redis_client: aioredis.Redis) -> None
     scores = {score for _, score in members}
     assert scores == {59_000 + LEASE_S * 1000}
     await limiter.close()
-    assert await redis_client.keys(f"{P}slots:*") == []
+    assert await redis_client.keys(f"{P}*slots*") == []

@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tenancy.auth_cache import AuthCache
+from tenancy.layout import KeyLayout
 from tenancy.models import BucketLimits, KeyCreate, KeyPatch, ModelQuota, Quotas, TenantCreate, TenantPatch
 from tenancy.quota import QuotaLimiter, Reservation, Scope
 from tenancy.quota_lease import LeasedQuota
@@ -235,9 +236,9 @@ async def test_delete_clears_key_and_model_buckets_even_of_removed_entries(
     patch = TenantPatch(quotas=Quotas(models=[ModelQuota(model="m2", tokens_per_min=50)]))
     await store.update("acme", patch)
     owned = sorted([k async for k in redis_client.scan_iter(match="kd:*acme*")])
-    assert (
-        "kd:bucket:acme:model:m1:requests" in owned and f"kd:bucket:acme:key:{issued.key_id}:tokens" in owned
-    )
+    layout = KeyLayout("kd:")
+    assert layout.scoped_bucket("acme", "model", "m1", "requests") in owned
+    assert layout.scoped_bucket("acme", "key", issued.key_id, "tokens") in owned
     await store.delete("acme")
     assert [k async for k in redis_client.scan_iter(match="*acme*")] == []
     assert [k async for k in redis_client.scan_iter(match=f"*{issued.key_id}*")] == []

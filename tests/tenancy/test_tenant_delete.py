@@ -17,6 +17,7 @@ from policies.billing_periods import utc_day
 from service.app import create_app
 from tenancy.concurrency import ConcurrencyLimiter, HeldSlot
 from tenancy.errors import TenantExistsError, TenantNotFoundError
+from tenancy.layout import KeyLayout
 from tenancy.models import BucketLimits, ModelQuota, Quotas, TenantCreate
 from tenancy.quota import QuotaLimiter, Reservation, Scope
 from tenancy.store import TenantStore
@@ -84,17 +85,19 @@ def test_deleted_and_recreated_tenant_starts_clean(
             owned = keys_of(r, tenant_id, [key["key_id"]])
             assert any("bucket:" in k for k in owned) and any("usage:" in k for k in owned)
             today = utc_day(time.time()).isoformat()
+            layout, kid = KeyLayout(prefix), key["key_id"]
             assert {
-                f"bucket:{tenant_id}:model:{MODEL}:tokens",
-                f"bucket:{tenant_id}:key:{key['key_id']}:tokens",
-                f"slots:{tenant_id}",
-                f"slots:{tenant_id}:key:{key['key_id']}",
-                f"budgets:{tenant_id}",
-                f"spend:{tenant_id}:tenant:{today}",
-                f"spend:{tenant_id}:key:{key['key_id']}:{today[:7]}",
-                f"usage:{tenant_id}:day:{today}",
-                f"tenant:{tenant_id}:billing",
-            } <= {k.removeprefix(prefix) for k in owned}, owned
+                layout.scoped_bucket(tenant_id, "model", MODEL, "tokens"),
+                layout.scoped_bucket(tenant_id, "key", kid, "tokens"),
+                layout.slots(tenant_id),
+                layout.key_slots(tenant_id, kid),
+                layout.budgets(tenant_id),
+                layout.spend(tenant_id, "tenant", today),
+                layout.spend(tenant_id, f"key:{kid}", today[:7]),
+                layout.usage_day(tenant_id, today),
+                layout.billing_index(tenant_id),
+                layout.key_owner(kid),
+            } <= set(owned), owned
             # the model's entry removed: its buckets live on until they refill, and go with the tenant too
             assert http.patch(
                 f"/admin/tenants/{tenant_id}", json={"quotas": {"models": None}}, headers=ADMIN
@@ -106,7 +109,7 @@ def test_deleted_and_recreated_tenant_starts_clean(
         worker.delay_s = 0.0
         time.sleep(0.3)  # its end released the slots: a release (and a renewal) writes nothing for it
         assert keys_of(r, tenant_id, [key["key_id"]]) == []
-        assert not r.sismember(f"{prefix}tenants", tenant_id)
+        assert not r.hexists(KeyLayout(prefix).index, tenant_id)
         # the old key is dead, the re-created tenant starts with full buckets and zero usage
         gone = http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key["api_key"]))
         assert gone.status_code == 401
@@ -231,8 +234,9 @@ async def test_creates_racing_deletes_leave_no_id_in_the_index_without_its_recor
 
     ids = [f"ghost{i}" for i in range(6)]
     await asyncio.gather(*(f(i) for i in ids for f in (create, delete)))
-    indexed = sorted(str(i) for i in await redis_client.smembers("ghost:tenants"))
-    stored = [i for i in ids if await redis_client.exists(f"ghost:tenant:{i}")]
+    layout = KeyLayout("ghost:")
+    indexed = sorted(str(i) for i in await redis_client.hkeys(layout.index))
+    stored = [i for i in ids if await redis_client.exists(layout.tenant(i))]
     assert indexed == stored
 
 
@@ -244,7 +248,7 @@ async def test_an_id_in_the_index_without_its_record_is_skipped_and_deletable(
     store = TenantStore(redis_client, "stale:", PEPPER)
     for tenant_id in ("a1", "a3"):
         await store.create(TenantCreate(priority_class="standard", id=tenant_id, name="s"))
-    await redis_client.sadd("stale:tenants", "a2")
+    await redis_client.hset(KeyLayout("stale:").index, "a2", "e")
     seen, after = [], None
     for _ in range(5):
         page, more = await store.list_page(after, 1)
@@ -256,4 +260,4 @@ async def test_an_id_in_the_index_without_its_record_is_skipped_and_deletable(
     assert seen == ["a1", "a3"]
     with pytest.raises(TenantNotFoundError):
         await store.delete("a2")
-    assert sorted(str(i) for i in await redis_client.smembers("stale:tenants")) == ["a1", "a3"]
+    assert sorted(str(i) for i in await redis_client.hkeys(KeyLayout("stale:").index)) == ["a1", "a3"]

@@ -20,6 +20,7 @@ import redis
 
 from service.app import create_app
 from service.config.settings import Settings
+from tenancy.layout import KeyLayout
 from tests.conftest import ADMIN_TOKEN, MODEL, gateway_settings
 from tests.service.api.test_api import assert_openai_error, auth, usage_of
 from tests.support.fake_worker import FakeWorker
@@ -243,7 +244,7 @@ def test_a_key_s_models_narrow_its_tenant_s(http: httpx.Client) -> None:
 
 def bucket_levels(gateway: tuple[str, str], redis_url: str, tenant_id: str) -> dict[str, float]:
     """Every stored bucket of a tenant: name after the tenant id -> level."""
-    prefix = f"{gateway[1]}bucket:{tenant_id}:"
+    prefix = KeyLayout(gateway[1]).scoped_bucket_prefix(tenant_id)
     with redis.Redis.from_url(redis_url, decode_responses=True) as r:
         return {
             str(k)[len(prefix) :]: float(r.hget(k, "level") or 0) for k in r.scan_iter(match=f"{prefix}*")

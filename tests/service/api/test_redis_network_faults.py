@@ -19,6 +19,7 @@ import httpx
 import pytest
 import redis
 
+from tenancy.layout import KeyLayout
 from tests.service.api.test_api import ADMIN, auth, chat, new_tenant, usage_of
 from tests.service.api.test_store_unavailable import (
     HUGE,
@@ -107,7 +108,8 @@ def test_connections_reset_mid_reply_give_answers_or_clean_503s_and_a_balanced_l
         # take whose reply was cut and which redis-py sent again was not taken twice
         with redis.Redis.from_url(proxy.target_url, decode_responses=True) as r:
             levels = {
-                b: float(r.hget(f"rnf-reset:bucket:{tenant_id}:{b}", "level")) for b in ("requests", "tokens")
+                b: float(r.hget(KeyLayout("rnf-reset:").bucket(tenant_id, b), "level"))
+                for b in ("requests", "tokens")
             }
         assert levels["requests"] == pytest.approx(LEDGER["request_burst"] - served[0], abs=0.01)
         spent = usage["prompt_tokens"] + usage["completion_tokens"]

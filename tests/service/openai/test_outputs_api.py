@@ -19,6 +19,7 @@ import redis
 from service.app import create_app
 from service.config.settings import Settings
 from service.protocol.features import check_schema
+from tenancy.layout import KeyLayout
 from tests.service.api.test_api import (
     MODEL,
     assert_openai_error,
@@ -65,7 +66,7 @@ def http(gateway: str) -> Iterator[httpx.Client]:
 
 
 def token_level(settings: Settings, tenant_id: str) -> float:
-    key = f"{settings.redis.key_prefix}bucket:{tenant_id}:tokens"
+    key = KeyLayout(settings.redis.key_prefix).bucket(tenant_id, "tokens")
     return float(redis.Redis.from_url(settings.redis.url).hget(key, "level") or 0)
 
 

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from service.app import create_app
+from tenancy.layout import KeyLayout
 from tests.service.api.test_api import (
     ADMIN,
     assert_openai_error,
@@ -95,7 +96,8 @@ def slots_held(store: redis.Redis, tenant_id: str, key_id: str | None = None) ->
     """Live members of a slot set (lease not ended, by the Redis server's clock)."""
     seconds, micros = store.time()
     now_ms = seconds * 1000 + micros / 1000
-    name = f"{PREFIX}slots:{tenant_id}" + (f":key:{key_id}" if key_id else "")
+    layout = KeyLayout(PREFIX)
+    name = layout.key_slots(tenant_id, key_id) if key_id else layout.slots(tenant_id)
     return int(store.zcount(name, f"({now_ms}", "+inf"))
 
 
@@ -139,7 +141,7 @@ def test_a_tenant_with_cap_3_never_has_more_than_3_in_flight(
     assert usage["quota_rejections"] == 0
     # nothing charged for the refusals: each bucket is down by what the served requests used, exactly
     levels = {
-        bucket: float(store.hget(f"{PREFIX}bucket:{tenant_id}:{bucket}", "level") or 0)
+        bucket: float(store.hget(KeyLayout(PREFIX).bucket(tenant_id, bucket), "level") or 0)
         for bucket in ("requests", "tokens")
     }
     assert levels["requests"] == pytest.approx(burst - len(served), abs=0.01)

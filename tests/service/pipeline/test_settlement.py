@@ -27,6 +27,7 @@ from service.app import create_app
 from service.config.settings import RedisSettings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.settlement import Settlement, Settler
+from tenancy.layout import KeyLayout
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.quota_lease import LeasedQuota
@@ -353,7 +354,7 @@ def test_burst_on_a_one_connection_pool_charges_every_served_request(
     assert deferred > 0 and served, (deferred, statuses)
     assert metric(metrics, "radixgate_settle_failures_total") == 0
     with redis.Redis.from_url(redis_url, decode_responses=True) as r:
-        charged = {k: int(v) for k, v in r.hgetall(f"{prefix}usage:{tenant_id}").items()}
+        charged = {k: int(v) for k, v in r.hgetall(KeyLayout(prefix).usage(tenant_id)).items()}
     assert charged.get("requests") == len(served), (charged, statuses, deferred)
     assert charged.get("prompt_tokens") == sum(u["prompt_tokens"] for u in served)
     assert charged.get("completion_tokens") == sum(u["completion_tokens"] for u in served)

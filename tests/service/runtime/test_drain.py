@@ -34,6 +34,7 @@ from service.config.shutdown import KUBERNETES_GRACE_S, ShutdownSettings
 from service.errors import GatewayError
 from service.runtime.drain import Drain, closing_connection, drain_on_signals
 from service.runtime.http_protocol import GatewayHttpToolsProtocol
+from tenancy.layout import KeyLayout
 from tests.service.runtime.test_gateway_processes import MODEL, gateway_env, issue_key, ready_pids, wait_for
 from tests.support.fake_worker import TOKENS, FakeWorker
 from tests.support.servers import ThreadedServer, free_port
@@ -204,7 +205,7 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(
     served = [line for line in lines if line.get("event") == "request" and line.get("tenant") == "drainer"]
     assert len({line["request_id"] for line in served}) == len(served) == 14, served
     assert sorted(line["status"] for line in served) == [200] * 13 + [503]
-    usage = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(f"{prefix}usage:drainer")
+    usage = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(KeyLayout(prefix).usage("drainer"))
     assert (int(usage["requests"]), int(usage["errors"])) == (14, 1), usage
     generated = int(usage["completion_tokens"]) - 12 * SHORT - 2
     assert 1 <= generated < LONG, usage
