@@ -257,3 +257,38 @@ def test_a_frozen_redis_under_load_charges_each_tenant_exactly_what_it_was_serve
         for tenant_id, _ in tenants:
             assert usage_of(http, tenant_id)["requests"] == served(answers[tenant_id])[0]
         assert "radixgate_settle_failures_total 0.0" in http.get("/metrics").text
+
+
+def test_open_refuses_budgets_and_shares_concurrency_caps(
+    own_redis: StoppableRedis, stub_model_dir: Path, fake: tuple[FakeWorker, str], worker: FakeWorker
+) -> None:
+    """While Redis is down under ``open``: a tenant with a budget is refused (503: its spend cannot be
+    checked); a tenant capped at 2 concurrent requests over 3 live replicas has no share here (503); one
+    capped at 3 has a share of 1: its second concurrent request gets 429 ``concurrency_limit_exceeded``."""
+    prefix = "caps:"
+    other_replicas(own_redis.url, prefix, 2)
+    settings = settings_for(own_redis.url, stub_model_dir, fake[1], prefix, redis=OPEN, replicas=REPLICAS)
+    with gateway_client(settings) as http:
+        budgeted, budget_key = new_tenant(http, quotas=SLOW)
+        spec = {"period": "day", "hard_limit_usd": 100}
+        assert http.put(f"/admin/tenants/{budgeted}/budget", json=spec, headers=ADMIN).status_code == 200
+        _, two = new_tenant(http, quotas=SLOW, max_concurrent_requests=2)
+        _, three = new_tenant(http, quotas=SLOW, max_concurrent_requests=3)
+        for key in (budget_key, two, three):
+            assert ask(http, key).status_code == 200
+        time.sleep(0.5)  # a heartbeat that saw the other two replicas
+        own_redis.stop()
+        assert_unavailable(ask(http, budget_key), "store_unavailable")
+        assert_unavailable(ask(http, two), "store_unavailable")
+        assert ask(http, three).status_code == 200  # one at a time: within the share of 1
+        worker.delay_s = 0.3
+        slow = threading.Thread(target=ask, args=(http, three, 3))
+        slow.start()
+        time.sleep(0.3)  # the first is in flight
+        second = ask(http, three)
+        slow.join()
+        assert second.status_code == 429 and second.json()["error"]["code"] == "concurrency_limit_exceeded"
+        worker.delay_s = 0.0
+        assert ask(http, three).status_code == 200  # its slot came back
+        text = http.get("/metrics").text
+        assert metric(text, 'radixgate_outage_admissions_total{outcome="refused"}') == 2
