@@ -41,6 +41,7 @@ from service.observability.redis_watch import RedisReachability, watch_redis
 from service.observability.runtime_metrics import watch_loop_lag
 from service.pipeline.billing import Billing
 from service.pipeline.dispatch import Dispatcher
+from service.pipeline.outage import outage_policy
 from service.pipeline.planner_task import PlannerTask
 from service.pipeline.quota_admission import lease_counter
 from service.pipeline.revocation import RevocationRegistry, store_checks
@@ -199,9 +200,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         socket_timeout=settings.redis.socket_timeout_s,
         single_connection_client=True,
     )
-    background: list[asyncio.Task[None]] = [
-        asyncio.create_task(watch_redis(pinger, RedisReachability(settings.redis.url)), name="redis-watch")
-    ]
+    reach = RedisReachability(settings.redis.url)  # its outcomes also drive redis.on_outage = open
+    background = [asyncio.create_task(watch_redis(pinger, reach), name="redis-watch")]
     revocations: RevocationRegistry | None = None
     up = settings.upstream
     client = SGLangClient(up)
@@ -303,10 +303,15 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             report_levels=settings.api.rate_limit_headers,
         )
 
+        # redis.on_outage = open (service/pipeline/outage.py); None: closed
+        outage = outage_policy(settings, metrics, lambda: len(replicas.live), billing, settler, reach)
+
         def on_invalidation(message: str) -> None:
             revocations.on_invalidation(message)
             leased.on_invalidation(message)
             billing.on_invalidation(message)
+            if outage is not None:
+                outage.keys.apply(message)
 
         follow = follow_invalidations(  # always: every replica caches prices and budgets
             subscriber, invalidation_channel(prefix), auth_cache, also=on_invalidation
@@ -343,6 +348,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             concurrency,
             billing,
             status_of=http_status,
+            outage=outage,
         )
         if metrics.multiprocess:
             background.append(
@@ -378,6 +384,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             models,
             billing,
             planner,
+            outage,
         )
         if isinstance(app, GatewayApp):
             app.drain = drain
@@ -407,6 +414,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await models.stop()
                 await pool.stop()
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
+                if outage is not None:  # what was served while Redis was away: settled, or journaled
+                    outage.flush()
                 await settler.drain()
                 await leased.close()
                 await concurrency.close()

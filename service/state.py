@@ -14,6 +14,7 @@ from service.config.settings import RedisSettings, Settings
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.billing import Billing
 from service.pipeline.dispatch import Dispatcher
+from service.pipeline.outage import OutageMode
 from service.pipeline.planner_task import PlannerTask
 from service.pipeline.scheduler import Scheduler
 from service.pipeline.served_models import ServedModels
@@ -44,6 +45,7 @@ class GatewayState:
     models: ServedModels  # every served model: its tokenizer, scheduler, workers' reports
     billing: Billing  # prices and budgets (service/pipeline/billing.py)
     planner: PlannerTask | None = None  # radixgate_desired_workers' decisions (None: planner.enabled off)
+    outage: OutageMode | None = None  # redis.on_outage = open (service/pipeline/outage.py); None: closed
 
 
 def connect_redis(settings: RedisSettings) -> RedisClient:

@@ -304,6 +304,12 @@ class BudgetCache:
             return entry[0]
         return None
 
+    def last_known(self, tenant_id: str) -> TenantBudgets | None:
+        """The tenant's budgets as last read, fresh or not (no Redis call), or None when none is held:
+        what a request admitted while Redis is out of reach is judged by."""
+        entry = self._entries.get(tenant_id)
+        return entry[0] if entry is not None else None
+
     async def get(self, tenant_id: str) -> TenantBudgets:
         """The tenant's budgets, read from Redis when not fresh: one read at a time per tenant, which the
         requests that find the entry stale meanwhile wait for (at 64 requests in flight, each expiry sent

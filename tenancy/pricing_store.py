@@ -124,6 +124,11 @@ class PriceBook:
             return self._table.get(model_id, FREE)
         return None
 
+    def last_known(self, model_id: str) -> ModelPrice:
+        """``model_id``'s price in the table as last read, fresh or not (the settings' defaults before the
+        first read), with no Redis call: the price of a request admitted while Redis is out of reach."""
+        return self._table.get(model_id, FREE)
+
     async def price(self, model_id: str) -> ModelPrice:
         """``model_id``'s price (:data:`FREE` when nobody priced it), reading the table again when stale.
 

@@ -132,6 +132,10 @@ class Reservation:
     ``budgets``: the budgets it took its worst-case cost from (:class:`tenancy.billing.BudgetHold`); its
     settle brings each down to the real cost. ``price``: its model's price when it was admitted, which its
     cost is reckoned at.
+
+    ``local``: admitted from this replica's own buckets while Redis was out of reach
+    (``redis.on_outage = open``, :mod:`service.pipeline.outage`): nothing was taken in Redis, so its settle
+    goes to the outage ledger (usage only, no bucket), not to :meth:`QuotaLimiter.settle`.
     """
 
     tenant_id: str
@@ -144,6 +148,7 @@ class Reservation:
     slot: HeldSlot | None = None
     budgets: tuple[BudgetHold, ...] = ()
     price: ModelPrice = FREE
+    local: bool = False
 
 
 SoftLimitHook = Callable[[str, BudgetHold], None]

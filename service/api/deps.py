@@ -22,10 +22,12 @@ from fastapi import Depends, Request
 from service.api.body_encoding import body_decoder
 from service.api.errors import APIError
 from service.api.key_guessing import bad_key_throttle
+from service.pipeline.outage import OutageMode
 from service.protocol.limits import MAX_JSON_DEPTH, nested_deeper_than
 from service.state import GatewayState
+from tenancy.errors import StoreUnavailable
 from tenancy.keys import tokens_equal
-from tenancy.models import Tenant
+from tenancy.models import ApiKeyRecord, Tenant
 
 
 def gateway_state(request: Request) -> GatewayState:
@@ -61,7 +63,8 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
         APIError: 401 missing/unknown/revoked key, or ``expired_api_key`` past the key's ``expires_at``
             (unix time of this replica's clock); 403 disabled tenant; 429 ``too_many_bad_keys`` from an
             address that presented too many bad keys (:mod:`service.api.key_guessing`).
-        StoreUnavailable: Redis is exhausted, slow or unreachable.
+        StoreUnavailable: Redis is exhausted, slow or unreachable (under ``redis.on_outage = open``: and
+            the key was not authenticated on this replica within ``redis.outage_auth_stale_s``).
     """
     token = bearer_token(request)
     if token is None:
@@ -70,7 +73,12 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
         )
     throttle = bad_key_throttle(request)
     throttle.check(request)  # an address that keeps guessing: 429 before the lookup costs a Redis read
-    found = await state.tenants.authenticate_key(token)
+    outage = state.outage  # None under redis.on_outage = closed
+    found: tuple[Tenant, ApiKeyRecord] | None
+    if outage is None:
+        found = await state.tenants.authenticate_key(token)
+    else:
+        found = await _authenticate_open(outage, state, token)
     if found is None:
         throttle.failed(request)
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
@@ -89,6 +97,30 @@ async def authenticate(request: Request, state: GatewayState) -> Tenant:
     if not tenant.enabled:
         raise APIError(403, f"Tenant '{tenant.id}' is disabled.", code="tenant_disabled")
     return tenant
+
+
+async def _authenticate_open(
+    outage: OutageMode, state: GatewayState, token: str
+) -> tuple[Tenant, ApiKeyRecord] | None:
+    """Authentication under ``redis.on_outage = open`` (:mod:`service.pipeline.outage`): from Redis (what
+    it answers is remembered) until it cannot be reached, then from this replica's memory of the keys it
+    authenticated recently, without asking Redis until it is back.
+
+    Raises:
+        StoreUnavailable: Redis is out of reach and the key is not known here.
+    """
+    if outage.active:
+        return outage.authenticate(token)
+    try:
+        found = await state.tenants.authenticate_key(token)
+    except StoreUnavailable as exc:
+        outage.enter(exc)
+        return outage.authenticate(token)
+    if found is None:
+        outage.refused_by_redis(token)
+        return None
+    outage.remember(token, found.tenant, found.key)
+    return found
 
 
 def _utc(unix_s: float) -> str:

@@ -23,7 +23,8 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request, state: StateDep) -> JSONResponse:
-    """Ready when Redis answers and at least one worker is healthy (503 otherwise); 503 with
+    """Ready when Redis answers (under ``redis.on_outage = open``: also when it does not) and at least one
+    worker is healthy (503 otherwise); 503 with
     ``"draining": true`` from the stop signal on (:mod:`service.runtime.drain`): a balancer stops sending
     here. Anyone gets ``ready`` and ``draining``; the detail (Redis, each worker's URL and health) only an
     operator (:func:`service.api.operator_access.operator_request`: the operator port, the admin token or
@@ -39,7 +40,9 @@ async def readyz(request: Request, state: StateDep) -> JSONResponse:
     except RedisError:
         redis_ok = False
     workers = {w.url: w.healthy for w in state.pool.workers}
-    ready = redis_ok and any(workers.values())
+    # under redis.on_outage = open a replica serves without Redis (service/pipeline/outage.py): it stays
+    # ready, or a balancer would take every replica out at once
+    ready = (redis_ok or state.outage is not None) and any(workers.values())
     body: dict[str, object] = {"ready": ready, "draining": False}
     if operator_request(request, state.settings):
         body |= {"redis": redis_ok, "workers": workers}

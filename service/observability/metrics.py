@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from service.observability.class_metrics import ClassMetrics
 from service.observability.cost_metrics import CostMetrics
+from service.observability.outage_metrics import OutageMetrics
 from service.observability.phase_metrics import PhaseMetrics
 from service.observability.planner_metrics import PlannerMetrics
 from service.observability.pool_gauges import QUEUED_GAUGE, PoolGauges
@@ -244,6 +245,7 @@ class GatewayMetrics:
         self.phases = PhaseMetrics(registry)
         self.planner = PlannerMetrics(registry)  #: radixgate_desired_workers and why, :mod:`.planner_metrics`
         self.cost = CostMetrics(registry)  #: cost per tenant and model, soft limits, :mod:`.cost_metrics`
+        self.outage = OutageMetrics(registry)  #: the Redis outage policy, :mod:`.outage_metrics`
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(

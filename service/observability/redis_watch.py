@@ -50,6 +50,8 @@ class RedisReachability:
 
     Attributes:
         reachable: the last outcome (None before the first).
+        on_outcome: told every outcome (True: reached), e.g.
+            :meth:`service.pipeline.outage.OutageMode.reachability`; None: nobody.
     """
 
     def __init__(
@@ -59,12 +61,15 @@ class RedisReachability:
         self._repeat_s = repeat_s
         self._clock = clock
         self.reachable: bool | None = None
+        self.on_outcome: Callable[[bool], None] | None = None
         self._down_since = 0.0
         self._logged_at = 0.0
         self._failures = 0
 
     def failed(self, error: str) -> None:
         """One attempt failed with ``error``: logged when it starts an outage, then every ``repeat_s``."""
+        if self.on_outcome is not None:
+            self.on_outcome(False)
         now = self._clock()
         self._failures += 1
         if self.reachable is not False:
@@ -82,6 +87,8 @@ class RedisReachability:
 
     def reached(self) -> None:
         """One attempt succeeded: ``redis_reachable`` when it ends an outage."""
+        if self.on_outcome is not None:
+            self.on_outcome(True)
         if self.reachable is False:
             log.info(
                 "redis_reachable",

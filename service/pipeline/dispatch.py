@@ -41,6 +41,7 @@ from service.openai.shapes import ChatShaper, Shaper, TextShaper
 from service.pipeline.billing import Billing
 from service.pipeline.fair_slots import FairSlots, TooManyWaiting
 from service.pipeline.fanout import choice_requests, merge_choices, stream_choices
+from service.pipeline.outage import OutageMode
 from service.pipeline.prepare import PreparedRequest, RequestPreparer
 from service.pipeline.prompting import PromptRenderer
 from service.pipeline.quota_admission import Admitted, RequestAdmission
@@ -132,6 +133,7 @@ class Dispatcher:
         status_of: the HTTP status a domain error is answered with
             (:func:`service.api.errors.http_status`; the pipeline knows no statuses of its own but 200 and
             499), recorded in the ``request`` log line and ``radixgate_requests_total{status}``.
+        outage: the ``open`` Redis outage policy (:mod:`service.pipeline.outage`); None: ``closed``.
     """
 
     def __init__(
@@ -148,8 +150,10 @@ class Dispatcher:
         concurrency: ConcurrencyLimiter,
         billing: Billing,
         status_of: Callable[[GatewayError], int],
+        outage: OutageMode | None = None,
     ) -> None:
         self._settings = settings
+        self._outage = outage
         self._status_of = status_of
         self._preparer = RequestPreparer(settings, models)
         self._models = models
@@ -163,7 +167,9 @@ class Dispatcher:
         self._revocations = revocations
         api = settings.api
         slots = SlotAdmission(concurrency, metrics, usage)
-        self._admission = RequestAdmission(quota, slots, usage, metrics, api.rate_limit_headers, billing)
+        self._admission = RequestAdmission(
+            quota, slots, usage, metrics, api.rate_limit_headers, billing, outage
+        )
         self._offload_slots = FairSlots(api.max_offloaded_prepares, api.max_offload_waiting_per_tenant)
 
     # 1. validation -------------------------------------------------------------------------------
@@ -428,8 +434,10 @@ class Dispatcher:
         """
         item, charged = settlement_of(prepared, reservation, outcome)
         latency = time.perf_counter() - prepared.arrival  # the answer's, not the bookkeeping's below
-        # one round trip for buckets and usage; retried in the background if Redis is short
-        await self._settler.settle(item)
+        if reservation.local and self._outage is not None:  # admitted while Redis was out of reach
+            self._outage.settle(item)
+        else:  # one round trip for buckets and usage; retried in the background if Redis is short
+            await self._settler.settle(item)
         cost = item.usage.get(COST_FIELD, 0)
         goal_s = self._goal_s(prepared)
         record_request(self._metrics, prepared, reservation, outcome, charged, latency, goal_s, cost)

@@ -23,6 +23,7 @@ from policies.rate_limits import BucketLevel, closest_to_empty
 from service.errors import GatewayError, LimitState, RateLimited, RequestTooLarge, Unauthenticated
 from service.observability.metrics import GatewayMetrics
 from service.pipeline.billing import Billing
+from service.pipeline.outage import OutageMode
 from service.pipeline.prepare import PreparedRequest
 from service.pipeline.slot_admission import SlotAdmission
 from tenancy.billing import BudgetHold
@@ -141,6 +142,8 @@ class RequestAdmission:
         rate_limit_headers: whether answers and refusals carry their rate-limit state
             (``api.rate_limit_headers``).
         billing: prices and budgets (:mod:`service.pipeline.billing`).
+        outage: the ``open`` outage policy (:mod:`service.pipeline.outage`); None under ``closed``: a
+            request that finds Redis out of reach gets 503.
     """
 
     def __init__(
@@ -151,7 +154,9 @@ class RequestAdmission:
         metrics: GatewayMetrics,
         rate_limit_headers: bool,
         billing: Billing,
+        outage: OutageMode | None = None,
     ) -> None:
+        self._outage = outage
         self._billing = billing
         self._quota = quota
         self._slots = slots
@@ -178,8 +183,60 @@ class RequestAdmission:
             RequestTooLarge: the request is larger than a bucket's burst and can never pass.
             Unauthenticated: the tenant was deleted since its key was checked.
             StoreUnavailable: Redis is exhausted, slow or unreachable (a reservation a timed-out call
-                may still have taken refills with time; a slot it may have taken is released).
+                may still have taken refills with time; a slot it may have taken is released); under
+                ``redis.on_outage = open`` only for what outage mode does not admit (:meth:`admit_local`).
         """
+        outage = self._outage
+        if outage is None:
+            return await self._admit_shared(prepared)
+        if outage.active:
+            return self.admit_local(prepared, outage)
+        try:
+            return await self._admit_shared(prepared)
+        except StoreUnavailable as exc:
+            outage.enter(exc)
+            return self.admit_local(prepared, outage)
+
+    def admit_local(self, prepared: PreparedRequest, outage: OutageMode) -> Admitted:
+        """Admit ``prepared`` from this replica's own buckets while Redis is out of reach
+        (:meth:`service.pipeline.outage.OutageMode.admit`): a local share of a concurrency cap, then its
+        share of each bucket; the reservation is marked ``local`` (settled into the outage ledger).
+
+        Raises:
+            RateLimited: the local share of a cap or a bucket is short (429 with ``Retry-After``).
+            StoreUnavailable: outage mode does not decide it (a budget, a share of 0): 503.
+        """
+        tenant = prepared.tenant
+        price = self._billing.book.last_known(prepared.model_id)
+        slot = outage.take_slot(prepared)
+        reservation = Reservation(
+            tenant.id,
+            tenant.quotas,
+            1,
+            prepared.reserved_tokens,
+            tenant.epoch,
+            scopes=scopes_of(prepared),
+            slot=slot,
+            price=price,
+            local=True,
+        )
+        try:
+            decision = outage.admit(prepared, reservation)
+        except BaseException:
+            if slot is not None:
+                outage.release_slot(slot)
+            raise
+        if decision.allowed:
+            return Admitted(reservation, limit_states(decision.levels) if self._rate_limit_headers else {})
+        if slot is not None:
+            outage.release_slot(slot)
+        self._metrics.quota_rejections.labels(
+            self._metrics.tenant(tenant.id), metric_bucket(decision), "rate_limited"
+        ).inc()
+        raise refusal(prepared, decision, self._rate_limit_headers)
+
+    async def _admit_shared(self, prepared: PreparedRequest) -> Admitted:
+        """:meth:`admit` in Redis (the request path with Redis reachable)."""
         tenant = prepared.tenant
         tokens = prepared.reserved_tokens
         scopes = scopes_of(prepared)
@@ -242,4 +299,7 @@ class RequestAdmission:
         """Give back the concurrency slot ``reservation`` holds, if any (its request has ended: its last
         byte is written); a second call is a no-op."""
         if reservation.slot is not None:
-            self._slots.release(reservation.slot)
+            if reservation.local and self._outage is not None:
+                self._outage.release_slot(reservation.slot)
+            else:
+                self._slots.release(reservation.slot)
