@@ -28,6 +28,10 @@ class RedisSettings(BaseModel):
         description="The url is a node of a Redis Cluster: the client finds the others and sends each call "
         "to the node of its slot (each tenant's keys share one slot: docs/redis-cluster.md).",
     )
+    key_prefix: str = Field("rg:", description="Prefix of every Redis key radixgate writes.")
+    socket_timeout_s: float = Field(
+        2.0, gt=0, description="Longest wait for one Redis reply, s; then 503 (Redis slow or paused)."
+    )
     connect_timeout_s: float = Field(1.0, gt=0, description="TCP connect timeout to Redis, s.")
     max_connections: int = Field(
         64, ge=1, description="Redis connections per gateway replica (a blocking pool: callers wait)."

@@ -95,7 +95,9 @@ async def test_store_answers_from_the_cache_within_its_ttl_only(redis_client: ai
 
 
 async def _gets(redis: aioredis.Redis) -> int:
-    return int((await redis.info("commandstats")).get("cmdstat_get", {}).get("calls", 0))
+    """Reads Redis has answered: GET and MGET calls."""
+    stats = await redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("get", "mget"))
 
 
 async def test_concurrent_misses_of_one_key_share_one_read(redis_client: aioredis.Redis) -> None:
@@ -110,7 +112,7 @@ async def test_concurrent_misses_of_one_key_share_one_read(redis_client: aioredi
     wrong = issued.api_key[:-4] + ("AAAA" if not issued.api_key.endswith("AAAA") else "BBBB")
     before = await _gets(redis_client)
     answers = await asyncio.gather(*(store.authenticate(k) for k in [issued.api_key] * 20 + [wrong]))
-    assert await _gets(redis_client) - before == 2  # the key and its tenant, once
+    assert await _gets(redis_client) - before == 2  # the key's owner, then the key and its tenant, once
     assert all(a is not None and a.id == "acme" for a in answers[:20]) and answers[20] is None
     clock.now += 1.0  # expired: the next burst reads once more
     before = await _gets(redis_client)
@@ -227,13 +229,14 @@ def test_revocation_without_its_message_still_takes_effect_within_the_ttl(
 ) -> None:
     """A lost pub/sub message (here: the record revoked behind the gateways' backs) is bounded by the TTL."""
     with two_replicas(redis_url, stub_model_dir, fake_url, 1.0) as (a, b), httpx.Client(base_url=a) as admin:
-        _, key = new_tenant(admin)
+        tenant_id, key = new_tenant(admin)
         key_id = key.removeprefix("rg-").split(".")[0]
         assert _ask(b, key) == 200
         with syncredis.Redis.from_url(redis_url) as r:
-            raw = r.get(f"ac-shared:key:{key_id}")
+            name = KeyLayout("ac-shared:").api_key(tenant_id, key_id)
+            raw = r.get(name)
             assert raw is not None
-            r.set(f"ac-shared:key:{key_id}", raw.replace(b'"revoked":false', b'"revoked":true'))
+            r.set(name, raw.replace(b'"revoked":false', b'"revoked":true'))
         waited = _time_until(401, b, key, 1.0)
         assert waited <= 1.0 + 0.3
 

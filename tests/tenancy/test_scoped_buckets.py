@@ -16,6 +16,7 @@ from tenancy.models import BucketLimits, KeyCreate, KeyPatch, ModelQuota, Quotas
 from tenancy.quota import QuotaLimiter, Reservation, Scope
 from tenancy.quota_lease import LeasedQuota
 from tenancy.store import TenantStore
+from tests.support.leftovers import lasting_async
 
 KEY = Scope("key", "k1", BucketLimits(requests_per_min=60, request_burst=2))
 MODEL = Scope("model", "m1", BucketLimits(tokens_per_min=600, token_burst=100))
@@ -240,5 +241,5 @@ async def test_delete_clears_key_and_model_buckets_even_of_removed_entries(
     assert layout.scoped_bucket("acme", "model", "m1", "requests") in owned
     assert layout.scoped_bucket("acme", "key", issued.key_id, "tokens") in owned
     await store.delete("acme")
-    assert [k async for k in redis_client.scan_iter(match="*acme*")] == []
-    assert [k async for k in redis_client.scan_iter(match=f"*{issued.key_id}*")] == []
+    assert await lasting_async(redis_client, "*acme*") == []
+    assert await lasting_async(redis_client, f"*{issued.key_id}*") == []

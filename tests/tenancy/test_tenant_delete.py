@@ -24,16 +24,18 @@ from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
 from tests.service.api.test_api import ADMIN, MODEL, auth, chat, gateway_settings, usage_of
 from tests.support.fake_worker import FakeWorker
+from tests.support.leftovers import lasting, lasting_async
 from tests.support.servers import ThreadedServer
 
 PEPPER = b"pepper"
 
 
 def keys_of(client: redis.Redis, tenant_id: str, key_ids: list[str]) -> list[str]:
-    """Every key whose name holds the tenant id or one of its API key ids (SCAN over the whole db)."""
-    found = [str(k) for k in client.scan_iter(match=f"*{tenant_id}*", count=1000)]
+    """Every key whose name holds the tenant id or one of its API key ids (SCAN over the whole db), but the
+    expiring per-call markers (tests/support/leftovers.py)."""
+    found = lasting(client, f"*{tenant_id}*")
     for key_id in key_ids:
-        found += [str(k) for k in client.scan_iter(match=f"*{key_id}*", count=1000)]
+        found += lasting(client, f"*{key_id}*")
     return found
 
 
@@ -144,8 +146,8 @@ async def test_a_request_racing_the_delete_leaves_nothing_behind(redis_client: a
     assert not await quota.settle(held, None, {"errors": 1})
     with pytest.raises(TenantNotFoundError):
         await store.issue_key("racer")
-    assert [k async for k in redis_client.scan_iter(match="*racer*")] == []
-    assert [k async for k in redis_client.scan_iter(match=f"*{issued.key_id}*")] == []
+    assert await lasting_async(redis_client, "*racer*") == []
+    assert await lasting_async(redis_client, f"*{issued.key_id}*") == []
 
     # re-created under the same id: the old request's settle must not touch the new tenant
     fresh = await store.create(TenantCreate(priority_class="standard", id="racer", name="r", quotas=QUOTAS))
@@ -210,8 +212,8 @@ async def test_concurrent_requests_and_delete(redis_client: aioredis.Redis) -> N
     await asyncio.gather(delete(), *(request(i) for i in range(80)))
     assert "gone" in outcomes and "reserved" in outcomes  # the delete really raced the requests
     await slots.close()
-    assert [k async for k in redis_client.scan_iter(match="*busy*")] == []
-    assert [k async for k in redis_client.scan_iter(match=f"*{key_id}*")] == []
+    assert await lasting_async(redis_client, "*busy*") == []
+    assert await lasting_async(redis_client, f"*{key_id}*") == []
 
 
 async def test_creates_racing_deletes_leave_no_id_in_the_index_without_its_record(

@@ -149,7 +149,7 @@ def test_keys_issued_before_the_time_index_are_listed_in_their_order(
     issued = [key(http, owner) for _ in range(6)]
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        (index,) = [str(k) for k in client.scan_iter(match=f"*tenant:{owner}:keys_by_time")]
+        (index,) = [str(k) for k in client.scan_iter(match=f"*{{{owner}}}:keys_by_time")]
         client.delete(index)
         assert walk(http, f"/admin/tenants/{owner}/keys", "key_id", 4)[0] == issued
         assert client.zcard(index) == 6

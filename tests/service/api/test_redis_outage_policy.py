@@ -25,6 +25,7 @@ import pytest
 import redis
 from structlog.testing import capture_logs
 
+from tenancy.layout import KeyLayout
 from tests.service.api.test_api import ADMIN, auth, new_tenant, usage_of
 from tests.service.api.test_store_unavailable import (
     ask,
@@ -160,7 +161,7 @@ def test_open_serves_known_keys_from_the_replicas_share_and_charges_the_usage_on
         assert metric(http.get("/metrics").text, "radixgate_redis_outage_mode") == 0.0
         # the shared bucket was charged for the answer before the outage only (refilled by ~1/60 a second)
         with redis.Redis.from_url(own_redis.url, decode_responses=True) as r:
-            level = float(r.hget(f"{prefix}bucket:{tenant_id}:requests", "level") or "nan")
+            level = float(r.hget(KeyLayout(prefix).bucket(tenant_id, "requests"), "level") or "nan")
         assert 29 <= level < 30, level
         # and the gateway decides in Redis again
         assert ask(http, key).status_code == 200
