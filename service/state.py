@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -22,7 +22,7 @@ from service.runtime.drain import Drain
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter
-from tenancy.redis_client import RedisClient
+from tenancy.redis_client import BoundedRedisCluster, RedisClient
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
 
@@ -72,17 +72,20 @@ def connect_redis(settings: RedisSettings) -> RedisClient:
     return Redis.from_pool(pool)  # closing the client closes the pool
 
 
-def connect_cluster(settings: RedisSettings) -> RedisCluster:
+def connect_cluster(settings: RedisSettings) -> BoundedRedisCluster:
     """A Redis Cluster client that starts from the node ``settings.url`` names and learns the others
     (``CLUSTER SLOTS``); each call goes to the node of its keys' slot, following ``MOVED``/``ASK`` while
-    slots migrate. At most ``max_connections`` connections per node; the timeouts as :func:`connect_redis`.
-    A call fails with :class:`tenancy.errors.StoreUnavailable` as on one Redis.
+    slots migrate. At most ``max_connections`` commands at once, each waiting up to ``pool_timeout_s`` for
+    its turn (:class:`tenancy.redis_client.BoundedRedisCluster`); each node allows twice as many
+    connections, for pipelines and transactions beside them. The timeouts as :func:`connect_redis`. A
+    call fails with :class:`tenancy.errors.StoreUnavailable` as on one Redis.
     """
-    return RedisCluster.from_url(
+    client = BoundedRedisCluster.from_url(
         settings.url,
-        max_connections=settings.max_connections,
+        max_connections=2 * settings.max_connections,
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=settings.connect_timeout_s,
         decode_responses=True,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
+    return client.bound(settings.max_connections, settings.pool_timeout_s)

@@ -1,5 +1,5 @@
 """The Redis client radixgate's stores take: one Redis (:class:`redis.asyncio.Redis`) or a Redis Cluster
-(:class:`redis.asyncio.RedisCluster`), as ``redis.cluster`` in the settings says
+(:class:`BoundedRedisCluster`), as ``redis.cluster`` in the settings says
 (:func:`service.state.connect_redis`).
 
 Both run every call the stores make: single-key commands, Lua scripts whose keys share one hash slot (every
@@ -8,12 +8,56 @@ key's slot, and non-transactional pipelines (split by node on a cluster)."""
 
 from __future__ import annotations
 
-from typing import TypeAlias
+import asyncio
+from contextvars import ContextVar
+from typing import Any, TypeAlias
 
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-RedisClient: TypeAlias = Redis | RedisCluster
+RedisClient: TypeAlias = "Redis | RedisCluster"
 """A client of one Redis or of a Redis Cluster (``decode_responses=True``)."""
+
+_HOLDING: ContextVar[bool] = ContextVar("radixgate_cluster_permit", default=False)
+
+
+class BoundedRedisCluster(RedisCluster):
+    """A Redis Cluster client whose commands wait for a free connection, as one Redis's blocking pool does.
+
+    redis-py's cluster client opens at most ``max_connections`` connections per node and fails a command at
+    once (``MaxConnectionsError``) when all are busy: a burst of calls past it would each be a 503. Here a
+    command first takes one of ``limit`` permits (:meth:`bound`), waiting up to ``wait_s`` for one; each
+    node allows more connections than that, so a permitted command always finds one. A command sent from
+    inside another (a multi-key command split by slot) runs on its caller's permit.
+
+    Raises (from :meth:`execute_command`):
+        redis.exceptions.ConnectionError: no permit within ``wait_s`` (what
+            :class:`tenancy.errors.StoreUnavailable` reports as a pool that stayed exhausted).
+    """
+
+    _permits: asyncio.Semaphore | None = None
+    _wait_s: float = 1.0
+
+    def bound(self, limit: int, wait_s: float) -> BoundedRedisCluster:
+        """Allow ``limit`` commands at once, each waiting up to ``wait_s`` (s) for its turn; returns self."""
+        self._permits, self._wait_s = asyncio.Semaphore(limit), wait_s
+        return self
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """Run a command once a permit is free (see the class)."""
+        permits = self._permits
+        if permits is None or _HOLDING.get():
+            return await super().execute_command(*args, **kwargs)
+        try:
+            await asyncio.wait_for(permits.acquire(), self._wait_s)
+        except TimeoutError:
+            raise RedisConnectionError("no free Redis Cluster connection (pool_timeout_s)") from None
+        token = _HOLDING.set(True)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            _HOLDING.reset(token)
+            permits.release()
 
 
 def is_cluster(client: RedisClient) -> bool:
@@ -21,4 +65,4 @@ def is_cluster(client: RedisClient) -> bool:
     return isinstance(client, RedisCluster)
 
 
-__all__ = ["RedisClient", "is_cluster"]
+__all__ = ["BoundedRedisCluster", "RedisClient", "is_cluster"]

@@ -16,6 +16,7 @@ from service.workers.launcher import WorkerProcess
 from tests.support.engine import running_worker
 from tests.support.fake_worker import FakeWorker
 from tests.support.model_stub import write_stub_model
+from tests.support.redis_cluster import redis_cluster
 from tests.support.servers import ThreadedServer, redis_server
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -47,6 +48,13 @@ def gateway_settings(redis_url: str, model_dir: Path, workers: list[str], **api:
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a redis-server started for this test session."""
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of one node of a three-node Redis Cluster started for this test session."""
+    with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as url:
         yield url
 
 

@@ -29,21 +29,15 @@ def redis_cluster(workdir: Path, masters: int = 3) -> Iterator[str]:
     if server is None or cli is None:
         raise RuntimeError("redis-server/redis-cli are not installed: run scripts/setup_gateway.sh")
     ports = [free_port() for _ in range(masters)]
+    bus_ports = [free_port() for _ in range(masters)]  # (the default, port + 10000, may pass 65535)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for port in ports:
+        for port, bus_port in zip(ports, bus_ports, strict=True):
             node_dir = workdir / f"node-{port}"
             node_dir.mkdir(parents=True, exist_ok=True)
             argv = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-            argv += [
-                "--dir",
-                str(node_dir),
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-            ]
-            argv += ["--cluster-node-timeout", "5000"]
+            argv += ["--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-port", str(bus_port)]
+            argv += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
             with open(node_dir / "server.log", "wb") as out:
                 procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
         for port in ports:

@@ -20,11 +20,13 @@ from tenancy import keys
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.layout import KeyLayout
 from tenancy.models import Tenant, TenantCreate, TenantPatch
+from tenancy.redis_client import RedisClient
 from tenancy.store import TenantStore
 from tests.conftest import ADMIN_TOKEN
 from tests.service.api.test_api import MODEL, auth, gateway_settings, new_tenant
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import ThreadedServer
+from tests.tenancy.conftest import RedisTarget
 
 PEPPER = b"cache-pepper"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -94,10 +96,14 @@ async def test_store_answers_from_the_cache_within_its_ttl_only(redis_client: ai
     assert await store.authenticate(issued.api_key) is None  # the bound: read again, gone
 
 
-async def _gets(redis: aioredis.Redis) -> int:
-    """Reads Redis has answered: GET and MGET calls."""
-    stats = await redis.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("get", "mget"))
+async def _gets(redis: RedisClient) -> int:
+    """Reads Redis has answered: GET and MGET calls (on a cluster, summed over its nodes)."""
+    if isinstance(redis, aioredis.RedisCluster):
+        replies = await redis.info("commandstats", target_nodes=aioredis.RedisCluster.PRIMARIES)
+        nodes = list(replies.values())
+    else:
+        nodes = [await redis.info("commandstats")]
+    return sum(int(n.get(f"cmdstat_{c}", {}).get("calls", 0)) for n in nodes for c in ("get", "mget"))
 
 
 async def test_concurrent_misses_of_one_key_share_one_read(redis_client: aioredis.Redis) -> None:
@@ -135,12 +141,13 @@ async def test_concurrent_misses_of_one_key_share_one_read(redis_client: aioredi
 
 
 async def test_writes_invalidate_this_replica_and_publish(
-    redis_client: aioredis.Redis, redis_url: str
+    redis_client: aioredis.Redis, redis_target: RedisTarget
 ) -> None:
     here, there = AuthCache(60.0, 100), AuthCache(60.0, 100)
     store = TenantStore(redis_client, "ac2:", PEPPER, here)
     other = TenantStore(redis_client, "ac2:", PEPPER, there)
-    subscriber = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    # on a cluster, one node's subscriber hears what is published on any node (Redis Cluster pub/sub)
+    subscriber = aioredis.Redis.from_url(redis_target.url, decode_responses=True)
     follower = asyncio.create_task(follow_invalidations(subscriber, invalidation_channel("ac2:"), there))
     try:
         await store.create(TenantCreate(priority_class="standard", id="acme", name="a"))

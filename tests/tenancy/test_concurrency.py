@@ -16,6 +16,7 @@ from tenancy.errors import TenantNotFoundError
 from tenancy.layout import KeyLayout
 from tenancy.models import KeyCreate, TenantCreate
 from tenancy.store import TenantStore
+from tests.support.leftovers import lasting_async
 
 LEASE_S = 60.0  # injected clock in ms: steps 30 s apart; a set's real TTL (60 s) outlives the test
 P = "slots-test:"
@@ -150,15 +151,15 @@ async def test_a_slot_racing_the_tenants_deletion_leaves_nothing(redis_client: a
     limiter = ConcurrencyLimiter(redis_client, P, LEASE_S)
     slot = await limiter.acquire("gone", 4, issued.key_id, 2, epoch=tenant.epoch)
     assert isinstance(slot, HeldSlot) and len(slot.sets) == 2
-    assert len(await redis_client.keys("*gone*")) > 0
+    assert len(await lasting_async(redis_client, "*gone*")) > 0
     await store.delete("gone")  # both slot sets go with the tenant
-    assert await redis_client.keys("*gone*") == []
+    assert await lasting_async(redis_client, "*gone*") == []
     with pytest.raises(TenantNotFoundError):  # a request that saw the old tenant takes nothing
         await limiter.acquire("gone", 4, issued.key_id, 2, epoch=tenant.epoch)
     assert await limiter.renew() == [slot]  # the renewal creates nothing: the slot is lost
     limiter.release(slot)
     await limiter.wait_released()
-    assert await redis_client.keys("*gone*") == []
+    assert await lasting_async(redis_client, "*gone*") == []
     # re-created under the same id: a fresh epoch and empty slot sets
     fresh = await store.create(TenantCreate(id="gone", name="g", priority_class="standard"))
     assert isinstance(await limiter.acquire("gone", 1, epoch=fresh.epoch), HeldSlot)
@@ -198,4 +199,4 @@ async def test_many_slots_renew_in_batches(redis_client: aioredis.Redis) -> None
     scores = {score for _, score in members}
     assert scores == {59_000 + LEASE_S * 1000}
     await limiter.close()
-    assert await redis_client.keys(f"{P}*slots*") == []
+    assert await lasting_async(redis_client, f"{P}*slots*") == []

@@ -238,11 +238,11 @@ async def test_no_lease_when_the_token_lease_could_not_cover_the_request(
     assert await level(redis_client, key) == pytest.approx(399, abs=0.01)
 
 
-async def test_only_a_leased_reservation_lets_its_settle_linger(redis_client: aioredis.Redis) -> None:
+async def test_only_a_leased_reservation_lets_its_settle_linger(one_redis_client: aioredis.Redis) -> None:
     """A tenant without a lease (small quotas) settles at once: its refund must reach Redis before its
     next request, which may go to another replica (nu14: 429s across replicas with a 2 ms linger). A
     leased one's settle may wait to share a write; a reservation joining ends that wait."""
-    limiter = QuotaLimiter(redis_client, "l9:", settle_linger_s=5.0)
+    limiter = QuotaLimiter(one_redis_client, "l9:", settle_linger_s=5.0)
     quotas = Quotas(tokens_per_min=0.001, token_burst=1000)
     usage = {"requests": 1}
     plain = Reservation("t", quotas, 1, 100)
@@ -256,10 +256,10 @@ async def test_only_a_leased_reservation_lets_its_settle_linger(redis_client: ai
     assert await asyncio.wait_for(lingering, 1.0)
 
 
-async def test_a_lease_admits_while_redis_is_paused(redis_client: aioredis.Redis) -> None:
-    quota = leased(redis_client, "l6:")
+async def test_a_lease_admits_while_redis_is_paused(one_redis_client: aioredis.Redis) -> None:
+    quota = leased(one_redis_client, "l6:")
     assert (await quota.reserve("t", SCARCE, 0)).allowed
-    async with aioredis.Redis.from_url(_url(redis_client)) as other:
+    async with aioredis.Redis.from_url(_url(one_redis_client)) as other:
         await other.execute_command("CLIENT", "PAUSE", "1500")
         try:
             started = time.monotonic()

@@ -39,11 +39,13 @@ class CountingWrites:
         pool.get_connection = counted  # type: ignore[method-assign]
 
 
-async def test_concurrent_calls_share_one_write_and_keep_their_order(redis_client: aioredis.Redis) -> None:
-    batcher = ScriptBatcher(redis_client)
-    script = redis_client.register_script(ECHO)
-    await redis_client.script_load(ECHO)
-    writes = CountingWrites(redis_client)
+async def test_concurrent_calls_share_one_write_and_keep_their_order(
+    one_redis_client: aioredis.Redis,
+) -> None:
+    batcher = ScriptBatcher(one_redis_client)
+    script = one_redis_client.register_script(ECHO)
+    await one_redis_client.script_load(ECHO)
+    writes = CountingWrites(one_redis_client)
     replies = await asyncio.gather(*(batcher.run(script, ["counter"], [f"v{i}"]) for i in range(20)))
     assert replies == [[f"v{i}", str(i + 1)] for i in range(20)]  # run one after another, in call order
     # the first call finds nothing in progress and goes at once; the 19 made meanwhile go together
@@ -53,15 +55,15 @@ async def test_concurrent_calls_share_one_write_and_keep_their_order(redis_clien
 
 
 async def test_a_lingering_batcher_gathers_calls_made_apart_into_one_write(
-    redis_client: aioredis.Redis,
+    one_redis_client: aioredis.Redis,
 ) -> None:
     """With ``linger_s`` (settles: off the answer's path) calls a few ms apart share one exchange, where
     without it each call alone would be its own."""
-    script = redis_client.register_script(ECHO)
-    await redis_client.script_load(ECHO)
-    writes = CountingWrites(redis_client)
+    script = one_redis_client.register_script(ECHO)
+    await one_redis_client.script_load(ECHO)
+    writes = CountingWrites(one_redis_client)
 
-    batcher = ScriptBatcher(redis_client)
+    batcher = ScriptBatcher(one_redis_client)
     loop = asyncio.get_running_loop()
 
     async def apart(linger_s: float) -> list[Any]:
@@ -96,9 +98,9 @@ async def test_a_lingering_batcher_gathers_calls_made_apart_into_one_write(
     ],
 )
 def test_evalsha_is_packed_byte_for_byte_as_redis_py_packs_it(
-    redis_client: aioredis.Redis, keys: list[str], args: list[Any]
+    one_redis_client: aioredis.Redis, keys: list[str], args: list[Any]
 ) -> None:
-    conn = redis_client.connection_pool.make_connection()
+    conn = one_redis_client.connection_pool.make_connection()
     expected = b"".join(conn.pack_command("EVALSHA", "f" * 40, len(keys), *keys, *args))
     assert pack_evalsha("f" * 40, keys, args) == expected
 
@@ -109,9 +111,9 @@ def test_an_argument_redis_py_would_refuse_is_refused(bad: Any) -> None:
         pack_evalsha("f" * 40, ["k"], [bad])
 
 
-async def test_a_script_error_fails_only_its_own_call(redis_client: aioredis.Redis) -> None:
-    batcher = ScriptBatcher(redis_client)
-    script = redis_client.register_script(ECHO)
+async def test_a_script_error_fails_only_its_own_call(one_redis_client: aioredis.Redis) -> None:
+    batcher = ScriptBatcher(one_redis_client)
+    script = one_redis_client.register_script(ECHO)
     replies = await asyncio.gather(
         *(batcher.run(script, ["k"], [arg]) for arg in ("a", "bad", "c")), return_exceptions=True
     )
@@ -119,11 +121,11 @@ async def test_a_script_error_fails_only_its_own_call(redis_client: aioredis.Red
     assert isinstance(replies[1], redis.exceptions.ResponseError) and "bad input" in str(replies[1])
 
 
-async def test_scripts_flushed_from_redis_are_loaded_again(redis_client: aioredis.Redis) -> None:
-    batcher = ScriptBatcher(redis_client)
-    script = redis_client.register_script(ECHO)
+async def test_scripts_flushed_from_redis_are_loaded_again(one_redis_client: aioredis.Redis) -> None:
+    batcher = ScriptBatcher(one_redis_client)
+    script = one_redis_client.register_script(ECHO)
     await batcher.run(script, ["k"], ["warm"])
-    await redis_client.script_flush()
+    await one_redis_client.script_flush()
     replies = await asyncio.gather(*(batcher.run(script, ["k"], [str(i)]) for i in range(3)))
     assert sorted(r[1] for r in replies) == ["2", "3", "4"]
 
@@ -143,12 +145,14 @@ async def test_an_unreachable_redis_fails_every_call_of_the_batch() -> None:
         await client.aclose()
 
 
-async def test_a_call_does_not_linger_while_an_exchange_is_in_progress(redis_client: aioredis.Redis) -> None:
+async def test_a_call_does_not_linger_while_an_exchange_is_in_progress(
+    one_redis_client: aioredis.Redis,
+) -> None:
     """Under load (an exchange in progress) calls batch by themselves: a lingering call waits one loop
     round, not its linger (in saturated streams a linger cost 8-17% more CPU per stream)."""
-    script = redis_client.register_script(ECHO)
-    await redis_client.script_load(ECHO)
-    batcher = ScriptBatcher(redis_client)
+    script = one_redis_client.register_script(ECHO)
+    await one_redis_client.script_load(ECHO)
+    batcher = ScriptBatcher(one_redis_client)
     batcher._busy = 1  # as while another batch's exchange is under way
     try:
         reply = await asyncio.wait_for(batcher.run(script, ["busy"], ["v"], 5.0), 1.0)

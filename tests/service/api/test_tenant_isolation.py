@@ -312,7 +312,7 @@ def test_a_key_gone_without_an_invalidation_message_is_refused_within_the_cache_
     gone = new_tenant(run.http, 100)
     assert run.http.post("/v1/chat/completions", json=chat_body(), headers=gone.auth).status_code == 200
     with redis.Redis.from_url(settings.redis.url) as store:
-        assert store.delete(KeyLayout(settings.redis.key_prefix).api_key(gone.key_id)) == 1
+        assert store.delete(KeyLayout(settings.redis.key_prefix).api_key(gone.id, gone.key_id)) == 1
     elapsed = refused_within(run, gone, 401, settings.redis.auth_cache_ttl_s + 1.0)
     print(f"refused {elapsed:.2f} s after its record left Redis (TTL {settings.redis.auth_cache_ttl_s} s)")
 
