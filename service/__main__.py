@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import redis
 import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
@@ -48,6 +49,7 @@ from service.protocol.responses import responses_table
 from service.runtime.host_serve import MULTIPROC_ENV, serve_one, serve_processes
 from service.runtime.http_protocol import KEEP_ALIVE_S
 from service.workers.launcher import WorkerProcess, WorkerStartError
+from tenancy.migrate_layout import migrate, migration_client
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
 config_cli = typer.Typer(add_completion=False, help="Check the settings.")
@@ -316,6 +318,33 @@ def params_table(
     markers (docs/api.md: ``python -m service params-table --doc docs/api.md``)."""
     tables = {"params-table": parameters_table()}
     _print_or_write(tables | {"responses-table": responses_table()} if doc else tables, doc)
+
+
+@cli.command("migrate-keys")
+def migrate_keys(
+    config: Path | None = CONFIG_OPTION,
+    source: str | None = typer.Option(
+        None, "--from", help="redis:// URL of one Redis holding the old keys (default: the settings' Redis)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would move; write nothing."),
+) -> None:
+    """Move the keys of the layout before hash tags (``rg:tenant:<id>``, ``rg:key:<key id>``, ...) to the
+    current one (``rg:{<id>}:tenant``, ...): in place, or from --from into the settings' Redis or Redis
+    Cluster (``redis.url``, ``redis.cluster``, ``redis.key_prefix``). Run it with the gateways stopped;
+    running it again moves nothing. Prints what moved as JSON (docs/redis-cluster.md)."""
+    settings = load_settings(config)
+    target = migration_client(settings.redis.url, settings.redis.cluster)
+    origin = target if source is None else migration_client(source, cluster=False)
+    try:
+        report = migrate(origin, target, settings.redis.key_prefix, dry_run=dry_run)
+    except redis.RedisError as exc:
+        typer.echo(f"the migration stopped: {exc} (what moved stays moved; run it again)", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        target.close()
+        if origin is not target:
+            origin.close()
+    typer.echo(orjson.dumps({"dry_run": dry_run, **report.as_dict()}, option=orjson.OPT_INDENT_2).decode())
 
 
 if __name__ == "__main__":

@@ -88,4 +88,5 @@ def connect_cluster(settings: RedisSettings) -> BoundedRedisCluster:
         decode_responses=True,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
+    assert isinstance(client, BoundedRedisCluster)  # from_url builds the class it is called on
     return client.bound(settings.max_connections, settings.pool_timeout_s)

@@ -52,9 +52,10 @@ class WorkerRegistry:
 
     def __init__(self, redis: RedisClient, prefix: str, listed: Collection[str] = ()) -> None:
         self._redis = redis
-        self._key = f"{prefix}workers"
-        self._discovered = f"{prefix}workers:discovered"
-        self._listed_key = f"{prefix}workers:settings"
+        # one hash tag for the three: the transactions below name several, on Redis Cluster in one slot
+        self._key = f"{prefix}{{workers}}"
+        self._discovered = f"{prefix}{{workers}}:discovered"
+        self._listed_key = f"{prefix}{{workers}}:settings"
         self.listed_here = frozenset(url.rstrip("/") for url in listed)
 
     @store_operation

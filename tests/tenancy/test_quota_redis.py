@@ -8,17 +8,21 @@ import multiprocessing as mp
 import pytest
 import redis.asyncio as aioredis
 
+from service.config.redis import RedisSettings
+from service.state import connect_redis
 from tenancy.models import Quotas
 from tenancy.quota import QuotaLimiter, Reservation
 from tenancy.usage import UsageRecorder
+from tests.tenancy.conftest import RedisTarget
 
 BURST = 37
 QUOTAS = Quotas(requests_per_min=0.001, request_burst=BURST)  # refills ~nothing during the test
 
 
-def _hammer(url: str, start: mp.synchronize.Event, attempts: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _hammer(target: RedisTarget, start: mp.synchronize.Event, attempts: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
     async def run() -> int:
-        client = aioredis.Redis.from_url(url, decode_responses=True)
+        # the gateway's own client: one Redis's blocking pool, or the bounded Redis Cluster client
+        client = connect_redis(RedisSettings(url=target.url, cluster=target.kind == "cluster"))
         limiter = QuotaLimiter(client, "race:")
         granted = 0
         start.wait()
@@ -31,10 +35,13 @@ def _hammer(url: str, start: mp.synchronize.Event, attempts: int, out: mp.Queue)
     out.put(asyncio.run(run()))
 
 
-def test_eight_processes_race_one_bucket_and_get_exactly_the_burst(redis_url: str) -> None:
+def test_eight_processes_race_one_bucket_and_get_exactly_the_burst(
+    redis_target: RedisTarget, redis_client: aioredis.Redis
+) -> None:
+    """On one Redis and on a Redis Cluster (the tenant's keys in one slot, on one of three nodes)."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_hammer, args=(redis_url, start, 20, out)) for _ in range(8)]
+    procs = [ctx.Process(target=_hammer, args=(redis_target, start, 20, out)) for _ in range(8)]
     for p in procs:
         p.start()
     start.set()
