@@ -74,7 +74,7 @@ async def test_a_settle_with_the_same_request_id_lands_once(redis_client: aiored
     assert (got.requests, got.prompt_tokens, got.completion_tokens) == (1, 7, 3)
     levels = await quota.adjust("t", QUOTAS, tokens=0.0001)
     assert levels["tokens"] == pytest.approx(990, abs=0.01)  # 600 - 10 refunded once
-    assert 0 < await redis_client.ttl("once:settled:rid-1") <= 60
+    assert 0 < await redis_client.ttl(KeyLayout("once:").settled("t", "rid-1")) <= 60
     assert await quota.settle(held, 10, SERVED, once=("rid-2", 60))  # another request: charged
     assert (await usage.get("t")).requests == 2
 
