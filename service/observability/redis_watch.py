@@ -16,9 +16,8 @@ from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import structlog
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
-
-from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.redis")
 
@@ -99,7 +98,9 @@ class RedisReachability:
         self.reachable = True
 
 
-async def watch_redis(client: RedisClient, reach: RedisReachability, interval_s: float = WATCH_S) -> None:
+async def watch_redis(
+    client: Redis | RedisCluster, reach: RedisReachability, interval_s: float = WATCH_S
+) -> None:
     """Ping ``client`` every ``interval_s`` seconds until cancelled, telling ``reach`` each outcome (the
     first at once)."""
     while True:
