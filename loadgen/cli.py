@@ -338,6 +338,13 @@ def soak(
     redis_every_s: Annotated[
         float, typer.Option("--redis-every", min=1.0, max=86_400.0, help="Redis is restarted this often, s.")
     ] = 180.0,
+    redis_down_s: Annotated[
+        float, typer.Option("--redis-down", min=0.5, max=3_600.0, help="How long Redis stays stopped, s.")
+    ] = 5.0,
+    on_outage: Annotated[
+        str,
+        typer.Option("--on-outage", help="The gateways' redis.on_outage while Redis is down: closed|open."),
+    ] = "closed",
     run_dir: Annotated[Path, typer.Option(help="Folder for the logs and Redis files.")] = Path(".run/soak"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as one JSON line.")] = False,
 ) -> None:
@@ -347,8 +354,16 @@ def soak(
     second half."""
     from loadgen.soak import figures_json, figures_text, run_soak
 
+    if on_outage not in ("closed", "open"):
+        raise typer.BadParameter("closed or open", param_hint="--on-outage")
     figures = run_soak(
-        run_dir, duration_s=duration_s, load=load, kill_every_s=kill_every_s, redis_every_s=redis_every_s
+        run_dir,
+        duration_s=duration_s,
+        load=load,
+        kill_every_s=kill_every_s,
+        redis_every_s=redis_every_s,
+        redis_down_s=redis_down_s,
+        on_outage=on_outage,
     )
     print(json.dumps(figures_json(figures)) if as_json else figures_text(figures))
     if not figures.met:

@@ -10,7 +10,8 @@ streams arrive at ``load`` times the capacity measured first, spread over severa
 
 - every ``kill_every_s`` one worker in turn is killed (SIGKILL: its streams break mid-answer) and started
   again on its port ``down_s`` later;
-- every ``redis_every_s`` Redis is stopped and started again ``down_s`` later;
+- every ``redis_every_s`` Redis is stopped and started again ``redis_down_s`` later (``down_s`` unless
+  given; minutes with ``--redis-down 120``), the gateways running the ``on_outage`` policy meanwhile;
 - every ``sample_every_s`` each gateway process's resident memory (``VmRSS``) and open file descriptors are
   read from ``/proc``, and the loop's tasks from ``/metrics`` (``radixgate_event_loop_tasks``).
 
@@ -233,6 +234,8 @@ def run_soak(
     kill_every_s: float = 120.0,
     redis_every_s: float = 180.0,
     down_s: float = 5.0,
+    redis_down_s: float | None = None,
+    on_outage: str = "closed",
     sample_every_s: float = 5.0,
     warmup_s: float = 60.0,
     log_level: str = "WARNING",
@@ -245,7 +248,8 @@ def run_soak(
         tenants: tenants the streams are spread over (one key each).
         processes, workers, window, speed, max_tokens: as :func:`loadgen.rolling_restart.run_rolling_restart`.
         kill_every_s, redis_every_s: the faults' periods, s (the first after one period); down_s: how long
-            a killed worker or stopped Redis stays down, s.
+            a killed worker or stopped Redis stays down, s; redis_down_s: how long Redis stays down, s
+            (None: ``down_s``); on_outage: the gateways' ``redis.on_outage`` (``closed``, ``open``).
         sample_every_s: the period of the memory, descriptor and task samples, s; warmup_s: samples
             before this are left out of the slopes, s.
         log_level: the gateway's log level (WARNING: a line per request for minutes would be the disk's
@@ -260,6 +264,7 @@ def run_soak(
         "RADIXGATE_SCHEDULER__WINDOW_MODE": "fixed",
         "RADIXGATE_SCHEDULER__WINDOW_INITIAL": str(window),
         "RADIXGATE_OBSERVABILITY__LOG_LEVEL": log_level,
+        "RADIXGATE_REDIS__ON_OUTAGE": on_outage,
     }
     if tokenizer_dir is not None:
         env["RADIXGATE_API__TOKENIZER_PATH"] = str(tokenizer_dir)
@@ -304,7 +309,7 @@ def run_soak(
             figures.worker_kills += 1
 
         def restart(_: int) -> None:
-            stack.restart_redis(down_s)
+            stack.restart_redis(down_s if redis_down_s is None else redis_down_s)
             figures.redis_restarts += 1
 
         def sampler(start: float, stop: threading.Event) -> None:
