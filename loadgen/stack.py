@@ -42,6 +42,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+READY_STREAK = 10
+"""Consecutive 200s from ``/readyz`` :meth:`LocalStack.wait_ready` waits for (each on its own connection:
+every gateway process answers one with odds 1 - 2^-9 for two processes)."""
+
+
 class StackError(RuntimeError):
     """A process of the stack exited or did not become ready."""
 
@@ -189,7 +194,11 @@ class LocalStack:
         return self
 
     def wait_ready(self) -> None:
-        """Wait until ``/readyz`` answers 200 (Redis and a healthy worker).
+        """Wait until ``/readyz`` answers 200 (Redis and a healthy worker) :data:`READY_STREAK` times in a
+        row, each on a new connection: with several gateway processes (``RADIXGATE_WORKERS``) each
+        connection goes to one of them, and one that has not yet synced the worker registry or probed its
+        workers answers 503 (a soak's capacity probe that began after the first 200 saw
+        ``no_worker_available`` from such a process on a loaded machine).
 
         Raises:
             StackError: the gateway exited or was not ready within the stack's ready timeout.
@@ -199,15 +208,18 @@ class LocalStack:
 
     def _wait_ready(self, gateway: subprocess.Popen[bytes], path: str) -> None:
         deadline = time.monotonic() + self._timeout
+        streak, needed = 0, 1 if path == "/healthz" else READY_STREAK
         while time.monotonic() < deadline:
             if gateway.poll() is not None:
                 raise StackError(f"gateway exited with {gateway.returncode}; see {self.run_dir}/gateway.log")
             try:
-                if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
-                    return
+                ok = httpx.get(f"{self.url}{path}", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2 if path == "/healthz" else 1)
+                ok = False
+            streak = streak + 1 if ok else 0
+            if streak >= needed:
+                return
+            time.sleep(0.05 if streak else 0.2 if path == "/healthz" else 1)
         raise StackError(f"gateway not ready after {self._timeout:.0f} s; see {self.run_dir}/gateway.log")
 
     def stop(self) -> None:
