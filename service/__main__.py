@@ -50,6 +50,7 @@ from service.runtime.host_serve import MULTIPROC_ENV, serve_one, serve_processes
 from service.runtime.http_protocol import KEEP_ALIVE_S
 from service.workers.launcher import WorkerProcess, WorkerStartError
 from tenancy.migrate_layout import migrate, migration_client
+from tenancy.redis_client import cluster_mismatch
 
 cli = typer.Typer(add_completion=False, help="radixgate: multi-tenant gateway for SGLang workers.")
 config_cli = typer.Typer(add_completion=False, help="Check the settings.")
@@ -135,6 +136,10 @@ def serve(config: Path | None = CONFIG_OPTION) -> None:
         raise typer.Exit(2)
     settings = load_settings(config)
     check_tokenizer(settings)
+    mismatch = cluster_mismatch(settings.redis.url, settings.redis.cluster, settings.redis.connect_timeout_s)
+    if mismatch is not None:
+        typer.echo(f"invalid setting: {mismatch}", err=True)
+        raise typer.Exit(2)
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -333,6 +338,10 @@ def migrate_keys(
     Cluster (``redis.url``, ``redis.cluster``, ``redis.key_prefix``). Run it with the gateways stopped;
     running it again moves nothing. Prints what moved as JSON (docs/redis-cluster.md)."""
     settings = load_settings(config)
+    mismatch = cluster_mismatch(settings.redis.url, settings.redis.cluster, settings.redis.connect_timeout_s)
+    if mismatch is not None:
+        typer.echo(f"invalid setting: {mismatch}", err=True)
+        raise typer.Exit(2)
     target = migration_client(settings.redis.url, settings.redis.cluster)
     origin = target if source is None else migration_client(source, cluster=False)
     try:

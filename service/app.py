@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 import structlog
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
-from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies.circuit_breaker import BreakerConfig
@@ -58,7 +57,7 @@ from service.runtime.drain import (
 from service.runtime.http_protocol import CONNECTIONS_EXTENSION
 from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
-from service.state import GatewayState, connect_redis
+from service.state import GatewayState, check_cluster_setting, connect_redis, connect_side_clients
 from service.workers.client import SGLangClient
 from service.workers.discovery import DnsDiscovery, no_workers_hint
 from service.workers.launcher import WorkerProcess
@@ -187,19 +186,9 @@ class GatewayApp(FastAPI):
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     metrics: GatewayMetrics = app.state.metrics
+    await check_cluster_setting(settings.redis)
     redis = connect_redis(settings.redis)
-    # its own connection, no read timeout: the auth-cache invalidations wait for messages indefinitely
-    subscriber = Redis.from_url(
-        settings.redis.url, decode_responses=True, socket_connect_timeout=settings.redis.connect_timeout_s
-    )
-    # its own connection: a busy request pool is no evidence of an unreachable Redis
-    # (service/observability/redis_watch.py)
-    pinger = Redis.from_url(
-        settings.redis.url,
-        socket_connect_timeout=settings.redis.connect_timeout_s,
-        socket_timeout=settings.redis.socket_timeout_s,
-        single_connection_client=True,
-    )
+    subscriber, pinger = connect_side_clients(settings.redis)
     reach = RedisReachability(settings.redis.url)  # its outcomes also drive redis.on_outage = open
     background = [asyncio.create_task(watch_redis(pinger, reach), name="redis-watch")]
     revocations: RevocationRegistry | None = None

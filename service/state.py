@@ -3,6 +3,7 @@ Redis client and the lease counter the lifespan builds them with."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -22,7 +23,7 @@ from service.runtime.drain import Drain
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter
-from tenancy.redis_client import BoundedRedisCluster, RedisClient
+from tenancy.redis_client import BoundedRedisCluster, RedisClient, cluster_mismatch
 from tenancy.store import TenantStore
 from tenancy.usage import UsageRecorder
 
@@ -90,3 +91,37 @@ def connect_cluster(settings: RedisSettings) -> BoundedRedisCluster:
     )
     assert isinstance(client, BoundedRedisCluster)  # from_url builds the class it is called on
     return client.bound(settings.max_connections, settings.pool_timeout_s)
+
+
+def connect_side_clients(settings: RedisSettings) -> tuple[Redis, Redis]:
+    """The two connections beside the pool, to the node ``settings.url`` names (on a Redis Cluster too:
+    a ``PUBLISH`` reaches every node's subscribers, and the watch asks whether that node answers):
+
+    - the subscriber of the auth-cache invalidations: no read timeout, it waits for messages indefinitely;
+    - the pinger of :func:`service.observability.redis_watch.watch_redis`: a connection of its own, since a
+      busy request pool is no evidence of an unreachable Redis.
+    """
+    subscriber = Redis.from_url(
+        settings.url, decode_responses=True, socket_connect_timeout=settings.connect_timeout_s
+    )
+    pinger = Redis.from_url(
+        settings.url,
+        socket_connect_timeout=settings.connect_timeout_s,
+        socket_timeout=settings.socket_timeout_s,
+        single_connection_client=True,
+    )
+    return subscriber, pinger
+
+
+async def check_cluster_setting(settings: RedisSettings) -> None:
+    """Refuse to start when ``settings.cluster`` and the server at ``settings.url`` disagree
+    (:func:`tenancy.redis_client.cluster_mismatch`; ``python -m service serve`` says so first, in one line).
+
+    Raises:
+        RuntimeError: they disagree (its message says which setting to change).
+    """
+    mismatch = await asyncio.to_thread(
+        cluster_mismatch, settings.url, settings.cluster, settings.connect_timeout_s
+    )
+    if mismatch is not None:
+        raise RuntimeError(mismatch)

@@ -52,6 +52,12 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis.exceptions.OutOfMemoryError,
     redis.exceptions.MasterDownError,
     asyncio.TimeoutError,
+    # on a Redis Cluster: no node reachable or the slots not covered (RedisClusterException; the setting
+    # that names a non-cluster node is refused at startup: service.state.check_cluster_setting), the
+    # cluster down, a slot migrating (TRYAGAIN)
+    redis.exceptions.RedisClusterException,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
 )
 
 

@@ -12,6 +12,7 @@ import asyncio
 from contextvars import ContextVar
 from typing import Any, TypeAlias
 
+import redis
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -60,9 +61,33 @@ class BoundedRedisCluster(RedisCluster):
             permits.release()
 
 
+def cluster_mismatch(url: str, cluster: bool, timeout_s: float = 2.0) -> str | None:
+    """A sentence for the operator when the server at ``url`` and the ``redis.cluster`` setting disagree (a
+    Redis Cluster node named as one Redis, or one Redis named as a cluster: the first would answer
+    ``MOVED`` for most tenants, the second cannot start its client); None when they agree or the server
+    cannot be reached now (the gateway then starts and answers 503 until it can). Asks ``INFO cluster``
+    (``cluster_enabled``), with a synchronous client of its own."""
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s) as client:
+            enabled = str(client.info("cluster").get("cluster_enabled", "0")) == "1"
+    except (redis.RedisError, OSError):
+        return None
+    if cluster and not enabled:
+        return (
+            "RADIXGATE_REDIS__CLUSTER is true but RADIXGATE_REDIS__URL names a Redis that is not a cluster "
+            "node (cluster_enabled:0): unset it for one Redis"
+        )
+    if enabled and not cluster:
+        return (
+            "RADIXGATE_REDIS__URL names a node of a Redis Cluster (cluster_enabled:1): set "
+            "RADIXGATE_REDIS__CLUSTER=true (docs/redis-cluster.md)"
+        )
+    return None
+
+
 def is_cluster(client: RedisClient) -> bool:
     """Whether ``client`` talks to a Redis Cluster."""
     return isinstance(client, RedisCluster)
 
 
-__all__ = ["BoundedRedisCluster", "RedisClient", "is_cluster"]
+__all__ = ["BoundedRedisCluster", "RedisClient", "cluster_mismatch", "is_cluster"]

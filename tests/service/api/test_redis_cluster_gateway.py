@@ -5,6 +5,10 @@ keys in its own slot."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,11 +20,14 @@ import redis
 
 from service.app import create_app
 from service.config.settings import Settings
+from tenancy.keys import generate_key
 from tenancy.layout import KeyLayout
+from tenancy.redis_client import cluster_mismatch
 from tests.conftest import gateway_settings
 from tests.service.api.test_api import ADMIN, auth, chat, usage_of
 from tests.support.fake_worker import FakeWorker
-from tests.support.servers import ThreadedServer
+from tests.support.redis_cluster import local_cluster
+from tests.support.servers import ThreadedServer, free_port
 
 PREFIX = "rc:"
 _ids = itertools.count()
@@ -141,3 +148,64 @@ def test_caps_budgets_and_delete_on_the_cluster(
         assert [k for k in left if ":once:" not in k and ":settled:" not in k] == []
         gone = admin.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key))
         assert gone.status_code == 401
+
+
+def test_a_cluster_down_gives_503_and_service_resumes_when_it_is_back(
+    tmp_path: Path, stub_model_dir: Path
+) -> None:
+    """Every node killed: 503 ``store_unavailable`` (never 500); the nodes started again: answers again."""
+    worker = FakeWorker()
+    with local_cluster(tmp_path) as cluster, ThreadedServer(worker.app) as upstream:
+        settings = cluster_settings(cluster.url, stub_model_dir, upstream.url)
+        redis_section = settings.redis.model_copy(update={"socket_timeout_s": 0.5, "connect_timeout_s": 0.5})
+        with (
+            ThreadedServer(create_app(settings.model_copy(update={"redis": redis_section}))) as gw,
+            httpx.Client(base_url=gw.url, timeout=30) as http,
+        ):
+            _, _, key = tenant(http)
+            assert (
+                http.post("/v1/chat/completions", json=chat(max_tokens=1), headers=auth(key)).status_code
+                == 200
+            )
+            cluster.stop_nodes()
+            down = http.post(
+                "/v1/chat/completions", json=chat(max_tokens=1), headers=auth(generate_key().full)
+            )
+            assert down.status_code == 503 and down.json()["error"]["code"] == "store_unavailable", down.text
+            assert (
+                http.post("/admin/tenants", json={"id": "later", "name": "l"}, headers=ADMIN).status_code
+                == 503
+            )
+            cluster.start_nodes()  # the same nodes.conf: the same cluster, its data gone
+            cluster.wait_formed()
+            deadline = time.monotonic() + 10
+            while (
+                status := http.post(
+                    "/admin/tenants", json={"id": "later", "name": "l"}, headers=ADMIN
+                ).status_code
+            ) == 503:
+                assert time.monotonic() < deadline, "no answer after the cluster came back"
+                time.sleep(0.2)
+            assert status == 201
+
+
+def test_the_cluster_setting_must_match_the_server(
+    redis_url: str, redis_cluster_url: str, stub_model_dir: Path
+) -> None:
+    """``serve`` refuses a cluster node named as one Redis, and one Redis named as a cluster, in one line
+    (exit 2); an unreachable server is no mismatch (the gateway starts and answers 503 until it is up)."""
+    assert cluster_mismatch(redis_url, cluster=False) is None
+    assert cluster_mismatch(redis_cluster_url, cluster=True) is None
+    assert cluster_mismatch(f"redis://127.0.0.1:{free_port()}/0", cluster=True, timeout_s=0.5) is None
+    for url, cluster, says in (
+        (redis_url, "true", "RADIXGATE_REDIS__CLUSTER is true but"),
+        (redis_cluster_url, "false", "set RADIXGATE_REDIS__CLUSTER=true"),
+    ):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RADIXGATE_")}
+        env |= {"RADIXGATE_REDIS__URL": url, "RADIXGATE_REDIS__CLUSTER": cluster}
+        env |= {"RADIXGATE_API__TOKENIZER_PATH": str(stub_model_dir), "RADIXGATE_PORT": str(free_port())}
+        done = subprocess.run(
+            [sys.executable, "-m", "service", "serve"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
