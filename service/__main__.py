@@ -333,21 +333,31 @@ def migrate_keys(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would move; write nothing."),
 ) -> None:
-    """Move the keys of the layout before hash tags (``rg:tenant:<id>``, ``rg:key:<key id>``, ...) to the
-    current one (``rg:{<id>}:tenant``, ...): in place, or from --from into the settings' Redis or Redis
-    Cluster (``redis.url``, ``redis.cluster``, ``redis.key_prefix``). Run it with the gateways stopped;
-    running it again moves nothing. Prints what moved as JSON (docs/redis-cluster.md)."""
+    """Move the keys of the layout before hash tags (rg:tenant:ID and the like) to the current one
+    (rg:{ID}:tenant, ...): in place, or from --from into the settings' Redis or Redis Cluster (redis.url,
+    redis.cluster, redis.key_prefix). Run it with the gateways stopped; a key whose new name exists is never
+    overwritten, so running it again moves nothing. Prints what moved as JSON (docs/redis-cluster.md)."""
     settings = load_settings(config)
     mismatch = cluster_mismatch(settings.redis.url, settings.redis.cluster, settings.redis.connect_timeout_s)
+    if mismatch is None and source is not None and cluster_mismatch(source, False, 2.0) is not None:
+        mismatch = "--from names a node of a Redis Cluster: it must name one Redis (the old layout's)"
     if mismatch is not None:
         typer.echo(f"invalid setting: {mismatch}", err=True)
         raise typer.Exit(2)
-    target = migration_client(settings.redis.url, settings.redis.cluster)
-    origin = target if source is None else migration_client(source, cluster=False)
+    try:
+        target = migration_client(settings.redis.url, settings.redis.cluster)
+        origin = target if source is None else migration_client(source, cluster=False)
+    except (ValueError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        typer.echo(f"cannot connect: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         report = migrate(origin, target, settings.redis.key_prefix, dry_run=dry_run)
-    except redis.RedisError as exc:
-        typer.echo(f"the migration stopped: {exc} (what moved stays moved; run it again)", err=True)
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+        typer.echo(
+            f"the migration stopped: {type(exc).__name__}: {exc} (keys copied before stay copied; a second "
+            "run skips them)",
+            err=True,
+        )
         raise typer.Exit(1) from None
     finally:
         target.close()

@@ -190,7 +190,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     redis = connect_redis(settings.redis)
     subscriber, pinger = connect_side_clients(settings.redis)
     reach = RedisReachability(settings.redis.url)  # its outcomes also drive redis.on_outage = open
-    background = [asyncio.create_task(watch_redis(pinger, reach), name="redis-watch")]
+    watch = watch_redis(pinger, reach, cluster=settings.redis.cluster)
+    background = [asyncio.create_task(watch, name="redis-watch")]
     revocations: RevocationRegistry | None = None
     up = settings.upstream
     client = SGLangClient(up)

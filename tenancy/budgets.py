@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, cast
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from policies.billing_periods import Period, PeriodWindow, period_window
 from policies.pricing import pico_to_usd, usd_to_pico
@@ -264,7 +264,7 @@ class BudgetStore:
     async def _publish(self, tenant_id: str) -> None:
         try:
             await self._redis.publish(self._channel, f"budget:{tenant_id}")
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             log.warning("budget_invalidation_not_published", tenant=tenant_id, error=str(exc))
 
 

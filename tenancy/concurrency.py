@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from tenancy.errors import CallObserver, StoreUnavailable, TenantNotFoundError, store_operation, timed_call
 from tenancy.layout import KeyLayout, lua
@@ -212,7 +212,7 @@ class ConcurrencyLimiter:
                 "ConcurrencyLimiter.release",
                 self._batch.run(self._release, list(slot.sets), [slot.slot_id]),
             )
-        except (TimeoutError, RedisError, OSError) as exc:  # its lease ends it
+        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:  # its lease ends it
             log.warning(
                 "concurrency_release_failed", tenant=slot.tenant_id, error=f"{type(exc).__name__}: {exc}"
             )

@@ -54,9 +54,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     # on a Redis Cluster: no node reachable or the slots not covered (RedisClusterException; the setting
     # that names a non-cluster node is refused at startup: service.state.check_cluster_setting), the
-    # cluster down, a slot migrating (TRYAGAIN)
+    # cluster down (ClusterDownError, a ClusterError) or its redirections past their bound, a slot
+    # migrating (TRYAGAIN)
     redis.exceptions.RedisClusterException,
-    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,
     redis.exceptions.TryAgainError,
 )
 

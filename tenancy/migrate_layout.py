@@ -12,8 +12,10 @@ new name; then, in place, the old key is deleted. Besides the renames:
 - ``settled:`` and ``once:`` markers, which name no tenant and expire in seconds to days, are not copied
   (run the migration with the gateways stopped: no settle is then pending).
 
-Keys of the new layout are left as they are, so running it again moves nothing. Keys under the prefix that
-it does not know are left and counted (:attr:`MigrationReport.unknown`).
+A key whose new name exists already (copied by an earlier run from a source that was kept, or written by
+a gateway since) is never overwritten: it is counted in :attr:`MigrationReport.existing` and, in place, its
+old key is left for the operator to look at. So running it again moves nothing and rolls nothing back. Keys
+under the prefix that it does not know are left and counted (:attr:`MigrationReport.unknown`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import redis
-from redis.typing import EncodableT, FieldT
 
 from tenancy.layout import KeyLayout
 
@@ -44,11 +45,13 @@ class MigrationReport:
         moved: old-layout keys copied to their new names, by kind (``tenant``, ``key``, ``bucket``, ...).
         owners: API key owner entries written.
         dropped: markers not copied (``settled``, ``once``).
+        existing: old keys whose new name exists already: not copied (the new one kept), by kind.
         unknown: keys under the prefix of neither layout, left where they are.
     """
 
     moved: Counter[str] = field(default_factory=Counter)
     owners: int = 0
+    existing: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
     unknown: list[str] = field(default_factory=list)
 
@@ -58,6 +61,7 @@ class MigrationReport:
             "moved": dict(self.moved),
             "owners": self.owners,
             "dropped": dict(self.dropped),
+            "existing": dict(self.existing),
             "unknown": self.unknown[:100],
             "unknown_count": len(self.unknown),
         }
@@ -132,8 +136,8 @@ def migrate(source: SyncClient, target: SyncClient, prefix: str, dry_run: bool =
             _index(source, target, layout, name, report, dry_run)
             continue
         if rest in _WORKER_KEYS:
-            _copy(source, target, name, f"{prefix}{_WORKER_KEYS[rest]}", dry_run, in_place)
-            report.moved["workers"] += 1
+            copied = _copy(source, target, name, f"{prefix}{_WORKER_KEYS[rest]}", dry_run, in_place)
+            (report.moved if copied else report.existing)["workers"] += 1
             continue
         if kind == "key":
             _api_key(source, target, layout, name, report, dry_run, in_place)
@@ -142,30 +146,37 @@ def migrate(source: SyncClient, target: SyncClient, prefix: str, dry_run: bool =
         if found is None:
             if rest == "prices":  # no tenant's: the same name (copied when the target is another Redis)
                 if not in_place:
-                    _copy(source, target, name, name, dry_run, in_place=False)
-                    report.moved["prices"] += 1
+                    copied = _copy(source, target, name, name, dry_run, in_place=False)
+                    (report.moved if copied else report.existing)["prices"] += 1
             elif rest != "replicas":  # (the live replicas' heartbeats: written again within seconds)
                 report.unknown.append(name)
             continue
         moved_kind, new = found
-        _copy(source, target, name, new, dry_run, in_place)
-        if moved_kind == "billing" and not dry_run:
+        copied = _copy(source, target, name, new, dry_run, in_place)
+        if copied and moved_kind == "billing" and not dry_run:
             _rename_members(target, layout, new)
-        report.moved[moved_kind] += 1
+        (report.moved if copied else report.existing)[moved_kind] += 1
     return report
 
 
-def _copy(source: SyncClient, target: SyncClient, old: str, new: str, dry_run: bool, in_place: bool) -> None:
-    """``DUMP`` ``old`` and ``RESTORE`` it as ``new`` with its time to live; in place, delete ``old``."""
+def _copy(source: SyncClient, target: SyncClient, old: str, new: str, dry_run: bool, in_place: bool) -> bool:
+    """``DUMP`` ``old`` and ``RESTORE`` it as ``new`` with its time to live; in place, delete ``old``.
+    False (nothing written) when ``new`` exists already (dry: would exist)."""
     if dry_run:
-        return
+        return not target.exists(new)
     dumped = source.dump(old)
     if dumped is None:  # expired since the scan
-        return
+        return True
     ttl_ms = int(source.pttl(old))
-    target.restore(new, max(ttl_ms, 0), dumped, replace=True)
+    try:
+        target.restore(new, max(ttl_ms, 0), dumped)
+    except redis.ResponseError as exc:
+        if "BUSYKEY" in str(exc):
+            return False
+        raise
     if in_place and new != old:
         source.delete(old)
+    return True
 
 
 def _api_key(
@@ -186,12 +197,14 @@ def _api_key(
     except (ValueError, KeyError, TypeError):
         report.unknown.append(name)
         return
+    copied = _copy(source, target, name, layout.api_key(tenant, key_id), dry_run, in_place)
+    if not copied:
+        report.existing["key"] += 1
+        return
     report.moved["key"] += 1
     report.owners += 1
-    if dry_run:
-        return
-    target.set(layout.key_owner(key_id), tenant)
-    _copy(source, target, name, layout.api_key(tenant, key_id), dry_run, in_place)
+    if not dry_run:
+        target.set(layout.key_owner(key_id), tenant, nx=True)
 
 
 def _index(
@@ -207,18 +220,20 @@ def _index(
     if source.type(name) != b"set":
         return  # the new index (a hash) already
     ids = sorted(_text(m) for m in source.smembers(name))
-    report.moved["index"] += 1
     if dry_run:
+        report.moved["index"] += 1
         return
-    epochs: dict[FieldT, EncodableT] = {}
+    epochs: dict[str, str] = {}
     for tenant in ids:
         raw = source.get(f"{layout.prefix}tenant:{tenant}") or target.get(layout.tenant(tenant))
         if raw is not None:
             epochs[tenant] = str(json.loads(raw).get("epoch", ""))
     if source is target:
         source.delete(name)
-    if epochs:
-        target.hset(name, mapping=epochs)
+    added = 0
+    for tenant_id, epoch in epochs.items():  # an entry there already (a tenant of the target's) is kept
+        added += int(target.hsetnx(name, tenant_id, epoch))
+    (report.moved if added or source is target else report.existing)["index"] += 1
 
 
 def _rename_members(target: SyncClient, layout: KeyLayout, billing: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from policies.pricing import FREE, ModelPrice
 from tenancy.auth_cache import invalidation_channel
@@ -80,7 +80,7 @@ class PriceStore:
     async def _publish(self, model_id: str) -> None:
         try:
             await self._redis.publish(self._channel, f"price:{model_id}")
-        except RedisError as exc:  # the write is done; other replicas see it within their book's ttl
+        except (RedisError, RedisClusterException) as exc:  # the write is done; others read it within a ttl
             log.warning("price_invalidation_not_published", model=model_id, error=str(exc))
 
 

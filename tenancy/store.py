@@ -24,7 +24,7 @@ from typing import NamedTuple
 import structlog
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import RedisClusterException, RedisError, WatchError
 
 from tenancy.auth_cache import AuthCache, invalidation_channel
 from tenancy.errors import (
@@ -72,7 +72,7 @@ async def eviction_policy(redis: RedisClient) -> str | None:
     (a retried settle could land twice) (``volatile-*`` too)."""
     try:
         info = await redis.info("memory")
-    except (RedisError, OSError):
+    except (RedisError, RedisClusterException, OSError):
         return None
     if info and all(isinstance(v, dict) for v in info.values()):  # Redis Cluster: one reply per node
         info = next(iter(info.values()))
@@ -419,7 +419,7 @@ class TenantStore(KeyRecords):
             self._cache.apply(message)
         try:
             await self._redis.publish(self._channel, message)
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             log.warning("auth_invalidation_not_published", message=message, error=str(exc))
 
     async def authenticate(self, presented: str) -> Tenant | None:

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from redis.exceptions import RedisError
 
 from service.api.deps import StateDep
 from service.api.operator_access import operator_request, require_metrics_access
+from service.observability.redis_watch import answers
 from service.runtime.drain import RETRY_AFTER_S
 
 router = APIRouter(tags=["health"])
@@ -35,10 +35,7 @@ async def readyz(request: Request, state: StateDep) -> JSONResponse:
             status_code=503,
             headers={"Retry-After": str(int(RETRY_AFTER_S)), "Connection": "close"},
         )
-    try:
-        redis_ok = bool(await state.redis.ping())
-    except RedisError:
-        redis_ok = False
+    redis_ok = await answers(state.redis, state.settings.redis.cluster)  # a cluster: its state ok too
     workers = {w.url: w.healthy for w in state.pool.workers}
     # under redis.on_outage = open a replica serves without Redis (service/pipeline/outage.py): it stays
     # ready, or a balancer would take every replica out at once

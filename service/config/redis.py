@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qs, urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from service.config.checks import RedisUrl
 from service.config.policies import FINITE
@@ -148,6 +149,17 @@ class RedisSettings(BaseModel):
         description="on_outage=open: local token buckets a replica keeps at most (one per tenant, key and "
         "model bucket it admits from; the least recently used are dropped first).",
     )
+
+    @model_validator(mode="after")
+    def _cluster_has_database_0(self) -> RedisSettings:
+        """A Redis Cluster has database 0 only: a cluster url naming another is refused here, where
+        ``config check`` sees it, not at the client's start."""
+        if self.cluster:
+            parts = urlsplit(str(self.url))
+            db = parts.path.strip("/") or parse_qs(parts.query).get("db", ["0"])[0]
+            if db not in ("", "0"):
+                raise ValueError(f"url names database {db}: a Redis Cluster has database 0 only (cluster)")
+        return self
 
     @property
     def settle_window_s(self) -> float:

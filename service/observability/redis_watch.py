@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import ClusterDownError, RedisClusterException, RedisError
 
 log = structlog.get_logger("radixgate.redis")
 
@@ -98,19 +98,55 @@ class RedisReachability:
         self.reachable = True
 
 
+async def probe_redis(client: Redis | RedisCluster, cluster: bool = False) -> None:
+    """Ask whether Redis serves now: ``PING`` on one Redis; on a Redis Cluster (``cluster``), ``CLUSTER
+    INFO`` of the node the client reaches must say ``cluster_state:ok``: a node that answers while the
+    cluster has failed (a node down and ``cluster-require-full-coverage yes``, Redis's default) serves no
+    slot, so the gateway must treat the cluster as unreachable.
+
+    Raises:
+        redis.exceptions.RedisError: no answer, or the cluster not ok (``ClusterDownError``).
+        redis.exceptions.RedisClusterException: the cluster client reaches no node.
+    """
+    if not cluster:
+        await client.ping()
+        return
+    info = await client.execute_command("CLUSTER INFO")
+    if isinstance(info, dict):
+        state = next((v for k, v in info.items() if _text(k) == "cluster_state"), None)
+        ok = state is not None and _text(state) == "ok"
+    else:
+        ok = "cluster_state:ok" in _text(info)
+    if not ok:
+        raise ClusterDownError("cluster_state is not ok")
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def answers(client: Redis | RedisCluster, cluster: bool = False) -> bool:
+    """:func:`probe_redis` as a yes or no."""
+    try:
+        await probe_redis(client, cluster)
+    except (RedisError, RedisClusterException, OSError):
+        return False
+    return True
+
+
 async def watch_redis(
-    client: Redis | RedisCluster, reach: RedisReachability, interval_s: float = WATCH_S
+    client: Redis | RedisCluster, reach: RedisReachability, interval_s: float = WATCH_S, cluster: bool = False
 ) -> None:
-    """Ping ``client`` every ``interval_s`` seconds until cancelled, telling ``reach`` each outcome (the
-    first at once)."""
+    """Probe ``client`` (:func:`probe_redis`) every ``interval_s`` seconds until cancelled, telling ``reach``
+    each outcome (the first at once)."""
     while True:
         try:
-            await client.ping()
-        except (RedisError, OSError) as exc:
+            await probe_redis(client, cluster)
+        except (RedisError, RedisClusterException, OSError) as exc:
             reach.failed(f"{type(exc).__name__}: {exc}")
         else:
             reach.reached()
         await asyncio.sleep(interval_s)
 
 
-__all__ = ["REPEAT_S", "WATCH_S", "RedisReachability", "masked_url", "watch_redis"]
+__all__ = ["REPEAT_S", "WATCH_S", "RedisReachability", "answers", "masked_url", "probe_redis", "watch_redis"]

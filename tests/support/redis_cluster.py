@@ -35,7 +35,7 @@ class LocalRedisCluster:
         self._server, self._cli, self._workdir = server, cli, workdir
         self.ports = [free_port() for _ in range(masters)]
         self._bus_ports = [free_port() for _ in range(masters)]  # (the default, port + 10000, may pass 65535)
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}  # node index -> its process
 
     @property
     def url(self) -> str:
@@ -51,9 +51,12 @@ class LocalRedisCluster:
         )
         self.wait_formed()
 
-    def start_nodes(self) -> None:
-        """Start every node's process (after :meth:`stop_nodes`: the same ports, the same ``nodes.conf``)."""
-        for port, bus_port in zip(self.ports, self._bus_ports, strict=True):
+    def start_nodes(self, only: int | None = None) -> None:
+        """Start every node's process, or node ``only`` (after :meth:`stop_nodes`: the same ports, the same
+        ``nodes.conf``)."""
+        for i, (port, bus_port) in enumerate(zip(self.ports, self._bus_ports, strict=True)):
+            if only is not None and i != only:
+                continue
             node_dir = self._workdir / f"node-{port}"
             node_dir.mkdir(parents=True, exist_ok=True)
             argv = [
@@ -70,25 +73,26 @@ class LocalRedisCluster:
             argv += ["--dir", str(node_dir), "--cluster-enabled", "yes", "--cluster-port", str(bus_port)]
             argv += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
             with open(node_dir / "server.log", "ab") as out:
-                self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT))
-        for port in self.ports:
-            _wait_ping(port)
+                self._procs[i] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        for i, port in enumerate(self.ports):
+            if only is None or i == only:
+                _wait_ping(port)
 
-    def stop_nodes(self) -> None:
-        """Kill every node (SIGKILL) and wait for them to exit."""
-        for proc in self._procs:
-            proc.kill()
-        for proc in self._procs:
-            proc.wait(timeout=10)
-        self._procs = []
+    def stop_nodes(self, only: int | None = None) -> None:
+        """Kill every node (SIGKILL), or node ``only``, and wait for them to exit."""
+        stopping = [i for i in self._procs if only is None or i == only]
+        for i in stopping:
+            self._procs[i].kill()
+        for i in stopping:
+            self._procs.pop(i).wait(timeout=10)
 
     def close(self) -> None:
         """Stop every node (SIGTERM)."""
-        for proc in self._procs:
+        for proc in self._procs.values():
             proc.terminate()
-        for proc in self._procs:
+        for proc in self._procs.values():
             proc.wait(timeout=10)
-        self._procs = []
+        self._procs = {}
 
     def wait_formed(self, timeout_s: float = 30.0) -> None:
         """Until each node reports the cluster ok with every slot assigned and knows every node.

@@ -140,6 +140,13 @@ async def test_from_one_redis_into_a_cluster(
         migrate(source, target, P)
         assert await one_redis_client.exists(f"{P}tenant:acme")  # the source is left as it was
         assert target.hget(f"{P}prices", "m") is not None
+        # served since, then the same command again: nothing copied over the newer keys (no rollback)
+        usage = KeyLayout(P).usage("acme")
+        target.hincrby(usage, "requests", 1)
+        again = migrate(source, target, P)
+        assert sum(again.moved.values()) == 0 and again.existing["usage"] == 2 and again.existing["key"] == 1
+        assert int(target.hget(usage, "requests") or 0) == 8
+        target.hincrby(usage, "requests", -1)
     finally:
         source.close()
         target.close()
