@@ -249,7 +249,9 @@ def run_soak(
         processes, workers, window, speed, max_tokens: as :func:`loadgen.rolling_restart.run_rolling_restart`.
         kill_every_s, redis_every_s: the faults' periods, s (the first after one period); down_s: how long
             a killed worker or stopped Redis stays down, s; redis_down_s: how long Redis stays down, s
-            (None: ``down_s``); on_outage: the gateways' ``redis.on_outage`` (``closed``, ``open``).
+            (None: ``down_s``); on_outage: the gateways' ``redis.on_outage`` (``closed``, ``open``). The
+            gateways' ``redis.settle_give_up_s`` is twice the outage (60 s at least), so that the settles of
+            the streams in flight when Redis stops outlast it.
         sample_every_s: the period of the memory, descriptor and task samples, s; warmup_s: samples
             before this are left out of the slopes, s.
         log_level: the gateway's log level (WARNING: a line per request for minutes would be the disk's
@@ -265,6 +267,11 @@ def run_soak(
         "RADIXGATE_SCHEDULER__WINDOW_INITIAL": str(window),
         "RADIXGATE_OBSERVABILITY__LOG_LEVEL": log_level,
         "RADIXGATE_REDIS__ON_OUTAGE": on_outage,
+        # the settles of the streams in flight when Redis stops are retried for this long: past the
+        # outage, so that they land when it is back (docs/failure-modes.md: a longer outage loses them)
+        "RADIXGATE_REDIS__SETTLE_GIVE_UP_S": str(
+            max(60.0, 2.0 * (down_s if redis_down_s is None else redis_down_s))
+        ),
     }
     if tokenizer_dir is not None:
         env["RADIXGATE_API__TOKENIZER_PATH"] = str(tokenizer_dir)
