@@ -10,10 +10,11 @@ signal on:
    replica behind the balancer, or a sibling process on the same port);
 2. after ``shutdown.accept_for_s`` (0 by default) the server is told to stop (``then``: uvicorn's
    ``Server.handle_exit``): it closes its listening socket (new connections are refused, or taken by the
-   sibling processes that share it), asks each connection to close once its answer is out
-   (:meth:`service.runtime.http_protocol.GatewayHttpToolsProtocol.shutdown`: an idle keep-alive
-   connection is not reset under a client that may be sending on it, it is closed by its next answer or
-   its keep-alive timeout) and waits for the connections to close;
+   sibling processes that share it), closes each connection only where its client was told
+   (:meth:`service.runtime.http_protocol.GatewayHttpToolsProtocol.shutdown`: an answer not yet started
+   says ``Connection: close``; an idle keep-alive connection, or one whose answer had started without
+   it, is not reset under a client that may be sending on it, it is closed by its next answer or its
+   keep-alive timeout) and waits for the connections to close;
 3. the requests in flight run on until none is left, and no client connection is open, or
    ``shutdown.drain_timeout_s`` has passed;
 4. those still running are then ended (:meth:`service.pipeline.revocation.RevocationRegistry.end_all`: a
