@@ -35,15 +35,46 @@ kept in 3 and it did not rise (the normal samples left out with them lie on both
 ramp loses no sample (within 9 samples its spread is 4 steps, its MAD 2). A sustained change is the
 window's majority after half the window, as before: its samples are then the median's and the old ones
 the outliers.
+
+**The trend only when it is there** (:func:`trend_significance`). Extrapolated over a cold start, the
+trend multiplies noise: at a steady rate, a level that wandered by one standard deviation of its noise
+over a minute is a trend that, 310 s ahead, asks for several more workers, which are removed once the
+level wanders back (the planner experiment's steady minutes counted their direction changes from it).
+So the forecast uses the trend in proportion to the evidence for it: the Hampel medians of the last
+``trend_window_samples`` samples (``2 x median_samples`` by default, 18: three minutes at 10 s) and of as
+many before them are compared in units of their difference's standard error (``z``), and the trend is
+weighed by the firm shrinkage of ``z`` (Gao & Bruce, *WaveShrink with firm shrinkage*, Statistica Sinica
+7(4), 1997) with thresholds ``trend_z`` and ``2 trend_z``: ``weight = clip(2 - 2 trend_z / |z|, 0, 1)``:
+none below ``trend_z`` (2: a steady rate crosses it in about one window of 20), all of it from ``2
+trend_z``, and none when the halves disagree with its sign.
+The standard error takes a sample's noise as the larger of two: Poisson counting (a rate measured over
+``dt`` seconds at ``r`` requests/s has variance ``r / dt``, so a time-lapsed simulation with shorter
+intervals is as noisy as its counts) and the samples' own scatter (the scaled MAD of their successive
+differences over ``sqrt 2``, which a linear trend leaves out and bursty traffic puts in); a median of
+``k`` samples has ``sqrt(pi / 2) = 1.2533`` times the standard error of their mean (Laplace's asymptotic
+variance of the sample median, ``pi sigma^2 / 2k``), so ``se = 1.2533 sigma sqrt(2 / k)``. Until both
+windows are full the forecast is the level. Windows of 18 rather than 9 samples: for a steady slope the
+change between their medians doubles and its standard error falls by ``sqrt 2``, so a ramp's ``z`` is
+2.8 times as large and the planner experiment's ramp is seen a minute or two earlier, while a steady
+rate's ``z`` keeps its distribution and changes more slowly (fewer false alarms per hour). A real
+deployment's 10 s samples hold ten times the time-lapsed simulation's counts, so its ``z`` is about
+three times as large for the same change. :meth:`RateForecaster.forecast_se` gives the forecast's
+standard error (the level's and the trend's part, its projection over ``z``), which the planner's
+noise band reads (:mod:`policies.planner`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2.0)
+"""Standard error of a sample median over that of the mean, for normal samples (Laplace: the median's
+asymptotic variance is ``pi sigma^2 / 2n``)."""
 
 MIN_OUTLIER_MADS = 1.0 / 1.4826
 """The smallest Hampel threshold that always keeps half the window: at least half the samples lie within
@@ -67,6 +98,10 @@ class ForecastConfig:
             diagnostic run of the planner experiment's day, 2 direction changes at steady load against 3
             with the plain median (301 GPU-hours against 303); the experiment as documented, with the
             starting planner's hold, counted 3 (docs/experiments.md).
+        trend_z: the forecast's trend counts in proportion to its evidence: none while the change between
+            the last two windows of samples is under ``trend_z`` standard errors, all of it from twice that
+            (module docstring; 0: always all of it, Holt's forecast unweighed).
+        trend_window_samples: samples in each of those two windows (None: ``2 x median_samples``).
     """
 
     median_samples: int = 9
@@ -74,6 +109,8 @@ class ForecastConfig:
     trend_tau_s: float = 60.0
     damping: float = 0.995
     outlier_mads: float = 2.0
+    trend_z: float = 2.0
+    trend_window_samples: int | None = None
 
     def __post_init__(self) -> None:
         if self.median_samples < 1 or self.level_tau_s <= 0 or self.trend_tau_s <= 0:
@@ -82,16 +119,29 @@ class ForecastConfig:
             raise ValueError(f"outlier_mads must be 0 (off) or at least {MIN_OUTLIER_MADS:.4f}")
         if not 0 < self.damping <= 1:
             raise ValueError("damping must be in (0, 1]")
+        if not 0 <= self.trend_z < math.inf:
+            raise ValueError("trend_z must be finite and >= 0")
+        if self.trend_window_samples is not None and self.trend_window_samples < 1:
+            raise ValueError("trend_window_samples must be >= 1 (or None)")
+
+    @property
+    def significance_samples(self) -> int:
+        """Samples in each of the two windows the trend's evidence compares (``trend_window_samples``, or
+        ``2 x median_samples``)."""
+        return self.trend_window_samples or 2 * self.median_samples
 
 
 class RateForecaster:
     """A rate's running median, smoothed level and damped trend (see the module docstring)."""
 
-    __slots__ = ("_at", "_config", "_level", "_recent", "_step", "_trend")
+    __slots__ = ("_at", "_config", "_history", "_level", "_recent", "_step", "_steps", "_trend")
 
     def __init__(self, config: ForecastConfig | None = None) -> None:
         self._config = config or ForecastConfig()
         self._recent: deque[float] = deque(maxlen=self._config.median_samples)
+        window = self._config.significance_samples
+        self._history: deque[float] = deque(maxlen=2 * window)  # both windows
+        self._steps: deque[float] = deque(maxlen=2 * window)  # their intervals, s
         self._level: float | None = None
         self._trend = 0.0
         self._at: float | None = None
@@ -108,6 +158,52 @@ class RateForecaster:
         return self._trend
 
     @property
+    def significance(self) -> float | None:
+        """``z`` of the change between the last two windows of samples (:func:`trend_significance`; None
+        until both are full)."""
+        k = self._config.significance_samples
+        if len(self._history) < 2 * k:
+            return None
+        samples = list(self._history)
+        dt = statistics.fmean(self._steps) if self._steps else 0.0
+        return trend_significance(samples[:k], samples[k:], dt, self._config.outlier_mads)
+
+    @property
+    def trend_weight(self) -> float:
+        """The share of the trend the forecast uses (0-1; module docstring: firm shrinkage of
+        :attr:`significance`, 0 until it is known, 1 with ``trend_z`` 0)."""
+        cut = self._config.trend_z
+        if cut == 0.0:
+            return 1.0
+        z = self.significance
+        if z is None or z == 0.0 or (z > 0) != (self._trend > 0):
+            return 0.0
+        return min(1.0, max(0.0, 2.0 - 2.0 * cut / abs(z)))
+
+    @property
+    def level_se(self) -> float:
+        """The standard error of the running median, requests/s: ``1.2533 sigma / sqrt k`` over the ``k``
+        samples it holds, ``sigma`` the samples' noise (:func:`sample_noise`); 0 before the first sample."""
+        if not self._recent:
+            return 0.0
+        dt = statistics.fmean(self._steps) if self._steps else 0.0
+        level = self.median or 0.0
+        sigma = sample_noise(list(self._history), level, dt)
+        return MEDIAN_SE_FACTOR * sigma / math.sqrt(len(self._recent))
+
+    def forecast_se(self, horizon_s: float) -> float:
+        """The standard error of :meth:`forecast` ``horizon_s`` ahead, requests/s: the level's
+        (:attr:`level_se`) and the trend's part, the projection it adds over ``|z|`` (its evidence,
+        :attr:`significance`: a projection known to ``z`` standard errors), combined as independent."""
+        level_se = self.level_se
+        if self._level is None or self.trend_weight == 0.0 or horizon_s <= 0 or self._step <= 0:
+            return level_se
+        z = self.significance
+        projection = abs((self.forecast(horizon_s) or 0.0) - self._level) / self.trend_weight
+        trend_se = projection / abs(z) if z else 0.0
+        return math.hypot(level_se, trend_se)
+
+    @property
     def median(self) -> float | None:
         """The running median of the recent samples without their outliers, requests/s (None before the
         first)."""
@@ -117,6 +213,9 @@ class RateForecaster:
         """Fold in the rate measured over the interval that ended at ``now`` (s), requests/s."""
         cfg = self._config
         self._recent.append(max(0.0, rate))
+        self._history.append(max(0.0, rate))
+        if self._at is not None and now > self._at:
+            self._steps.append(now - self._at)
         m = hampel_median(self._recent, cfg.outlier_mads)
         if self._level is None or self._at is None or now <= self._at:
             if self._level is None:
@@ -141,7 +240,31 @@ class RateForecaster:
         phi = self._config.damping
         steps = horizon_s / self._step
         ahead = steps if phi == 1.0 else phi * (1.0 - phi**steps) / (1.0 - phi)
-        return max(0.0, self._level + self._trend * ahead * self._step)
+        return max(0.0, self._level + self.trend_weight * self._trend * ahead * self._step)
+
+
+def trend_significance(
+    older: Sequence[float], newer: Sequence[float], dt: float, outlier_mads: float
+) -> float:
+    """``z`` of the change from ``older`` to ``newer`` (two windows of rate samples, requests/s, each
+    measured over ``dt`` seconds): the difference of their Hampel medians over its standard error
+    (module docstring: each sample's noise the larger of Poisson counting, ``sqrt(rate / dt)``, and the
+    scaled MAD of the successive differences over ``sqrt 2``; ``1.2533 sigma sqrt(1/k_old + 1/k_new)``).
+    A change with no noise at all is ``+-inf``; none at all, 0.
+
+    Raises:
+        statistics.StatisticsError: either window is empty.
+    """
+    before = hampel_median(older, outlier_mads)
+    after = hampel_median(newer, outlier_mads)
+    change = after - before
+    if change == 0.0:
+        return 0.0
+    sigma = sample_noise([*older, *newer], (before + after) / 2.0, dt)
+    se = MEDIAN_SE_FACTOR * sigma * math.sqrt(1.0 / len(older) + 1.0 / len(newer))
+    if se == 0.0:
+        return math.copysign(math.inf, change)
+    return change / se
 
 
 def hampel_median(samples: Sequence[float], outlier_mads: float) -> float:
@@ -160,3 +283,16 @@ def hampel_median(samples: Sequence[float], outlier_mads: float) -> float:
     limit = outlier_mads * 1.4826 * statistics.median(abs(x - m) for x in samples)
     kept = [x for x in samples if abs(x - m) <= limit]
     return statistics.median(kept) if kept else m
+
+
+def sample_noise(samples: Sequence[float], rate: float, dt: float) -> float:
+    """One rate sample's standard deviation, requests/s: the larger of Poisson counting at ``rate``
+    (requests/s) over ``dt`` seconds, ``sqrt(rate / dt)``, and the samples' own scatter, the scaled MAD of
+    their successive differences over ``sqrt 2`` (a linear trend moves every difference alike and adds
+    nothing; fewer than 3 samples: none)."""
+    poisson = math.sqrt(max(0.0, rate) / dt) if dt > 0 else 0.0
+    steps = [b - a for a, b in itertools.pairwise(samples)]
+    if len(steps) < 2:
+        return poisson
+    mid = statistics.median(steps)
+    return max(poisson, 1.4826 * statistics.median(abs(d - mid) for d in steps) / math.sqrt(2.0))

@@ -52,10 +52,30 @@ removed now is gone at once), and ``raw = ceil(needed / target_utilization)``.
   ``scale_down_margin x target_utilization``: before removing one of ``N`` workers the load is projected
   onto ``N - 1`` (each then carries ``N / (N - 1)`` times its share), as Dynamo's planner does since its
   PR #9294 fixed a 2 <-> 1 flap (removing one of two doubled the survivor's load past the scale-up point);
-  the margin leaves a dead band between the two thresholds, of one worker at most above ``raw``: enough
+  the margin leaves a dead band between the two thresholds, of one worker at most above ``raw`` (at the
+  noise band's upper edge, below): enough
   for the 2 <-> 1 boundary, where a relative band held 50 workers for the 40 workers' need of the fleet
   experiment's peak (40 / 0.81) while one worker (2.5%) is already above the noise of its measured rates;
 - never below ``min_workers`` or above ``max_workers``; without a measured capacity, hold.
+
+**The noise band** (``scale_up_z``, ``scale_down_z``). A measured rate is a count: at a steady load the
+need wanders by its counting noise, and where it sits near a boundary of ``ceil`` every excursion past it
+is a worker asked for, then given back (the planner experiment's steady minutes). The need's standard
+error ``se = sqrt(sum_c (se_c w_c)^2)`` comes from each class's running median
+(:attr:`policies.forecast.RateForecaster.level_se`: Poisson counting or the samples' own scatter,
+whichever is larger). A rise of ``raw`` is taken only when ``ceil((need - scale_up_z se) / target)`` also
+exceeds the workers decided, and then whole (to ``raw``: once the evidence is there, nothing is held
+back); a fall only to a count that ``now_need + scale_down_z se`` fits within the margin (and one worker
+at most above what that need asks for). The forecast's own standard error
+(:meth:`policies.forecast.RateForecaster.forecast_se`: the level's and the trend's, the projection over
+its evidence ``z``) stands for the level's when the forecast is the larger need. Two standard errors each
+way (the defaults) widen the dead band by four, a few percent of the need at the planner experiment's
+rates, and delay a scale-up on a ramp by the time the ramp takes to rise two standard errors (seconds,
+against a cold start of minutes). Two hours of 10 s decisions at a steady Poisson rate of 6 or 60 workers'
+worth reversed the decision 32 to 48 times without the band and the trend's weighing, and at most once
+with them, over 8 seeds each (``tests/policies/test_planner.py`` runs one). This is the HPA's tolerance
+(Kubernetes scales only past a 10% deviation from the target, ``--horizontal-pod-autoscaler-tolerance``)
+sized by the measurement's own noise instead of a fixed share.
 """
 
 from __future__ import annotations
@@ -97,6 +117,10 @@ class PlannerConfig:
             ``median_samples``). A queue lives as long as its requests take to drain, in the requests'
             own time; a time-lapsed simulation (``loadgen/fleet/planner_runs.py``) keeps it there by
             spreading the median over as many real seconds as the gateway's would cover.
+        scale_up_z: a scale-up needs the need less this many of its standard errors to ask for more
+            workers than run (module docstring: the noise band; 0: any rise of ``raw``).
+        scale_down_z: a scale-down to ``n`` needs the need plus this many of its standard errors to fit
+            ``n`` within the margin (0: the need as measured).
     """
 
     min_workers: int = 1
@@ -110,10 +134,14 @@ class PlannerConfig:
     goal_fraction: float = 0.5
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     queue_median_samples: int | None = None
+    scale_up_z: float = 2.0
+    scale_down_z: float = 2.0
 
     def __post_init__(self) -> None:
         if self.queue_median_samples is not None and self.queue_median_samples < 1:
             raise ValueError("queue_median_samples must be >= 1 (or None)")
+        if not (0 <= self.scale_up_z < math.inf and 0 <= self.scale_down_z < math.inf):
+            raise ValueError("scale_up_z and scale_down_z must be finite and >= 0")
         if self.min_workers < 0 or self.max_workers < max(1, self.min_workers):
             raise ValueError("0 <= min_workers <= max_workers and max_workers >= 1")
         if self.interval_s <= 0 or self.cold_start_s < 0 or self.scale_down_window_s < 0:
@@ -305,6 +333,7 @@ class Planner:
         cfg = self.config
         horizon = cfg.cold_start_s + cfg.interval_s
         rates: dict[str, tuple[float, float]] = {}
+        noise: dict[str, tuple[float, float]] = {}  # per band: the level's and the forecast's se
         for band, c in inputs.classes.items():
             fc = self._forecasters.get(band)
             if fc is None:
@@ -312,13 +341,14 @@ class Planner:
             fc.add(c.arrival_rps, now)
             level = fc.level or 0.0
             rates[band] = (level, fc.forecast(horizon) or 0.0)
+            noise[band] = (fc.level_se, fc.forecast_se(horizon))
         engine = inputs.engine
         if engine is None:
             plans = {b: ClassPlan(r[0], r[1], None, None, 0.0) for b, r in rates.items()}
             held = min(cfg.max_workers, max(cfg.min_workers, self._desired, inputs.workers))
             return self._record(PlanDecision(held, held, 0.0, 0.0, None, None, "unmeasured", plans), now)
         batch = batch_limit(engine, inputs.classes, cfg)
-        now_need = ahead_need = 0.0
+        now_need = ahead_need = now_var = ahead_var = 0.0
         plans = {}
         for band, c in inputs.classes.items():
             level, ahead = rates[band]
@@ -329,6 +359,8 @@ class Planner:
                 recent = self._queues[band] = deque(maxlen=samples)
             recent.append(c.queued)
             queue = statistics.median(recent) * w / c.ttft_goal_s
+            now_var += (noise[band][0] * w) ** 2
+            ahead_var += (noise[band][1] * w) ** 2
             now_need += level * w + queue
             ahead_need += ahead * w + queue
             plans[band] = ClassPlan(level, ahead, w, 1.0 / w if w > 0 else None, level * w + queue)
@@ -344,13 +376,18 @@ class Planner:
         while self._raw and self._raw[0][0] < now - cfg.scale_down_window_s:
             self._raw.popleft()
         prev = self._desired
+        now_se = math.sqrt(now_var)
+        low = max(now_need - cfg.scale_up_z * now_se, ahead_need - cfg.scale_up_z * math.sqrt(ahead_var))
+        evident = math.ceil(low / cfg.target_utilization - 1e-9)
         reason: Reason
-        if raw > prev:
+        if raw > prev and evident > prev:
             desired, reason = raw, "up"
         else:
             window_max = max(r for _, r in self._raw)
-            projected = math.ceil(now_need / (cfg.target_utilization * cfg.scale_down_margin) - 1e-9)
-            projected = min(projected, raw + 1)  # the dead band: one worker above raw at most
+            high = now_need + cfg.scale_down_z * now_se  # the need it may be, at the noise band's edge
+            projected = math.ceil(high / (cfg.target_utilization * cfg.scale_down_margin) - 1e-9)
+            # the dead band: one worker at most above what that need asks for
+            projected = min(projected, math.ceil(high / cfg.target_utilization - 1e-9) + 1)
             desired = min(prev, max(raw, window_max, projected))
             reason = "down" if desired < prev else ("hold" if desired == raw else "stabilizing")
         desired = min(cfg.max_workers, max(cfg.min_workers, desired))

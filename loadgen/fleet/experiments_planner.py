@@ -173,7 +173,10 @@ periods); requests live a few seconds, far below every scaled period. Times here
 **Policies.** *Planner*: the gateway's defaults (every {pc.interval_s:.0f} s; forecast {
         pc.cold_start_s + pc.interval_s:.0f} s ahead, the cold start plus one interval; target utilization
 {pc.target_utilization:g}; down only to the highest need of the last {pc.scale_down_window_s:.0f} s and
-only while the load projected onto N-1 workers stays under {pc.scale_down_margin:g} x the target), with the
+only while the load projected onto N-1 workers stays under {pc.scale_down_margin:g} x the target; the
+trend used in proportion to its evidence from {pc.forecast.trend_z:g} standard errors; a rise taken once the
+need less {pc.scale_up_z:g} standard errors of its counts asks for more, a fall only while the need plus {
+        pc.scale_down_z:g} still fits), with the
 profiling run's capacity as `planner.prior_capacity_rps`. *Oracle*: per minute, the fewest workers that
 serve that minute's peak rate (burst left out) at the measured capacity per worker times (1 + headroom),
 asked for one cold start ahead (`OracleController`), with the smallest headroom of {

@@ -87,6 +87,20 @@ class PlannerSettings(BaseModel):
         description="A scale-down to n workers needs the load over n to stay within this share of "
         "target_utilization (the dead band against flapping).",
     )
+    scale_up_z: float = Field(
+        2.0,
+        ge=0,
+        le=100,
+        description="A scale-up needs the need less this many of its standard errors (its rates' counting "
+        "noise) to ask for more workers than run (0: any rise).",
+    )
+    scale_down_z: float = Field(
+        2.0,
+        ge=0,
+        le=100,
+        description="A scale-down to n workers needs the need plus this many of its standard errors to fit "
+        "n within scale_down_margin (0: the need as measured).",
+    )
     kv_target: float = Field(0.8, gt=0, le=1, description="KV cache usage the planned batch may reach.")
     goal_fraction: float = Field(
         0.5, gt=0, le=1, description="Share of a class's TTFT goal the planned batch's steps may take."
@@ -111,6 +125,14 @@ class PlannerSettings(BaseModel):
         0.995, gt=0, le=1, description="Share of the forecast's trend kept per interval ahead (1: undamped)."
     )
     forecast_trend_tau_s: float = Field(60.0, gt=0, description="Time constant of the forecast's trend, s.")
+    forecast_trend_z: float = Field(
+        2.0,
+        ge=0,
+        le=100,
+        description="The forecast's trend counts in proportion to its evidence: none while the rate's change "
+        "between the last two median windows is under this many standard errors (Poisson counts or the "
+        "samples' scatter), all of it from twice as many (0: always all of it).",
+    )
     prior_capacity_rps: float | None = Field(
         None,
         gt=0,
@@ -150,6 +172,8 @@ class PlannerSettings(BaseModel):
             target_utilization=self.target_utilization,
             scale_down_margin=self.scale_down_margin,
             scale_down_window_s=self.scale_down_window_s,
+            scale_up_z=self.scale_up_z,
+            scale_down_z=self.scale_down_z,
             kv_target=self.kv_target,
             goal_fraction=self.goal_fraction,
             forecast=ForecastConfig(
@@ -158,6 +182,7 @@ class PlannerSettings(BaseModel):
                 damping=self.forecast_damping,
                 level_tau_s=self.forecast_level_tau_s,
                 trend_tau_s=self.forecast_trend_tau_s,
+                trend_z=self.forecast_trend_z,
             ),
         )
 

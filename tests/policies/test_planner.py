@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 
@@ -31,7 +32,14 @@ def _inputs(
 
 
 def _config(**kw: float) -> PlannerConfig:
-    base = {"interval_s": 10.0, "cold_start_s": 0.0, "scale_down_window_s": 0.0, "forecast": INSTANT}
+    base = {
+        "interval_s": 10.0,
+        "cold_start_s": 0.0,
+        "scale_down_window_s": 0.0,
+        "forecast": INSTANT,
+        "scale_up_z": 0.0,  # the noise band off: the hysteresis alone
+        "scale_down_z": 0.0,
+    }
     return PlannerConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -152,18 +160,37 @@ def test_without_a_measured_engine_it_holds_what_runs() -> None:
     assert (d.desired, d.reason, d.batch) == (3, "unmeasured", None)
 
 
-def test_the_forecast_asks_for_workers_a_cold_start_ahead_of_a_ramp() -> None:
-    slope = 0.01  # requests/s per s: 1 request/s more every 100 s
+# one request of 100 output tokens costs 0.1 s of a worker: capacity 10 requests/s
+FAST = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, prefill_s_per_token=0.0, max_batch=10)
+
+
+@pytest.mark.parametrize(
+    ("start", "slope", "engine", "forecast"),
+    [
+        # 20 -> 99 requests/s: each 90 s the rate rises 9 requests/s, 5 standard errors of the counts
+        (20.0, 0.1, FAST, True),
+        # 2 -> 3.6 requests/s: 0.36 requests/s between the medians of two 3-minute windows is 1.5
+        # standard errors of 10 s counts at 3.5 requests/s (Poisson): within the noise, not extrapolated
+        (2.0, 0.002, FLAT, False),
+    ],
+)
+def test_the_forecast_asks_for_workers_a_cold_start_ahead_of_a_ramp_beyond_the_noise(
+    start: float, slope: float, engine: EngineModel, forecast: bool
+) -> None:
     ahead = Planner(PlannerConfig(cold_start_s=300.0, scale_down_window_s=0.0), initial=1)
     now_only = Planner(PlannerConfig(cold_start_s=0.0, interval_s=10.0, scale_down_window_s=0.0), initial=1)
     for k in range(1, 80):
-        rps = 2.0 + slope * 10.0 * k
-        a = ahead.decide(_inputs(rps), 10.0 * k)
-        b = now_only.decide(_inputs(rps), 10.0 * k)
+        rps = start + slope * 10.0 * k
+        a = ahead.decide(_inputs(rps, engine=engine), 10.0 * k)
+        b = now_only.decide(_inputs(rps, engine=engine), 10.0 * k)
+    w = worker_seconds(engine, ClassDemand(1.0, 100.0, 100.0, 0, 10.0), 10.0)
+    if not forecast:
+        assert a.needed_forecast == a.needed_now and a.desired == b.desired
+        return
     assert a.needed_forecast > a.needed_now
     assert a.desired > b.desired
     # the forecast is not the fitted trend extrapolated blindly: it is within the next 300 s of the ramp
-    assert a.needed_forecast < (2.0 + slope * (790.0 + 310.0)) * 1.0
+    assert a.needed_forecast < (start + slope * (790.0 + 310.0)) * w
 
 
 @pytest.mark.parametrize(
@@ -271,3 +298,68 @@ def test_a_starting_planner_holds_the_workers_that_run_for_a_scale_down_window(
     assert decisions[0][1].desired == first
     assert next(t for t, d in decisions if d.desired == 1) == down_at
     assert all(d.reason == "stabilizing" for t, d in decisions if t < down_at)
+
+
+def _reversals(series: list[int]) -> int:
+    changes, direction = 0, 0
+    for a, b in itertools.pairwise(series):
+        if a != b:
+            step = 1 if b > a else -1
+            changes += direction != 0 and step != direction
+            direction = step
+    return changes
+
+
+@pytest.mark.parametrize("rate", [6.0, 60.0])
+@pytest.mark.parametrize(
+    ("noise_band", "trend_z", "most", "least"),
+    [
+        ((2.0, 2.0), 2.0, 2, 0),  # the defaults: at most 2 reversals in 2 hours
+        ((0.0, 0.0), 0.0, None, 30),  # neither the noise band nor the trend's evidence: 30 or more
+    ],
+)
+def test_a_steady_poisson_rate_does_not_flap(
+    rate: float, noise_band: tuple[float, float], trend_z: float, most: int | None, least: int
+) -> None:
+    """Two hours of 10 s decisions at a steady Poisson rate (1 request/s per worker: the need is the rate
+    near a boundary of ``ceil(need / 0.9)``): the decision's reversals, with and without the noise band
+    and the trend weighed by its evidence."""
+    rng = random.Random(5)
+    up_z, down_z = noise_band
+    config = PlannerConfig(
+        scale_up_z=up_z, scale_down_z=down_z, max_workers=200, forecast=ForecastConfig(trend_z=trend_z)
+    )
+    planner = Planner(config, initial=round(rate / 0.9))
+    desired = []
+    for k in range(1, 721):
+        measured = max(0.0, rng.gauss(rate * 10.0, (rate * 10.0) ** 0.5) / 10.0)
+        desired.append(planner.decide(_inputs(measured, workers=planner.desired), 10.0 * k).desired)
+    assert _reversals(desired) >= least
+    if most is not None:
+        assert _reversals(desired) <= most
+        assert min(desired) >= math.ceil(rate / 0.9)  # never under what the rate needs
+
+
+@pytest.mark.parametrize(
+    ("samples", "rises"),
+    [
+        ([6.0] * 30, False),  # 6 requests/s on 1 request/s workers: ceil(6 / 0.9) = 7
+        # the rate 6% up to 6.35 (raw ceil(7.06) = 8): within two standard errors of its counts (0.33
+        # requests/s each), held
+        ([6.0] * 20 + [6.35] * 10, False),
+        ([6.0] * 20 + [9.0] * 10, True),  # a sustained rise of 50%: up, at once to raw
+    ],
+)
+def test_a_rise_is_taken_once_it_is_beyond_the_noise(samples: list[float], rises: bool) -> None:
+    planner = Planner(PlannerConfig(cold_start_s=0.0, scale_down_window_s=0.0), initial=7)
+    raws = []
+    for k, rps in enumerate(samples, start=1):
+        before = planner.desired
+        d = planner.decide(_inputs(rps, workers=planner.desired), 10.0 * k)
+        raws.append(d.raw)
+        if d.desired > before:
+            assert d.desired == d.raw  # taken whole
+    if rises:
+        assert d.desired >= 10  # ceil(9 / 0.9)
+    else:
+        assert d.desired == 7 and max(raws) == (8 if samples[-1] > 6.0 else 7)

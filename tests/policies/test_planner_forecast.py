@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
 import pytest
 
-from policies.forecast import MIN_OUTLIER_MADS, ForecastConfig, RateForecaster, hampel_median
+from policies.forecast import (
+    MIN_OUTLIER_MADS,
+    ForecastConfig,
+    RateForecaster,
+    hampel_median,
+    trend_significance,
+)
 
 
 def _feed(fc: RateForecaster, rates: list[float], dt: float = 10.0) -> float:
@@ -139,3 +146,75 @@ def test_a_threshold_from_its_minimum_on_keeps_half_of_any_window(mads: float) -
     for k, rate in enumerate([1.0, 2.0, 3.0, 4.0]):  # the planner's first intervals (2 and 4 samples)
         forecaster.add(rate, 10.0 * (k + 1))
     assert forecaster.median == 2.5
+
+
+@pytest.mark.parametrize(
+    ("older", "newer", "dt", "z"),
+    [
+        ([10.0] * 9, [10.0] * 9, 10.0, 0.0),  # no change
+        # a step of 10 on 100 requests/s measured over 10 s: Poisson sd sqrt(105 / 10) = 3.24 per sample,
+        # se = 1.2533 x 3.24 x sqrt(2 / 9) = 1.92: z = 5.2
+        ([100.0] * 9, [110.0] * 9, 10.0, 5.22),
+        # the same rates over 1 s intervals (a 10x time-lapse): a tenth of the counts, z / sqrt(10)
+        ([100.0] * 9, [110.0] * 9, 1.0, 1.65),
+        ([110.0] * 9, [100.0] * 9, 10.0, -5.22),  # a fall
+        ([0.0] * 9, [5.0] * 9, 0.0, math.inf),  # no noise at all: any change is certain
+        # scatter beyond Poisson (bursty traffic): samples alternating 90 / 110, then 100 / 120 (Hampel
+        # medians 90 and 100); the successive differences +-20 scatter by 10 about their median (scaled:
+        # 1.4826 x 10 / sqrt 2 = 10.5 per sample, against Poisson's 3.1): se 6.2, z = 1.6
+        ([90.0, 110.0] * 4 + [90.0], [100.0, 120.0] * 4 + [100.0], 10.0, 1.61),
+    ],
+)
+def test_trend_significance(older: list[float], newer: list[float], dt: float, z: float) -> None:
+    assert trend_significance(older, newer, dt, 2.0) == pytest.approx(z, abs=0.01)
+
+
+def test_a_steady_rate_leaves_the_trend_out_of_the_forecast() -> None:
+    """Over 3,000 intervals of a Poisson rate, Holt's trend moved the forecast 310 s ahead by up to a
+    quarter of the rate (its 99th percentile); weighed by its evidence, the trend is used in under 5% of
+    the intervals and the 99th percentile falls under a fourth of that."""
+    deviations: dict[float, list[float]] = {0.0: [], 2.0: []}
+    used = 0
+    for trend_z, devs in deviations.items():
+        rng = random.Random(3)
+        fc = RateForecaster(ForecastConfig(trend_z=trend_z))
+        for k, rate in enumerate(_noisy(20.0, 3000, rng)):
+            fc.add(rate, 10.0 * (k + 1))
+            if k >= 2 * 9:
+                ahead = fc.forecast(310.0)
+                assert ahead is not None and fc.level is not None
+                devs.append(abs(ahead - fc.level) / 20.0)
+                used += trend_z > 0 and fc.trend_weight > 0
+    p99 = {z: sorted(d)[int(0.99 * len(d))] for z, d in deviations.items()}
+    assert p99[0.0] > 0.15
+    assert p99[2.0] < p99[0.0] / 4
+    assert used < 0.05 * len(deviations[2.0])
+
+
+def test_the_trend_is_left_out_until_both_windows_are_full() -> None:
+    fc = RateForecaster()
+    rates = [10.0 + 2.0 * k for k in range(2 * 18)]  # a steep ramp, noise-free: two windows of 18
+    for k, rate in enumerate(rates[:-1]):
+        fc.add(rate, 10.0 * (k + 1))
+    assert fc.significance is None and fc.trend_weight == 0.0 and fc.forecast(310.0) == fc.level
+    fc.add(rates[-1], 10.0 * len(rates))
+    assert fc.significance is not None and fc.significance > 4.0 and fc.trend_weight == 1.0
+    ahead = fc.forecast(310.0)
+    assert ahead is not None and fc.level is not None and ahead > fc.level
+
+
+@pytest.mark.parametrize(
+    ("z", "weight"), [(1.9, 0.0), (2.0, 0.0), (3.0, 2.0 - 4.0 / 3.0), (4.0, 1.0), (9.0, 1.0)]
+)
+def test_the_trend_weight_is_the_firm_shrinkage_of_its_significance(z: float, weight: float) -> None:
+    # a step from 100 to 100 + d requests/s over 10 s samples: z = d / 1.915 (see test_trend_significance)
+    fc = RateForecaster(ForecastConfig(level_tau_s=1e-6, trend_window_samples=9))
+    d = z * 1.2533141373155001 * math.sqrt((100.0 + (100.0 + z * 2.0)) / 2.0 / 10.0) * math.sqrt(2.0 / 9.0)
+    for k in range(9):
+        fc.add(100.0, 10.0 * (k + 1))
+    for k in range(9):
+        fc.add(100.0 + d, 10.0 * (k + 10))
+    assert fc.significance is not None
+    expected = min(1.0, max(0.0, 2.0 - 4.0 / fc.significance))
+    assert fc.trend_weight == pytest.approx(expected)
+    assert fc.trend_weight == pytest.approx(weight, abs=0.05)
