@@ -125,6 +125,13 @@ class PlannerSettings(BaseModel):
         0.995, gt=0, le=1, description="Share of the forecast's trend kept per interval ahead (1: undamped)."
     )
     forecast_trend_tau_s: float = Field(60.0, gt=0, description="Time constant of the forecast's trend, s.")
+    forecast_trend_window_samples: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Samples in each of the two windows whose medians the trend's evidence compares (unset: "
+        "twice forecast_median_samples).",
+    )
     forecast_trend_z: float = Field(
         2.0,
         ge=0,
@@ -183,6 +190,7 @@ class PlannerSettings(BaseModel):
                 level_tau_s=self.forecast_level_tau_s,
                 trend_tau_s=self.forecast_trend_tau_s,
                 trend_z=self.forecast_trend_z,
+                trend_window_samples=self.forecast_trend_window_samples,
             ),
         )
 

@@ -227,6 +227,7 @@ def test_every_forecast_setting_reaches_the_planner(monkeypatch: pytest.MonkeyPa
         "TREND_TAU_S": ("trend_tau_s", 90.0),
         "DAMPING": ("damping", 0.9),
         "TREND_Z": ("trend_z", 3.5),
+        "TREND_WINDOW_SAMPLES": ("trend_window_samples", 12),
     }
     for name, (_, value) in values.items():
         monkeypatch.setenv(f"RADIXGATE_PLANNER__FORECAST_{name}", str(value))
