@@ -95,9 +95,9 @@ class ForecastConfig:
             experiment's fleet lagged the ramp more; undamped, it overshoots the ramp's top the most).
         outlier_mads: the Hampel identifier's threshold, scaled MADs (2, module docstring; 0: every
             sample counts, a plain running median; else at least :data:`MIN_OUTLIER_MADS`). In one
-            diagnostic run of the planner experiment's day, 2 direction changes at steady load against 3
-            with the plain median (301 GPU-hours against 303); the experiment as documented, with the
-            starting planner's hold, counted 3 (docs/experiments.md).
+            diagnostic run of the planner experiment's day (before the trend's weighing and the noise
+            band), 2 direction changes at steady load against 3 with the plain median (301 GPU-hours
+            against 303).
         trend_z: the forecast's trend counts in proportion to its evidence: none while the change between
             the last two windows of samples is under ``trend_z`` standard errors, all of it from twice that
             (module docstring; 0: always all of it, Holt's forecast unweighed).
