@@ -47,6 +47,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
 from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors.multiprocess import Process
 
 log = structlog.get_logger("radixgate.host_serve")
 
@@ -156,15 +157,22 @@ class MetricsMultiprocess(Multiprocess):
     def __init__(self, config: uvicorn.Config, sockets: list[socket], multiproc_dir: Path) -> None:
         super().__init__(config, sockets)
         self._multiproc_dir = multiproc_dir
+        self._starting: Process | None = None  # a rolling restart's replacement, not yet in processes
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_stop_signal)
 
     def _on_stop_signal(self, sig: int, frame: FrameType | None) -> None:
         """Queue the signal for uvicorn's loop (which stops, as before) and pass SIGTERM on to every
         process now: each begins its drain at once (service/runtime/drain.py; a second SIGTERM, when the whole
-        process group was signalled, is ignored there)."""
+        process group was signalled, is ignored there). During a rolling restart (SIGHUP) the replacement
+        being started is signalled too, and ``should_exit`` is set now so that the restart starts no
+        further process: uvicorn reads the queue only once the restart returns, which waits for an old
+        process's drain (up to ``shutdown.drain_timeout_s``), and meanwhile the replacement went on
+        answering ``/readyz`` 200 and admitting requests, and one more was started after the signal."""
         self.signal_queue.append(sig)
-        for process in self.processes:
+        self.should_exit.set()
+        starting = [self._starting] if self._starting is not None else []
+        for process in [*self.processes, *starting]:
             if process.pid is not None:
                 with contextlib.suppress(OSError):
                     os.kill(process.pid, signal.SIGTERM)
@@ -194,8 +202,31 @@ class MetricsMultiprocess(Multiprocess):
         self._marking_dead(super().keep_subprocess_alive)
 
     def restart_all(self) -> None:
-        """uvicorn's rolling restart (SIGHUP), then the retired pids marked dead."""
-        self._marking_dead(super().restart_all)
+        """uvicorn's rolling restart (SIGHUP; its ``Multiprocess.restart_all`` of uvicorn 0.55, with the
+        replacement kept in ``_starting`` for :meth:`_on_stop_signal`), then the retired pids marked dead."""
+        self._marking_dead(self._replace_each)
+
+    def _replace_each(self) -> None:
+        for idx, old_process in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            new_process = Process(self.config, self.sockets)
+            self._starting = new_process
+            try:
+                new_process.start()
+                if not new_process.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                    new_process.kill()
+                    new_process.join()
+                    if not self.should_exit.is_set():
+                        log.error(
+                            "gateway_restart_aborted", new_pid=new_process.pid, kept_pid=old_process.pid
+                        )
+                    return
+                old_process.terminate()
+                old_process.join()
+                self.processes[idx] = new_process
+            finally:
+                self._starting = None
 
     def handle_ttou(self) -> None:
         """uvicorn's one-worker-fewer (SIGTTOU), then the retired pid marked dead."""
