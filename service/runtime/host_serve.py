@@ -215,12 +215,14 @@ class MetricsMultiprocess(Multiprocess):
             try:
                 new_process.start()
                 if not new_process.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                    if self.should_exit.is_set():
+                        # stopping: the replacement got SIGTERM from the handler and drains what it took
+                        # (it may have begun serving just before the signal); not killed under a stream
+                        new_process.join()
+                        return
                     new_process.kill()
                     new_process.join()
-                    if not self.should_exit.is_set():
-                        log.error(
-                            "gateway_restart_aborted", new_pid=new_process.pid, kept_pid=old_process.pid
-                        )
+                    log.error("gateway_restart_aborted", new_pid=new_process.pid, kept_pid=old_process.pid)
                     return
                 old_process.terminate()
                 old_process.join()
