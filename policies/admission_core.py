@@ -142,6 +142,13 @@ class AdmissionCore:
         w.eligible = False
         return self._rebind(w, now)
 
+    def observe_peer_route(self, url: str, prompt: str, now: float) -> None:
+        """Another gateway replica dispatched ``prompt`` to ``url`` at ``now`` (s): the router learns it
+        (:meth:`policies.route_types.Router.observe_peer_route`). A worker this core does not know is
+        ignored (it left, or has not been seen yet)."""
+        if url in self._workers:
+            self.router.observe_peer_route(url, prompt, now)
+
     def set_eligible(self, url: str, eligible: bool, now: float) -> list[Decision]:
         """Mark a worker eligible (healthy, not draining) or not; returns what that dispatched or shed."""
         w = self._workers.get(url)
@@ -353,7 +360,11 @@ class AdmissionCore:
         eligible = [w for w in self._workers.values() if w.eligible and w.url not in exclude]
         if not eligible:
             return Shed(req.rid, req.band, "no_worker", _RETRY_MIN_S)
-        views = [WorkerView(w.url, True, w.in_flight + len(w.bands), w.in_flight_tokens) for w in eligible]
+        top = self._top
+        views = [
+            WorkerView(w.url, True, w.in_flight + len(w.bands), w.in_flight_tokens, w.would_wait(req, top))
+            for w in eligible
+        ]
         decision = self.router.choose(views, req.prompt, now, session_id=req.session_id, commit=False)
         if decision is None:
             return Shed(req.rid, req.band, "no_worker", _RETRY_MIN_S)

@@ -125,14 +125,21 @@ class CacheAwarePolicy:
     def __init__(self, config: CacheAwareConfig | None = None) -> None:
         self.config = config or CacheAwareConfig()
         self.tree: RadixTree[str] = RadixTree()
+        self._peer_chars: dict[str, int] = {}  # worker -> characters of its tree other replicas' routes added
         self._last_eviction: float | None = None
         self._predicted: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._shortfalls: dict[str, int] = {}
 
     # ---- routing -------------------------------------------------------------------------------------
 
-    def _miss_key(self, w: WorkerView) -> tuple[int, int, int]:
-        size = self.tree.size_of(w.url)
+    def _size(self, url: str, own: bool) -> int:
+        """``url``'s tree size, characters: all of it, or (``own``) without what other replicas' routes
+        added (:meth:`observe_peer_route`)."""
+        size = self.tree.size_of(url)
+        return max(0, size - self._peer_chars.get(url, 0)) if own else size
+
+    def _miss_key(self, w: WorkerView, own: bool) -> tuple[int, int, int]:
+        size = self._size(w.url, own)
         if self.config.miss_policy == "smallest_tree":
             return (size, w.in_flight, w.in_flight_tokens)
         return (w.in_flight, w.in_flight_tokens, size)
@@ -168,7 +175,11 @@ class CacheAwarePolicy:
                 pick = min((w for w in eligible if per_worker.get(w.url, 0) == best), key=load_key)
                 reason = "cache_hit"
             else:
-                pick = min(eligible, key=self._miss_key)
+                # every replica's routes while this replica has room everywhere (a worker's arrivals spaced
+                # as one gateway's round robin spaces them); its own only once a window here is full, where
+                # its queues must stay balanced over its own shares of the windows
+                own = any(w.full for w in eligible)
+                pick = min(eligible, key=lambda w: self._miss_key(w, own))
                 reason = "cache_miss"
         matched = per_worker.get(pick.url, 0)
         if commit:
@@ -182,11 +193,43 @@ class CacheAwarePolicy:
         """
         if matched is None:
             matched = self.tree.prefix_match_per_worker(prompt).get(url, 0) if prompt else 0
-        cfg = self.config
-        self.tree.insert(prompt, url, now)
-        if self.tree.size_of(url) > cfg.eviction_slack * cfg.max_tree_chars_per_worker:
-            self.tree.evict(cfg.max_tree_chars_per_worker)
+        self._insert(url, prompt, now)
         self._remember(url, prompt, matched)
+
+    def observe_peer_route(self, url: str, prompt: str, now: float) -> None:
+        """Insert ``prompt`` for ``url`` at ``now`` (s): another gateway replica sent it there.
+
+        Router replica sync (NVIDIA Dynamo's KV router shares its replicas' routing decisions the same way,
+        ``--router-replica-sync``): with every replica's dispatches in its tree, a replica sees where
+        the others placed a prefix (a hit instead of a second copy) and how much each worker was given
+        (the smallest tree counts every replica's misses, so their round robins no longer interleave).
+        No prediction is remembered: the feedback belongs to the replica that gets the engine's answer.
+        An empty ``prompt`` is ignored.
+        """
+        if prompt:
+            before = self.tree.size_of(url)
+            self.tree.insert(prompt, url, now)
+            added = self.tree.size_of(url) - before
+            if added:
+                self._peer_chars[url] = self._peer_chars.get(url, 0) + added
+            self._evict_over_slack(url)
+
+    def _insert(self, url: str, prompt: str, now: float) -> None:
+        self.tree.insert(prompt, url, now)
+        self._evict_over_slack(url)
+
+    def _evict_over_slack(self, url: str) -> None:
+        cfg = self.config
+        if self.tree.size_of(url) > cfg.eviction_slack * cfg.max_tree_chars_per_worker:
+            self._evict()
+
+    def _evict(self) -> None:
+        """LRU eviction down to the cap; other replicas' share of each tree shrinks in proportion."""
+        before = self.tree.sizes()
+        self.tree.evict(self.config.max_tree_chars_per_worker)
+        for url, chars in list(self._peer_chars.items()):
+            old = before.get(url, 0)
+            self._peer_chars[url] = chars * self.tree.size_of(url) // old if old else 0
 
     def prefix_matches(self, prompt: str) -> dict[str, int]:
         """Characters of ``prompt`` the tree predicts each worker holds (workers with a match only)."""
@@ -203,7 +246,7 @@ class CacheAwarePolicy:
         if now - self._last_eviction < self.config.eviction_interval_s:
             return False
         self._last_eviction = now
-        self.tree.evict(self.config.max_tree_chars_per_worker)
+        self._evict()
         return True
 
     # ---- feedback ------------------------------------------------------------------------------------
@@ -219,6 +262,7 @@ class CacheAwarePolicy:
         """Forget ``url``: its tree entries (pruning nodes only it held) and its feedback counter."""
         self.tree.remove_worker(url)
         self._shortfalls.pop(url, None)
+        self._peer_chars.pop(url, None)
 
     def observe_cached_tokens(
         self,
@@ -265,4 +309,5 @@ class CacheAwarePolicy:
             return False
         self.tree.remove_worker(worker)
         self._shortfalls[worker] = 0
+        self._peer_chars.pop(worker, None)
         return True

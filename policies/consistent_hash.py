@@ -123,6 +123,9 @@ class ConsistentHash:
     def commit(self, url: str, prompt: str, now: float, matched: int | None = None) -> None:
         """Nothing to record: the ring is a function of the worker set."""
 
+    def observe_peer_route(self, url: str, prompt: str, now: float) -> None:
+        """Nothing to record: every replica computes the same ring."""
+
     def prefix_matches(self, prompt: str) -> dict[str, int]:
         """No tree: no predicted matches."""
         return {}

@@ -89,9 +89,10 @@ from typing import Literal
 
 from policies.forecast import ForecastConfig, RateForecaster
 
-Reason = Literal["up", "down", "hold", "stabilizing", "floor", "ceiling", "unmeasured"]
+Reason = Literal["up", "down", "hold", "stabilizing", "noise", "floor", "ceiling", "unmeasured"]
 """Why the decision is what it is: raised to ``raw``; lowered; unchanged; held above ``raw`` by the
-scale-down window or the N-1 projection; at ``min_workers``; at ``max_workers``; no capacity measured."""
+scale-down window or the N-1 projection; held below ``raw`` because the rise is within the measurement's
+noise band (``scale_up_z``); at ``min_workers``; at ``max_workers``; no capacity measured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +390,12 @@ class Planner:
             # the dead band: one worker at most above what that need asks for
             projected = min(projected, math.ceil(high / cfg.target_utilization - 1e-9) + 1)
             desired = min(prev, max(raw, window_max, projected))
-            reason = "down" if desired < prev else ("hold" if desired == raw else "stabilizing")
+            if desired < prev:
+                reason = "down"
+            elif desired == raw:
+                reason = "hold"
+            else:
+                reason = "noise" if desired < raw else "stabilizing"
         desired = min(cfg.max_workers, max(cfg.min_workers, desired))
         if desired == cfg.min_workers and need / cfg.target_utilization < cfg.min_workers:
             reason = "floor"

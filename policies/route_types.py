@@ -30,12 +30,15 @@ class WorkerView:
         healthy: passing health checks and accepting new requests.
         in_flight: requests the gateway has running on it (the "load" of SGLang's router).
         in_flight_tokens: tokens (prompt + max_tokens) of those requests.
+        full: the request being routed would wait here for a slot of the gateway's window (requests are
+            queued for it, or its window is full); False below capacity.
     """
 
     url: str
     healthy: bool
     in_flight: int = 0
     in_flight_tokens: int = 0
+    full: bool = False
 
 
 def candidates(workers: Sequence[WorkerView], exclude: Collection[str] = ()) -> list[WorkerView]:
@@ -104,6 +107,12 @@ class Router(Protocol):
         """Record that ``prompt`` was sent to ``url`` at ``now`` (s); no-op for stateless policies.
         ``matched``: the characters :meth:`choose` or :meth:`prefix_matches` predicted cached on ``url``
         just before (None: looked up again)."""
+        ...
+
+    def observe_peer_route(self, url: str, prompt: str, now: float) -> None:
+        """Record that another gateway replica sent ``prompt`` to ``url`` at ``now`` (s), as :meth:`commit`
+        does but without remembering a prediction for feedback (that replica gets the engine's answer).
+        No-op for stateless policies."""
         ...
 
     def prefix_matches(self, prompt: str) -> dict[str, int]:

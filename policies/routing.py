@@ -59,6 +59,9 @@ class _Stateless:
     def commit(self, url: str, prompt: str, now: float, matched: int | None = None) -> None:
         """Nothing to record."""
 
+    def observe_peer_route(self, url: str, prompt: str, now: float) -> None:
+        """Nothing to record."""
+
     def prefix_matches(self, prompt: str) -> dict[str, int]:
         """No tree: no predicted matches."""
         return {}

@@ -184,6 +184,13 @@ class WorkerQueue:
         lower = self.in_flight - self.band_in_flight.get(band, 0)
         return min(self.window.headroom, max(0, lower))
 
+    def would_wait(self, req: AdmissionRequest, top: str) -> bool:
+        """Whether ``req`` would wait here for a slot: requests are queued, or its sequences do not fit in
+        the window (with the top band's :meth:`headroom`)."""
+        return len(self.bands) > 0 or self.in_flight + req.sequences > self.window.size + self.headroom(
+            req.band, top
+        )
+
     def band_room(self, band: str, cls: ClassPolicy, top: str) -> int:
         """Slots ``band`` may still take here under the class's ``window_share``: that fraction of the
         window, rounded down, but at least one (a small window, e.g. one an adaptive window shrank to,

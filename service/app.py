@@ -64,6 +64,7 @@ from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry, sync_loop, sync_once
 from service.workers.replicas import ReplicaRegistry
+from service.workers.route_sync import route_sync
 from service.workers.supervisor import WorkerSupervisor
 from tenancy.auth_cache import AuthCache, follow_invalidations, invalidation_channel
 from tenancy.concurrency import ConcurrencyLimiter
@@ -319,9 +320,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await replicas.beat()
         background.append(asyncio.create_task(replicas.run(settings.replicas.heartbeat_s), name="replicas"))
         share = replicas.share if settings.replicas.share_windows else None
+        routes = route_sync(settings.replicas, redis, subscriber, prefix, replicas.id)
         models = ServedModels(
-            settings, pool, client, metrics, revocations.end_request, registry, window_share=share
+            settings,
+            pool,
+            client,
+            metrics,
+            revocations.end_request,
+            registry,
+            window_share=share,
+            on_route=None if routes is None else routes.publish,
         )
+        if routes is not None:  # the other replicas' dispatches, into this one's routers
+            background.append(asyncio.create_task(routes.follow(models.observe_peer_route), name="routes"))
         scheduler = models.default.scheduler
         metrics.pool.queued_of = lambda: {snap.url: snap.queued for snap in models.snapshot()}
         await models.start()
@@ -402,6 +413,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             gc.set_threshold(*threshold)
             try:
                 await models.stop()
+                if routes is not None:
+                    await routes.close()
                 await pool.stop()
             finally:  # the requests have ended: land the settles still being retried, while Redis is open
                 if outage is not None:  # what was served while Redis was away: settled, or journaled

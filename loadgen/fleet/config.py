@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from loadgen.fleet.replicas import Balance
+from loadgen.fleet.replicas import ROUTE_SYNC_DELAY_S, Balance
 from loadgen.sim.profiles import SimProfile, get_profile
 from policies.admission_types import CoreConfig
 from policies.token_bucket import BucketLimit
@@ -143,6 +143,10 @@ class FleetConfig:
             (seeded by ``seed``).
         share_windows: each replica takes only its share of a worker's window (the gateway's
             ``replicas.share_windows``, on by default); off, each takes all of it.
+        share_routes: each replica's router learns the other replicas' dispatches
+            ``route_sync_delay_s`` after them (the gateway's ``replicas.share_routes``, on by default).
+        route_sync_delay_s: from a replica's dispatch to the others learning it, s
+            (:data:`loadgen.fleet.replicas.ROUTE_SYNC_DELAY_S`, 1 ms).
         cold_start_s: from asking for a worker (:meth:`loadgen.fleet.sim.FleetSim.start_worker`) to its
             first request, s. 300 s, a Llama-3.1-70B TP-8 SGLang worker on H100 scheduled onto a node
             whose image is cached: its ~140 GB of BF16 weights read from network storage and initialised
@@ -164,9 +168,13 @@ class FleetConfig:
     replicas: int = 1
     balance: Balance = "round_robin"
     share_windows: bool = True
+    share_routes: bool = True
+    route_sync_delay_s: float = ROUTE_SYNC_DELAY_S
     cold_start_s: float = 300.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.route_sync_delay_s < float("inf"):
+            raise ValueError(f"route_sync_delay_s must be finite and >= 0 (got {self.route_sync_delay_s})")
         if not 0 <= self.cold_start_s < float("inf"):
             raise ValueError(f"cold_start_s must be finite and >= 0 (got {self.cold_start_s})")
 

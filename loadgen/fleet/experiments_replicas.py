@@ -3,11 +3,13 @@
 The same load through 1, 2, 3 and 4 gateway replicas in front of the same workers, each replica with its
 own admission core that owns only its share of each worker's window
 (:func:`policies.window_shares.window_share`, the gateway's split) and learns only from what it dispatched
-(:mod:`loadgen.fleet.replicas`); a load balancer spreads the requests round robin. The question (issue 29):
+(:mod:`loadgen.fleet.replicas`), its router learning every replica's dispatches (the route sync); a load
+balancer spreads the requests round robin. The question (issue 29):
 do N replicas serve as one does? Goal: each class's goodput and TTFT P50/P99 within 5% of one replica's at
 the same load, at 80% and 120% of the fleet's capacity. Two contrasts at the largest N: the load balancer
-picking at random (seeded), and every replica taking each worker's whole window (``share_windows`` off: the
-engine is offered N times what it runs).
+picking at random (seeded), every replica taking each worker's whole window (``share_windows`` off: the
+engine is offered N times what it runs), and routers that learn only their own replica's dispatches
+(``share_routes`` off).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from loadgen.fleet.doc import table, write_section
 from loadgen.fleet.experiments_common import PROFILE, capacity, fleet, parallel, scenario
 from loadgen.fleet.provenance import stamp
 from loadgen.fleet.records import RequestRecord
-from loadgen.fleet.replicas import Balance
+from loadgen.fleet.replicas import ROUTE_SYNC_DELAY_S, Balance
 from loadgen.fleet.sim import simulate
 from loadgen.report import percentile
 from loadgen.scenario import Scenario, generate_requests
@@ -55,18 +57,21 @@ class Variant:
     replicas: int
     balance: Balance = "round_robin"
     share_windows: bool = True
+    share_routes: bool = True
 
     @property
     def label(self) -> str:
         """How the document names it."""
         extra = [] if self.balance == "round_robin" else [f"{self.balance} balance"]
         extra += [] if self.share_windows else ["each takes the whole window"]
+        extra += [] if self.share_routes else ["routes not shared"]
         return f"{self.replicas}" + (f" ({', '.join(extra)})" if extra else "")
 
     @property
     def main(self) -> bool:
-        """One of the runs the goal is judged on (the gateway's defaults: shared windows, round robin)."""
-        return self.share_windows and self.balance == "round_robin"
+        """One of the runs the goal is judged on (the gateway's defaults: shared windows and routes,
+        round robin)."""
+        return self.share_windows and self.share_routes and self.balance == "round_robin"
 
 
 def two_classes(rate: float, duration_s: float = 60, warmup_s: float = 10, seed: int = 1) -> Scenario:
@@ -115,6 +120,7 @@ def run_variant(
         replicas=variant.replicas,
         balance=variant.balance,
         share_windows=variant.share_windows,
+        share_routes=variant.share_routes,
         tenants=tenant_specs(sc),
     )
     result = simulate(config, fleet_requests(generate_requests(sc)))
@@ -201,7 +207,11 @@ def replicas_figures(
     variants = [Variant(n) for n in sorted({1, *replicas, *beyond})]
     if contrasts:
         top = max(replicas)
-        variants += [Variant(top, balance="random"), Variant(top, share_windows=False)]
+        variants += [
+            Variant(top, balance="random"),
+            Variant(top, share_windows=False),
+            Variant(top, share_routes=False),
+        ]
     args = [
         (k * cap, v, workers, duration_s, warmup, seed) for k in loads for v in variants for seed in seeds
     ]
@@ -315,11 +325,13 @@ capacity one run's P99 turns on a few episodes that come and go with the seed (t
 {over / head["capacity_rps"]:.0%} over the seeds, ms: {spread}), offered at 80% and
 120% of capacity through 1, 2, 3 and 4 gateway replicas: each
 replica its own admission core with the gateway's defaults, owning its share of each worker's window
-(`policies/window_shares.py`, the gateway's own split: 256 / 171+171+170 / 128 each of 512) and learning its
-estimates only from what it dispatched; a load balancer in front gives them the requests round robin
-(`loadgen/fleet/replicas.py`). Contrasts at 4 replicas: a load balancer that picks at random (seeded), and
-replicas that each take a worker's whole window (`RADIXGATE_REPLICAS__SHARE_WINDOWS=false`). Δ: the change
-from one replica at the same load (relative).
+(`policies/window_shares.py`, the gateway's own split: 256 / 171+171+170 / 128 each of 512), learning its
+estimates only from what it dispatched, and its router learning every replica's dispatches
+{ROUTE_SYNC_DELAY_S * 1000:g} ms after them (the route sync, `service/workers/route_sync.py`); a load
+balancer in front gives them the requests round robin (`loadgen/fleet/replicas.py`). Contrasts at 4
+replicas: a load balancer that picks at random (seeded), replicas that each take a worker's whole window
+(`RADIXGATE_REPLICAS__SHARE_WINDOWS=false`), and routers that learn only their own replica's dispatches
+(`RADIXGATE_REPLICAS__SHARE_ROUTES=false`). Δ: the change from one replica at the same load (relative).
 
 **Goal** (each class's goodput no more than 5% below one replica's, TTFT P50 and P99 no more than 5% above
 it, for 2-4 replicas): {met}. Worst goodput change {_pct(head["worst_goodput_change"])}, worst TTFT change
@@ -353,18 +365,23 @@ Reading (the diagnostic figures below were measured on this scenario when this w
   (1 s): with 4 replicas 27% of the standard requests served were dispatched to an engine already running
   its 512 (none with one replica), where they wait behind interactive work; about half of the late ones
   were.
-- **Below capacity, TTFT P50 rises with the replica count**, P99 from 8 replicas: the cache-aware router
-  sends a miss to the worker with the smallest prefix tree (SGLang's policy), which for distinct prompts is
-  a round robin over each replica's own requests; several replicas' round robins interleave, so a worker's
-  arrivals come in bursts and more often wait for a busy engine step. The coefficient of variation of a
-  worker's inter-arrival times is 0.54 with one replica, 0.89 with 4 and 0.99 with 8 (Poisson: 1). No
-  replica can smooth what the others send without sharing their dispatches as they happen: size the
-  replica count by the CPU the gateway needs, not more
-  ([docs/scaling.md](scaling.md#how-many-gateway-replicas)). This is where the goal is missed at 4
-  replicas, by a few milliseconds of P50. Sending misses to the least loaded worker instead
-  (`miss_policy: least_load`), the replicas match one replica (P50 at 80%: 81 ms with one, 79 ms with 4,
-  over the same seeds), but only because one replica loses its round robin's smoothing: 81 ms against
-  its 69 ms with the default.
+- **Below capacity the replicas share their routes** (the contrast without: TTFT P50 +5% at 4 replicas,
+  +10% at 8, where the goal was missed before). The cache-aware router sends a miss to the worker with the
+  smallest prefix tree (SGLang's policy), which for distinct prompts is a round robin over the requests the
+  tree has seen. A tree that sees only its own replica's requests makes it a round robin per replica, and
+  several replicas' round robins interleave: a worker's arrivals come in bursts and more often wait for a
+  busy engine step (the coefficient of variation of a worker's inter-arrival times was 0.54 with one
+  replica, 0.89 with 4 and 0.99 with 8; Poisson: 1). With every replica's dispatches in every tree
+  (NVIDIA Dynamo's KV router shares its replicas' decisions the same way), the trees are one tree a
+  millisecond late, and the round robin is the fleet's again.
+- **Past capacity a miss counts the replica's own routes only.** A replica's queues wait on its own shares
+  of the windows; sent where the fleet sent least, its misses piled onto the workers where its own share was
+  full while its shares elsewhere ran empty: with every replica's routes in every miss, 4 replicas'
+  interactive P99 at 120% was 379 ms against one replica's 266 (+43%). So a miss uses every replica's
+  routes while the request would start at once on every worker, and only this replica's own once it would
+  wait for a slot somewhere (`CacheAwarePolicy`, the `full` flag of the workers' view); one replica's
+  decisions are the same either way. Putting the workers with a free slot first instead (a shortest-queue
+  rule) cost one replica its round robin's smoothing: its interactive P99 at 120% rose to 462 ms.
 
 {stamp()}
 """

@@ -9,7 +9,11 @@ worker, but:
   (``service/workers/replicas.py``); with ``FleetConfig.share_windows`` off each takes the whole window,
   as the gateway does with ``RADIXGATE_REPLICAS__SHARE_WINDOWS=false``;
 - it queues, routes, sheds and expires only the requests the load balancer gave it, and its estimates
-  (capacity, engine TTFT, calibration) and its router's prefix tree learn only from what it dispatched;
+  (capacity, engine TTFT, calibration) learn only from what it dispatched;
+- its router's prefix tree learns what it dispatched at once, and what the other replicas dispatched
+  :data:`ROUTE_SYNC_DELAY_S` later (the gateway's route sync over Redis pub/sub,
+  ``RADIXGATE_REPLICAS__SHARE_ROUTES``; off with ``FleetConfig.share_routes``: each tree then learns only
+  its own replica's dispatches);
 - its load reports are the engine's own (``num_running_reqs``, ``num_queue_reqs``, ``token_usage``: every
   replica's requests together), with ``max_running_requests`` replaced by its share and ``replica_share``
   set to that share over the engine's (:class:`policies.windows.LoadReport`), as the gateway's scheduler
@@ -26,6 +30,7 @@ plain core: the simulation is then exactly what it was without replicas.
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -34,6 +39,12 @@ from policies.admission_core import AdmissionCore
 from policies.admission_types import AdmissionRequest, CoreConfig, Decision, Dispatch, WorkerSnapshot
 from policies.window_shares import window_share
 from policies.windows import LoadReport
+
+ROUTE_SYNC_DELAY_S = 0.001
+"""From one replica's dispatch to the other replicas' routers learning it, s: a Redis ``PUBLISH`` and its
+delivery to the subscribers, about one network round trip inside a zone (0.2-0.5 ms) plus the publisher's
+batching (the next turn of its event loop); 1 ms leaves room for a busy Redis. Measured on loopback by
+``tests/service/workers/test_route_sync.py`` (well under this)."""
 
 Balance = Literal["round_robin", "random"]
 """How the load balancer in front of the replicas spreads requests (see the module docstring)."""
@@ -108,13 +119,26 @@ class GatewayReplicas:
     go to the core that took it.
     """
 
-    def __init__(self, config: CoreConfig, balancer: ReplicaBalancer, share_windows: bool = True) -> None:
+    def __init__(
+        self,
+        config: CoreConfig,
+        balancer: ReplicaBalancer,
+        share_windows: bool = True,
+        share_routes: bool = True,
+        route_sync_delay_s: float = ROUTE_SYNC_DELAY_S,
+    ) -> None:
+        if not 0.0 <= route_sync_delay_s < float("inf"):
+            raise ValueError(f"route_sync_delay_s must be finite and >= 0 (got {route_sync_delay_s})")
         self.config = config
         self.balancer = balancer
         self.share_windows = share_windows
+        self.share_routes = share_routes
+        self.route_sync_delay_s = route_sync_delay_s
         self.ids = replica_ids(balancer.replicas)
         self.cores = [AdmissionCore(config) for _ in self.ids]
         self._owner: dict[str, int] = {}  # rid -> the replica that holds it
+        self._prompts: dict[str, str] = {}  # rid -> its prompt, while held (for the route sync)
+        self._routes: deque[tuple[float, int, str, str]] = deque()  # (due, from replica, worker, prompt)
 
     # -- windows and workers ------------------------------------------------------------------------
     def share(self, replica: int, max_running: int) -> int:
@@ -140,11 +164,11 @@ class GatewayReplicas:
 
     def remove_worker(self, url: str, now: float) -> list[Decision]:
         """Every replica forgets the worker; their queues there are placed again (or shed)."""
-        return self._collect(core.remove_worker(url, now) for core in self.cores)
+        return self._collect((core.remove_worker(url, now) for core in self.cores), now)
 
     def set_eligible(self, url: str, eligible: bool, now: float) -> list[Decision]:
         """Every replica marks the worker eligible or not (the registry shares drains between them)."""
-        return self._collect(core.set_eligible(url, eligible, now) for core in self.cores)
+        return self._collect((core.set_eligible(url, eligible, now) for core in self.cores), now)
 
     @property
     def worker_urls(self) -> list[str]:
@@ -203,14 +227,18 @@ class GatewayReplicas:
     # -- events ---------------------------------------------------------------------------------------
     def arrive(self, req: AdmissionRequest, now: float) -> list[Decision]:
         """The load balancer gives ``req`` to a replica, whose core dispatches, queues or sheds it."""
+        self._deliver_routes(now)
         i = self.balancer.pick()
         self._owner[req.rid] = i
-        return self._collect([self.cores[i].arrive(req, now)])
+        if self.share_routes:
+            self._prompts[req.rid] = req.prompt
+        return self._collect([self.cores[i].arrive(req, now)], now)
 
     def first_token(self, rid: str, now: float, cached_tokens: int | None = None) -> list[Decision]:
         """``rid``'s first token, to the replica that streams it."""
+        self._deliver_routes(now)
         i = self._owner.get(rid)
-        return [] if i is None else self._collect([self.cores[i].first_token(rid, now, cached_tokens)])
+        return [] if i is None else self._collect([self.cores[i].first_token(rid, now, cached_tokens)], now)
 
     def finish(
         self,
@@ -222,11 +250,13 @@ class GatewayReplicas:
         cached_tokens: int | None = None,
     ) -> list[Decision]:
         """``rid`` ended, on the replica that holds it (its slot there frees)."""
+        self._deliver_routes(now)
         i = self._owner.pop(rid, None)
+        self._prompts.pop(rid, None)
         if i is None:
             return []
         done = self.cores[i].finish(rid, now, ok=ok, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
-        return self._collect([done])
+        return self._collect([done], now)
 
     def cancel(self, rid: str, now: float) -> list[Decision]:
         """The client gave up on ``rid``: same as an unserved finish."""
@@ -234,6 +264,7 @@ class GatewayReplicas:
 
     def load(self, url: str, report: LoadReport, now: float) -> list[Decision]:
         """The worker's load report to every replica, ``max_running`` replaced by each one's share."""
+        self._deliver_routes(now)
         out: list[Decision] = []
         for i, core in enumerate(self.cores):
             mine = report
@@ -245,26 +276,43 @@ class GatewayReplicas:
                     replica_share=self.replica_share(i, engine_max),
                 )
             out += core.load(url, mine, now)
-        return self._collect([out])
+        return self._collect([out], now)
 
     def tick(self, now: float) -> list[Decision]:
         """Every replica's :meth:`~policies.admission_core.AdmissionCore.tick`."""
-        return self._collect(core.tick(now) for core in self.cores)
+        self._deliver_routes(now)
+        return self._collect((core.tick(now) for core in self.cores), now)
 
     def next_deadline(self) -> float | None:
         """The earliest of the replicas' next deadlines."""
         due = [d for d in (core.next_deadline() for core in self.cores) if d is not None]
         return min(due) if due else None
 
-    def _collect(self, batches: Iterable[Sequence[Decision]]) -> list[Decision]:
-        """The decisions, in order; a shed or expired request is forgotten (it has no later event)."""
+    def _collect(self, batches: Iterable[Sequence[Decision]], now: float) -> list[Decision]:
+        """The decisions, in order; a shed or expired request is forgotten (it has no later event). Each
+        dispatch is published to the other replicas, to arrive ``route_sync_delay_s`` later."""
         out: list[Decision] = []
         for batch in batches:
             for d in batch:
-                if not isinstance(d, Dispatch):
+                if isinstance(d, Dispatch):
+                    prompt, source = self._prompts.get(d.rid), self._owner.get(d.rid)
+                    if prompt is not None and source is not None:
+                        self._routes.append((now + self.route_sync_delay_s, source, d.worker, prompt))
+                else:
                     self._owner.pop(d.rid, None)
+                    self._prompts.pop(d.rid, None)
                 out.append(d)
         return out
+
+    def _deliver_routes(self, now: float) -> None:
+        """The other replicas' dispatches published by ``now`` reach each replica's router (the gateway's
+        route sync, ``service/workers/route_sync.py``, over Redis pub/sub)."""
+        routes = self._routes
+        while routes and routes[0][0] <= now:
+            due, source, worker, prompt = routes.popleft()
+            for i, core in enumerate(self.cores):
+                if i != source:
+                    core.observe_peer_route(worker, prompt, due)
 
 
 LaneCore = AdmissionCore | GatewayReplicas
@@ -272,19 +320,25 @@ LaneCore = AdmissionCore | GatewayReplicas
 
 
 def lane_cores(
-    configs: Sequence[CoreConfig], replicas: int, balance: Balance, seed: int, share_windows: bool = True
+    configs: Sequence[CoreConfig],
+    replicas: int,
+    balance: Balance,
+    seed: int,
+    share_windows: bool = True,
+    share_routes: bool = True,
+    route_sync_delay_s: float = ROUTE_SYNC_DELAY_S,
 ) -> list[LaneCore]:
     """One :data:`LaneCore` per served model (``configs``, in order) on ``replicas`` gateway replicas, the
     models sharing one :class:`ReplicaBalancer`; with one replica, a plain
     :class:`~policies.admission_core.AdmissionCore` each.
 
     Raises:
-        ValueError: ``replicas`` < 1 or an unknown ``balance``.
+        ValueError: ``replicas`` < 1, an unknown ``balance`` or a negative ``route_sync_delay_s``.
     """
     balancer = ReplicaBalancer(replicas, balance, seed)  # checks its arguments for one replica too
     if replicas == 1:
         return [AdmissionCore(c) for c in configs]
-    return [GatewayReplicas(c, balancer, share_windows) for c in configs]
+    return [GatewayReplicas(c, balancer, share_windows, share_routes, route_sync_delay_s) for c in configs]
 
 
 __all__ = [

@@ -130,7 +130,13 @@ class FleetSim:
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.rid))
         models = config.served_models()
         cores = lane_cores(
-            [m.core for m in models], config.replicas, config.balance, config.seed, config.share_windows
+            [m.core for m in models],
+            config.replicas,
+            config.balance,
+            config.seed,
+            config.share_windows,
+            config.share_routes,
+            config.route_sync_delay_s,
         )
         self.lanes = [
             _Lane(k, m, cores[k], m.sim_profile().max_running_requests) for k, m in enumerate(models)

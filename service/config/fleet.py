@@ -24,6 +24,8 @@ class ReplicaSettings(BaseModel):
     of the engine's ``max_running_requests``: the window split over the live replicas (floor, the remainder
     to the first replicas in id order, at least 1 each), so that all replicas together never offer a worker
     more than it runs. Off: each replica takes the whole window (one replica, or engines left to queue).
+    With ``share_routes`` each replica's dispatches reach the others' routers
+    (:mod:`service.workers.route_sync`).
     """
 
     model_config = FINITE
@@ -32,6 +34,18 @@ class ReplicaSettings(BaseModel):
         True,
         description="Split each worker's window (its max_running_requests) over the live gateway "
         "replicas, so that together they never send it more than it runs.",
+    )
+    share_routes: bool = Field(
+        True,
+        description="Publish each dispatch (model, worker, prompt prefix) to the other gateway replicas "
+        "over Redis pub/sub and learn theirs, so that every replica's cache-aware router sees where every "
+        "prefix went (prompts pass through Redis, not stored).",
+    )
+    route_sync_max_prompt_chars: int = Field(
+        16384,
+        ge=1,
+        le=1_000_000,
+        description="A prompt published to the other replicas is cut to this many characters.",
     )
     heartbeat_s: float = Field(
         2.0, gt=0, le=600, description="How often a replica writes its heartbeat into Redis, s."

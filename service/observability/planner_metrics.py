@@ -7,10 +7,14 @@
 - ``radixgate_planner_needed_workers{model}``: the fractional need before the target utilization and
   hysteresis (the larger of now and the forecast at the cold-start horizon);
 - ``radixgate_planner_reason{model,reason}``: 1 for the decision's reason (``up``, ``down``, ``hold``,
-  ``stabilizing``, ``floor``, ``ceiling``, ``unmeasured``), 0 for the others.
+  ``stabilizing``, ``noise``, ``floor``, ``ceiling``, ``unmeasured``), 0 for the others.
 
 Labels are bounded: models by the served list, reasons by :data:`policies.planner.Reason`. In multiprocess
-mode the host's processes all publish the same decision: ``livemax``.
+mode each process runs its own planner over the same shared measures, with its own hysteresis (its own
+history of decisions), so two processes can differ by a worker for a step or two, and each process's
+``GET /admin/planner`` shows its own. The gauges are merged with ``livemax``: the largest decision any
+live process holds, the safe side for a scaler; the reason gauge may then show 1 for two reasons at once
+(one per process).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge
 
 #: :data:`policies.planner.Reason`'s values (this room imports nothing of the others; a test holds them equal)
-REASONS: tuple[str, ...] = ("up", "down", "hold", "stabilizing", "floor", "ceiling", "unmeasured")
+REASONS: tuple[str, ...] = ("up", "down", "hold", "stabilizing", "noise", "floor", "ceiling", "unmeasured")
 
 
 class PlannerMetrics:

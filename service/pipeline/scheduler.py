@@ -126,6 +126,8 @@ class Scheduler:
             scheduler's own.
         window_share: this replica's share of an engine's ``max_running_requests``
             (:meth:`service.workers.replicas.ReplicaRegistry.share`); None: all of it.
+        on_route: told ``(model id, worker, prompt)`` of each dispatch, for the other replicas
+            (:meth:`service.workers.route_sync.RouteSync.publish`); None: nothing is shared.
     """
 
     def __init__(
@@ -139,8 +141,11 @@ class Scheduler:
         model: ServedModel | None = None,
         total_depth: Callable[[str], int] | None = None,
         window_share: Callable[[int], int] | None = None,
+        on_route: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self._settings = settings
+        self._on_route = on_route
+        self._prompts: dict[str, str] = {}  # rid -> prompt while it waits for a decision (on_route only)
         self._end_request = end_request
         self._model = model or settings.model_registry().default
         self._pool_model = None if model is None else model.id
@@ -206,6 +211,8 @@ class Scheduler:
         self._costs[req.rid] = cost
         self.demand.arrive(req.band, req.prompt_tokens, req.max_tokens)
         self._tenants[req.rid] = self._metrics.tenant(req.tenant)
+        if self._on_route is not None:
+            self._prompts[req.rid] = req.prompt
         self._apply(
             self._core.arrive(
                 AdmissionRequest(
@@ -241,6 +248,7 @@ class Scheduler:
             raise
         finally:
             self._tenants.pop(req.rid, None)
+            self._prompts.pop(req.rid, None)
             self._gauge_depth(req.band)
         if timing is not None:
             timing.queued(decided - began, time.perf_counter() - decided)
@@ -287,6 +295,11 @@ class Scheduler:
         self._apply(decisions)
         return worker
 
+    def observe_peer_route(self, worker: str, prompt: str) -> None:
+        """Another replica dispatched ``prompt`` to ``worker`` (:mod:`service.workers.route_sync`): the
+        router learns it now (:meth:`policies.admission_core.AdmissionCore.observe_peer_route`)."""
+        self._core.observe_peer_route(worker, prompt, self._clock())
+
     def remove_worker(self, url: str) -> None:
         """Forget a worker (it left the pool); its queued requests are placed elsewhere or shed."""
         self._eligible.pop(url, None)
@@ -324,6 +337,9 @@ class Scheduler:
                 self._pool.acquire(d.worker, cost)
                 m.child(m.routing_decisions, self._model.routing.policy, d.route.reason).inc()
                 m.routing_predicted_cached_chars.inc(d.route.matched_chars)
+                prompt = self._prompts.pop(d.rid, None)
+                if self._on_route is not None and prompt is not None:
+                    self._on_route(self._model.id, d.worker, prompt)
                 slot = Slot(d.rid, d.worker, cost, d.route, False, d.queued_s, d.predicted_ttft_s)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot straight back
                     self.release(slot, ok=False)

@@ -71,6 +71,7 @@ class ServedModels:
         registry: the models; default: the settings'.
         renderers: renderers already loaded, by tokenizer folder (tests); the others are loaded here.
         window_share: this replica's share of a worker's window, passed to each scheduler.
+        on_route: told of each dispatch, passed to each scheduler (router replica sync).
 
     Raises:
         FileNotFoundError: a model's tokenizer folder has no ``tokenizer.json``.
@@ -86,6 +87,7 @@ class ServedModels:
         registry: ModelRegistry | None = None,
         renderers: Mapping[Path, PromptRenderer] | None = None,
         window_share: Callable[[int], int] | None = None,
+        on_route: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.registry = registry or settings.model_registry()
         self._pool = pool
@@ -105,6 +107,7 @@ class ServedModels:
                 model=model,
                 total_depth=self.depth,
                 window_share=window_share,
+                on_route=on_route,
             )
             self._lanes[model.id] = ModelLane(model, loaded[path], scheduler)
         self._by_name = {name: self._lanes[m.id] for m in self.registry.models for name in m.names}
@@ -122,6 +125,13 @@ class ServedModels:
     def lane(self, name: str) -> ModelLane | None:
         """The lane of a model id or alias; None when the gateway serves no such model."""
         return self._by_name.get(name)
+
+    def observe_peer_route(self, model_id: str, worker: str, prompt: str) -> None:
+        """Another replica sent ``prompt`` to ``worker`` for ``model_id``: that model's router learns it
+        (a model this replica does not serve is ignored)."""
+        lane = self._lanes.get(model_id)
+        if lane is not None:
+            lane.scheduler.observe_peer_route(worker, prompt)
 
     def of(self, model_id: str) -> ModelLane:
         """The lane of a canonical model id (a request's ``model_id``). Raises KeyError when unknown."""

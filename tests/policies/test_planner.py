@@ -363,3 +363,5 @@ def test_a_rise_is_taken_once_it_is_beyond_the_noise(samples: list[float], rises
         assert d.desired >= 10  # ceil(9 / 0.9)
     else:
         assert d.desired == 7 and max(raws) == (8 if samples[-1] > 6.0 else 7)
+        # a rise of raw held back by the noise band says so (not "stabilizing", which holds above raw)
+        assert d.reason == ("noise" if d.raw > d.desired else "hold")

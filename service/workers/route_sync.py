@@ -1,0 +1,193 @@
+"""Router replica sync: every gateway replica's dispatches reach the other replicas' cache-aware routers.
+
+Each replica routes with its own prefix tree (:class:`policies.cache_aware.CacheAwarePolicy`). Left alone,
+a tree learns only its own replica's dispatches: a prefix another replica placed on a worker is a miss
+here, and the miss policy (the smallest tree, SGLang's) becomes a round robin over this replica's own
+requests, which several replicas interleave into bursts at each worker (docs/experiments.md §6: 4
+replicas' TTFT P50 5% above one replica's at 80% load). NVIDIA Dynamo's KV router shares its replicas'
+routing decisions for the same reason (``--router-replica-sync``, over NATS); here it is Redis pub/sub.
+
+Wire format: channel ``<prefix>routes``; each message is JSON ``{"r": <replica id>, "routes": [[model
+id, worker URL, prompt prefix], ...]}``. What a replica dispatches in one turn of its event loop goes in
+one ``PUBLISH`` (at most ``max_batch`` routes; more wait for the next). A prompt is cut to
+``max_prompt_chars`` characters: enough for the shared prefixes that matter (system prompts, documents
+repeated across turns), and a bound on the message. Prompts pass through Redis but are not stored there
+(pub/sub keeps nothing); an operator who cannot have that turns it off
+(``RADIXGATE_REPLICAS__SHARE_ROUTES=false``).
+
+Losses are harmless: a route not delivered (Redis away, a subscription being re-made, a full backlog) only
+leaves a tree as it would be without the sync. Nothing here blocks a request: publishing happens in a
+task of its own, at most one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from service.config.fleet import ReplicaSettings
+from tenancy.redis_client import RedisClient
+
+log = structlog.get_logger("radixgate.route_sync")
+
+PeerRoute = Callable[[str, str, str], None]
+"""``(model id, worker URL, prompt)``: a route another replica took, to be learned here."""
+
+
+def routes_channel(prefix: str) -> str:
+    """The pub/sub channel of the routes under Redis key prefix ``prefix``."""
+    return f"{prefix}routes"
+
+
+class RouteSync:
+    """Publishes this replica's routes and follows the other replicas' (see the module docstring).
+
+    Args:
+        redis: the gateway's client (``PUBLISH``; on a cluster it reaches every node's subscribers).
+        subscriber: a client without a read timeout, for the subscription (one connection of its own).
+        prefix: Redis key prefix.
+        replica_id: this replica's id (its own messages are skipped).
+        max_prompt_chars: a published prompt is cut to this many characters (>= 1).
+        max_batch: routes in one message; also the most kept waiting while a publish is under way (>= 1).
+
+    Attributes:
+        published: routes published so far.
+        dropped: routes not published (backlog full, or Redis failed the publish).
+        learned: other replicas' routes handed to ``apply``.
+    """
+
+    def __init__(
+        self,
+        redis: RedisClient,
+        subscriber: Redis,
+        prefix: str,
+        replica_id: str,
+        max_prompt_chars: int,
+        max_batch: int = 512,
+    ) -> None:
+        if max_prompt_chars < 1 or max_batch < 1:
+            raise ValueError("max_prompt_chars and max_batch must be >= 1")
+        self._redis = redis
+        self._subscriber = subscriber
+        self.channel = routes_channel(prefix)
+        self.replica_id = replica_id
+        self._max_chars = max_prompt_chars
+        self._max_batch = max_batch
+        self._pending: list[list[str]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+        self.published = 0
+        self.dropped = 0
+        self.learned = 0
+
+    # -- publishing ------------------------------------------------------------------------------------
+    def publish(self, model: str, worker: str, prompt: str) -> None:
+        """Queue a route this replica took, for the next message (returns at once; needs a running loop).
+
+        Beyond ``max_batch`` routes waiting, the route is dropped (counted in :attr:`dropped`).
+        """
+        if len(self._pending) >= self._max_batch:
+            self.dropped += 1
+            return
+        self._pending.append([model, worker, prompt[: self._max_chars]])
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._send(), name="route-sync-publish")
+
+    async def _send(self) -> None:
+        """Publish what waits, one message per turn, until nothing waits."""
+        try:
+            while self._pending:
+                await asyncio.sleep(0)  # the rest of this turn's dispatches join the message
+                batch, self._pending = self._pending, []
+                message = orjson.dumps({"r": self.replica_id, "routes": batch})
+                try:
+                    await self._redis.publish(self.channel, message)
+                except (RedisError, OSError) as exc:
+                    self.dropped += len(batch)
+                    if not self._failing:
+                        log.warning("route_sync_publish_failed", error=f"{type(exc).__name__}: {exc}")
+                        self._failing = True
+                    continue
+                self.published += len(batch)
+                if self._failing:
+                    log.info("route_sync_publish_resumed")
+                    self._failing = False
+        finally:
+            self._task = None
+
+    async def close(self) -> None:
+        """Stop publishing (what waits is dropped)."""
+        task, self._task = self._task, None
+        self._pending = []
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- following -------------------------------------------------------------------------------------
+    def receive(self, data: bytes | str, apply: PeerRoute) -> int:
+        """Hand the routes of one message to ``apply``, unless this replica sent it; returns how many.
+
+        A malformed message (not this format) is ignored: it is logged and nothing is applied.
+        """
+        try:
+            message: Any = orjson.loads(data)
+            sender, routes = message["r"], message["routes"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            log.warning("route_sync_malformed_message", size=len(data))
+            return 0
+        if sender == self.replica_id or not isinstance(routes, list):
+            return 0
+        n = 0
+        for route in routes:
+            if isinstance(route, list) and len(route) == 3 and all(isinstance(x, str) for x in route):
+                apply(route[0], route[1], route[2])
+                n += 1
+        self.learned += n
+        return n
+
+    async def follow(self, apply: PeerRoute, retry_s: float = 1.0) -> None:
+        """Hand every other replica's routes to ``apply`` until cancelled; a broken subscription is made
+        again every ``retry_s`` seconds (``route_sync_lost`` logged once, ``route_sync_resumed`` when it
+        is back; what was published meanwhile is lost, which only leaves the trees as they were)."""
+        lost = False
+        while True:
+            pubsub = self._subscriber.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                async for message in pubsub.listen():
+                    if message["type"] == "subscribe" and lost:
+                        log.info("route_sync_resumed")
+                        lost = False
+                    elif message["type"] == "message":
+                        try:
+                            self.receive(message["data"], apply)
+                        except Exception:  # a bug in applying one message must not end the sync
+                            log.exception("route_sync_apply_failed")
+            except (RedisError, OSError) as exc:
+                if not lost:
+                    log.warning("route_sync_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
+                    lost = True
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
+            await asyncio.sleep(retry_s)
+
+
+def route_sync(
+    settings: ReplicaSettings, redis: RedisClient, subscriber: Redis, prefix: str, replica_id: str
+) -> RouteSync | None:
+    """The replica's :class:`RouteSync` as ``settings`` (``replicas.*``) say; None when
+    ``share_routes`` is off."""
+    if not settings.share_routes:
+        return None
+    return RouteSync(redis, subscriber, prefix, replica_id, settings.route_sync_max_prompt_chars)
+
+
+__all__ = ["PeerRoute", "RouteSync", "route_sync", "routes_channel"]
