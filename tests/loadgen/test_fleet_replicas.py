@@ -185,3 +185,44 @@ def test_replicas_serve_as_one_does_within_five_percent() -> None:
     overloaded = [r for r in runs if r["rate"] > cap]
     assert len(overloaded) == 3
     assert all(r["classes"]["standard"]["shed_rate"] > 0.05 for r in overloaded)  # 120% is past capacity
+
+
+# ----------------------------------------------------------------------------------------- route sync
+def _req(rid: str, prompt: str, at: float) -> AdmissionRequest:
+    return AdmissionRequest(rid, "t", "standard", prompt, 10, 10, at)
+
+
+@pytest.mark.parametrize("share_routes", [True, False])
+def test_a_dispatch_reaches_the_other_replicas_routers_after_the_sync_delay(share_routes: bool) -> None:
+    """Replica 0 dispatches a prompt; replica 1's tree learns it ``route_sync_delay_s`` later (the
+    gateway's route sync), and never without ``share_routes``."""
+    gw = GatewayReplicas(
+        CoreConfig(), ReplicaBalancer(2), share_routes=share_routes, route_sync_delay_s=0.005
+    )
+    for url in ("w0", "w1"):
+        gw.add_worker(url, 64)
+    prompt = "a system prompt shared by every request of this tenant. " * 4
+    (d,) = gw.arrive(_req("r0", prompt + "first question", 0.0), 0.0)  # replica 0
+    assert isinstance(d, Dispatch)
+    assert gw.cores[1].router.prefix_matches(prompt) == {}  # not yet: published, in flight
+    gw.tick(0.004)
+    assert gw.cores[1].router.prefix_matches(prompt) == {}
+    gw.tick(0.006)
+    learned = gw.cores[1].router.prefix_matches(prompt)
+    assert learned == ({d.worker: len(prompt)} if share_routes else {})
+    (d1,) = gw.arrive(_req("r1", prompt + "second question", 0.01), 0.01)  # replica 1
+    assert isinstance(d1, Dispatch)
+    # a hit on the prefix's worker, or a miss (its own tree is empty: the first worker, by chance the same)
+    assert d1.route.reason == ("cache_hit" if share_routes else "cache_miss")
+    if share_routes:
+        assert d1.worker == d.worker and d1.route.matched_chars >= len(prompt)
+    gw.tick(0.02)
+    assert gw.cores[0].router.prefix_matches(prompt + "second question")  # replica 1's route came back
+
+
+def test_the_sync_delay_must_be_finite_and_not_negative() -> None:
+    for bad in (-0.001, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="route_sync_delay_s"):
+            GatewayReplicas(CoreConfig(), ReplicaBalancer(2), route_sync_delay_s=bad)
+        with pytest.raises(ValueError, match="route_sync_delay_s"):
+            FleetConfig(route_sync_delay_s=bad)

@@ -1,0 +1,290 @@
+"""Router replica sync (``service/workers/route_sync.py``): every replica's dispatches reach the others'
+cache-aware routers through a real redis-server's pub/sub.
+
+The unit part drives two :class:`RouteSync` objects (as two gateway processes would) and measures the
+delay from a publish to the other replica's router (printed; ``loadgen.fleet.replicas.ROUTE_SYNC_DELAY_S``
+is what the simulation assumes). The end-to-end part runs two gateway apps over two simulated SGLang
+workers: a prefix one gateway placed is a cache hit on the other, and with ``share_routes`` off it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from loadgen.fleet.replicas import ROUTE_SYNC_DELAY_S
+from loadgen.sim.profiles import get_profile
+from loadgen.sim.server import SimServer
+from service.app import create_app
+from service.config.fleet import ReplicaSettings
+from service.config.settings import Settings
+from service.workers.route_sync import RouteSync, route_sync, routes_channel
+from tests.conftest import ADMIN_TOKEN
+from tests.support.servers import ThreadedServer, free_port
+
+MODEL = "sim-model"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+_prefixes = itertools.count()
+
+Learned = list[tuple[str, str, str]]
+
+
+@contextlib.asynccontextmanager
+async def replica(url: str, prefix: str, name: str, learned: Learned, **kw: int):  # type: ignore[no-untyped-def]
+    """A :class:`RouteSync` named ``name`` following the channel into ``learned``; closed after."""
+    client = aioredis.Redis.from_url(url)
+    subscriber = aioredis.Redis.from_url(url, decode_responses=True)
+    sync = RouteSync(client, subscriber, prefix, name, **kw)
+    follow = asyncio.create_task(sync.follow(lambda m, w, p: learned.append((m, w, p)), retry_s=0.05))
+    try:
+        yield sync
+    finally:
+        follow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follow
+        await sync.close()
+        await client.aclose()
+        await subscriber.aclose()
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def subscribed(url: str, channel: str, count: int) -> None:
+    """Wait until ``count`` subscribers listen on ``channel`` (a publish before that reaches nobody)."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        for _ in range(500):
+            ((_, n),) = await client.pubsub_numsub(channel)
+            if n >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{channel}: fewer than {count} subscribers")
+    finally:
+        await client.aclose()
+
+
+async def test_a_replicas_routes_reach_the_others_in_one_message_per_turn(redis_url: str) -> None:
+    prefix = f"rs{next(_prefixes)}:"
+    a_learned: Learned = []
+    b_learned: Learned = []
+    async with (
+        replica(redis_url, prefix, "a", a_learned, max_prompt_chars=8) as a,
+        replica(redis_url, prefix, "b", b_learned, max_prompt_chars=8) as b,
+    ):
+        await subscribed(redis_url, routes_channel(prefix), 2)
+        for k in range(3):  # one turn of the event loop: one message
+            a.publish("m", f"http://w{k}", f"prompt number {k}")
+        await until(lambda: len(b_learned) == 3)
+        assert b_learned == [("m", f"http://w{k}", "prompt n") for k in range(3)]  # cut to 8 characters
+        assert a.published == 3 and b.learned == 3 and a.learned == 0
+        b.publish("m2", "http://w9", "from b")
+        await until(lambda: len(a_learned) == 1)
+        assert a_learned == [("m2", "http://w9", "from b")]  # and b's own message is not applied to b
+        await asyncio.sleep(0.05)
+        assert len(b_learned) == 3
+
+
+async def test_malformed_messages_are_ignored_and_the_sync_goes_on(redis_url: str) -> None:
+    prefix = f"rs{next(_prefixes)}:"
+    learned: Learned = []
+    async with replica(redis_url, prefix, "b", learned, max_prompt_chars=100) as b:
+        await subscribed(redis_url, routes_channel(prefix), 1)
+        client = aioredis.Redis.from_url(redis_url)
+        for junk in [b"not json", b"[1, 2]", b'{"r": "x"}', b'{"r": "x", "routes": [[1, 2, 3], ["m", "w"]]}']:
+            await client.publish(routes_channel(prefix), junk)
+        await client.publish(routes_channel(prefix), b'{"r": "x", "routes": [["m", "w", "p"], 7]}')
+        await client.aclose()
+        await until(lambda: len(learned) == 1)
+        assert learned == [("m", "w", "p")] and b.learned == 1
+
+
+async def test_a_full_backlog_drops_routes_instead_of_growing(redis_url: str) -> None:
+    prefix = f"rs{next(_prefixes)}:"
+    learned: Learned = []
+    async with (
+        replica(redis_url, prefix, "a", [], max_prompt_chars=10, max_batch=4) as a,
+        replica(redis_url, prefix, "b", learned, max_prompt_chars=10) as _,
+    ):
+        await subscribed(redis_url, routes_channel(prefix), 2)
+        for k in range(10):
+            a.publish("m", "w", str(k))
+        assert a.dropped == 6
+        await until(lambda: len(learned) == 4)
+        assert [p for *_, p in learned] == ["0", "1", "2", "3"]
+
+
+async def test_publishing_to_an_unreachable_redis_drops_and_never_raises() -> None:
+    dead = f"redis://127.0.0.1:{free_port()}"
+    client = aioredis.Redis.from_url(dead, socket_connect_timeout=0.2)
+    sync = RouteSync(client, aioredis.Redis.from_url(dead), "x:", "a", 100)
+    sync.publish("m", "w", "p")
+    sync.publish("m", "w", "q")
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if sync.dropped == 2:
+            break
+    assert (sync.dropped, sync.published) == (2, 0)
+    await sync.close()
+    await client.aclose()
+
+
+def test_the_settings_turn_it_off_and_bound_the_prompt() -> None:
+    redis = aioredis.Redis()
+    assert route_sync(ReplicaSettings(share_routes=False), redis, redis, "p:", "a") is None
+    on = route_sync(ReplicaSettings(route_sync_max_prompt_chars=123), redis, redis, "p:", "a")
+    assert on is not None and on.channel == "p:routes"
+    with pytest.raises(ValueError):
+        ReplicaSettings(route_sync_max_prompt_chars=0)
+    with pytest.raises(ValueError):
+        RouteSync(redis, redis, "p:", "a", 0)
+
+
+async def test_delay_from_a_publish_to_the_other_router(redis_url: str) -> None:
+    """What the fleet simulation assumes (1 ms) against loopback: printed, P50 and P99 of 300 routes
+    published one per event-loop turn."""
+    prefix = f"rs{next(_prefixes)}:"
+    arrived: dict[str, float] = {}
+    async with (
+        replica(redis_url, prefix, "a", [], max_prompt_chars=100) as a,
+        replica(redis_url, prefix, "b", [], max_prompt_chars=100) as b,
+    ):
+        await subscribed(redis_url, routes_channel(prefix), 2)
+        follow = asyncio.create_task(b.follow(lambda m, w, p: arrived.setdefault(p, time.perf_counter())))
+        await subscribed(redis_url, routes_channel(prefix), 3)
+        sent: dict[str, float] = {}
+        for k in range(300):
+            sent[str(k)] = time.perf_counter()
+            a.publish("m", "w", str(k))
+            await asyncio.sleep(0.002)
+        await until(lambda: len(arrived) == 300)
+        follow.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follow
+    delays = sorted((arrived[k] - sent[k]) * 1000 for k in sent)
+    p50, p99 = statistics.median(delays), delays[int(0.99 * len(delays)) - 1]
+    simulated = ROUTE_SYNC_DELAY_S * 1000
+    print(f"route sync delay on loopback: P50 {p50:.2f} ms, P99 {p99:.2f} ms (simulated: {simulated:g} ms)")
+    assert all(d >= 0 for d in delays)
+
+
+# ------------------------------------------------------------------------------------------ end to end
+class CountGenerate:
+    """Wraps an ASGI app; counts its ``/generate`` requests."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.total = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/generate":
+            self.total += 1
+        await self.app(scope, receive, send)
+
+
+def gateway(redis_url: str, model_dir: Path, workers: list[str], prefix: str, share: bool) -> ThreadedServer:
+    settings = Settings.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "redis": {"url": redis_url, "key_prefix": prefix},
+            "engine": {"served_model_name": MODEL},
+            "upstream": {"workers": workers, "health_interval_s": 0.2},
+            "api": {"tokenizer_path": str(model_dir), "context_length": 4096},
+            "scheduler": {"load_poll_interval_s": 0.1},
+            "replicas": {"share_routes": share, "heartbeat_s": 0.2, "ttl_s": 2.0},
+            "planner": {"enabled": False},
+        }
+    )
+    return ThreadedServer(create_app(settings))
+
+
+@contextlib.contextmanager
+def two_gateways(
+    redis_url: str, model_dir: Path, share: bool
+) -> Iterator[tuple[list[CountGenerate], list[str]]]:
+    prefix = f"rs{next(_prefixes)}:"
+    counted = [
+        CountGenerate(SimServer(get_profile("smollm2-135m-cpu2"), model_name=MODEL, speed=20.0).app)
+        for _ in range(2)
+    ]
+    with contextlib.ExitStack() as stack:
+        workers = [stack.enter_context(ThreadedServer(c)).url for c in counted]
+        urls = [
+            stack.enter_context(gateway(redis_url, model_dir, workers, prefix, share)).url for _ in range(2)
+        ]
+        yield counted, urls
+
+
+def chat(url: str, key: str, system: str, question: str, cached: list[int] | None = None) -> None:
+    """Send one chat; its ``cached_tokens`` (the engine's prefix cache) go into ``cached``."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": 4,
+    }
+    resp = httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+    assert resp.status_code == 200, resp.text
+    if cached is not None:
+        cached.append(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def new_key(url: str) -> str:
+    tenant = f"rs{next(_prefixes)}"
+    resp = httpx.post(f"{url}/admin/tenants", json={"id": tenant, "name": tenant}, headers=ADMIN, timeout=10)
+    assert resp.status_code == 201, resp.text
+    issued = httpx.post(f"{url}/admin/tenants/{tenant}/keys", json={"name": "k"}, headers=ADMIN, timeout=10)
+    return str(issued.json()["api_key"])
+
+
+def served_by(workers: list[CountGenerate], send: Callable[[], None]) -> int:
+    before = [w.total for w in workers]
+    send()
+    (which,) = [i for i, w in enumerate(workers) if w.total > before[i]]
+    return which
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_prefix_one_gateway_placed_is_a_hit_on_the_other(
+    redis_url: str, stub_model_dir: Path, share: bool
+) -> None:
+    long_system = "You answer questions about the ACME billing system, politely and briefly. " * 12
+    with two_gateways(redis_url, stub_model_dir, share) as (workers, (a, b)):
+        key = new_key(a)
+        # gateway a: an unrelated prompt takes the first worker (every tree empty), the billing prompt
+        # then goes to the other one (the smallest tree)
+        first = served_by(workers, lambda: chat(a, key, "You translate German.", "Hallo"))
+        placed = served_by(workers, lambda: chat(a, key, long_system, "Why was I charged twice?"))
+        assert placed != first
+        time.sleep(0.3)  # well past the sync's delay
+        cached: list[int] = []
+        again = served_by(workers, lambda: chat(b, key, long_system, "How do I update my card?", cached))
+        metrics = httpx.get(f"{b}/metrics", timeout=10).text
+        hits = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("radixgate_routing_decisions_total{") and 'reason="cache_hit"' in line
+        ]
+        if share:  # gateway b learned where a put the prefix: a hit there
+            assert again == placed
+            assert cached[0] > 150  # the engine had the system prompt: most of the 180 prompt tokens
+            assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 1
+        else:  # b's tree is empty: a miss, to its first worker
+            assert again == first
+            assert cached[0] < 20  # prefilled again on the other worker
+            assert not hits or all(float(h.rsplit(" ", 1)[1]) == 0 for h in hits)
