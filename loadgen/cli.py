@@ -6,6 +6,7 @@ Commands:
   run SCENARIO [--base-url URL]      send the plan open-loop; write results.json, report.json and PNG plots
   report RESULTS.json                recompute the report (table, JSON, plots) from a results file
   bench-gateway [--quick] [--json]   radixgate vs sglang-router, LiteLLM and direct on an instant fake SGLang
+  bench-route-sync [--json]          the CPU a replica spends on the other replicas' routes
   rolling-restart [--json]           gateway processes and workers restarted under load
   soak [--duration S] [--json]       minutes past capacity, a worker killed and Redis restarted on a schedule
   breakdown-share [--json]           the share of each request's TTFT its named phases explain, under load
@@ -28,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen.bench.command import bench_gateway
+from loadgen.bench.route_sync import bench_route_sync
 from loadgen.plots import write_plots
 from loadgen.report import build_report, print_report
 from loadgen.runner import (
@@ -50,6 +52,7 @@ app = typer.Typer(
 )
 
 app.command("bench-gateway")(bench_gateway)
+app.command("bench-route-sync")(bench_route_sync)
 
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario file (.yaml, .yml, .toml or .json).")]
 

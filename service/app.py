@@ -320,7 +320,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await replicas.beat()
         background.append(asyncio.create_task(replicas.run(settings.replicas.heartbeat_s), name="replicas"))
         share = replicas.share if settings.replicas.share_windows else None
-        routes = route_sync(settings.replicas, redis, subscriber, prefix, replicas.id)
+        count_routes = metrics.route_sync.count
+        routes = route_sync(settings.replicas, redis, subscriber, prefix, replicas.id, count_routes)
         models = ServedModels(
             settings,
             pool,

@@ -56,6 +56,8 @@ class RouteSync:
         replica_id: this replica's id (its own messages are skipped).
         max_prompt_chars: a published prompt is cut to this many characters (>= 1).
         max_batch: routes in one message; also the most kept waiting while a publish is under way (>= 1).
+        count: told ``(outcome, routes)`` as routes are ``published``, ``learned`` or ``dropped`` (the
+            ``radixgate_route_sync_routes_total`` counter); None: not told.
 
     Attributes:
         published: routes published so far.
@@ -71,6 +73,7 @@ class RouteSync:
         replica_id: str,
         max_prompt_chars: int,
         max_batch: int = 512,
+        count: Callable[[str, int], None] | None = None,
     ) -> None:
         if max_prompt_chars < 1 or max_batch < 1:
             raise ValueError("max_prompt_chars and max_batch must be >= 1")
@@ -83,9 +86,14 @@ class RouteSync:
         self._pending: list[list[str]] = []
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._count = count
         self.published = 0
         self.dropped = 0
         self.learned = 0
+
+    def _counted(self, outcome: str, routes: int) -> None:
+        if routes and self._count is not None:
+            self._count(outcome, routes)
 
     # -- publishing ------------------------------------------------------------------------------------
     def publish(self, model: str, worker: str, prompt: str) -> None:
@@ -95,6 +103,7 @@ class RouteSync:
         """
         if len(self._pending) >= self._max_batch:
             self.dropped += 1
+            self._counted("dropped", 1)
             return
         self._pending.append([model, worker, prompt[: self._max_chars]])
         if self._task is None:
@@ -111,11 +120,13 @@ class RouteSync:
                     await self._redis.publish(self.channel, message)
                 except (RedisError, OSError) as exc:
                     self.dropped += len(batch)
+                    self._counted("dropped", len(batch))
                     if not self._failing:
                         log.warning("route_sync_publish_failed", error=f"{type(exc).__name__}: {exc}")
                         self._failing = True
                     continue
                 self.published += len(batch)
+                self._counted("published", len(batch))
                 if self._failing:
                     log.info("route_sync_publish_resumed")
                     self._failing = False
@@ -151,6 +162,7 @@ class RouteSync:
                 apply(route[0], route[1], route[2])
                 n += 1
         self.learned += n
+        self._counted("learned", n)
         return n
 
     async def follow(self, apply: PeerRoute, retry_s: float = 1.0) -> None:
@@ -181,13 +193,18 @@ class RouteSync:
 
 
 def route_sync(
-    settings: ReplicaSettings, redis: RedisClient, subscriber: Redis, prefix: str, replica_id: str
+    settings: ReplicaSettings,
+    redis: RedisClient,
+    subscriber: Redis,
+    prefix: str,
+    replica_id: str,
+    count: Callable[[str, int], None] | None = None,
 ) -> RouteSync | None:
-    """The replica's :class:`RouteSync` as ``settings`` (``replicas.*``) say; None when
-    ``share_routes`` is off."""
+    """The replica's :class:`RouteSync` as ``settings`` (``replicas.*``) say, telling ``count`` its
+    outcomes; None when ``share_routes`` is off."""
     if not settings.share_routes:
         return None
-    return RouteSync(redis, subscriber, prefix, replica_id, settings.route_sync_max_prompt_chars)
+    return RouteSync(redis, subscriber, prefix, replica_id, settings.route_sync_max_prompt_chars, count=count)
 
 
 __all__ = ["PeerRoute", "RouteSync", "route_sync", "routes_channel"]

@@ -280,6 +280,12 @@ def test_a_prefix_one_gateway_placed_is_a_hit_on_the_other(
             for line in metrics.splitlines()
             if line.startswith("radixgate_routing_decisions_total{") and 'reason="cache_hit"' in line
         ]
+        learned = [
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith('radixgate_route_sync_routes_total{outcome="learned"}')
+        ]
+        assert learned == [2.0 if share else 0.0]  # a's two dispatches
         if share:  # gateway b learned where a put the prefix: a hit there
             assert again == placed
             assert cached[0] > 150  # the engine had the system prompt: most of the 180 prompt tokens
