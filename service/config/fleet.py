@@ -44,8 +44,16 @@ class ReplicaSettings(BaseModel):
     route_sync_max_prompt_chars: int = Field(
         16384,
         ge=1,
-        le=1_000_000,
+        le=65536,
         description="A prompt published to the other replicas is cut to this many characters.",
+    )
+    route_sync_max_bytes_per_s: float = Field(
+        8 * 2**20,
+        ge=1024,
+        le=2**30,
+        description="Most bytes of routes a replica publishes per second (a token bucket, one second's "
+        "worth of burst); routes beyond it are dropped and counted. Keeps the subscribers' output buffers "
+        "in Redis (client-output-buffer-limit pubsub) from filling while one of them is slow.",
     )
     heartbeat_s: float = Field(
         2.0, gt=0, le=600, description="How often a replica writes its heartbeat into Redis, s."
@@ -142,7 +150,7 @@ class PlannerSettings(BaseModel):
     forecast_trend_window_samples: int | None = Field(
         None,
         ge=1,
-        le=1000,
+        le=2000,
         description="Samples in each of the two windows whose medians the trend's evidence compares (unset: "
         "twice forecast_median_samples).",
     )
