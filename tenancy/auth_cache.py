@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from redis.exceptions import RedisError
 
 from tenancy.models import ApiKeyRecord, Tenant
 from tenancy.redis_client import RedisClient
@@ -162,7 +161,9 @@ async def follow_invalidations(
     been missed); a broken subscription is retried every ``retry_s`` seconds. ``auth_invalidations_lost``
     is logged once when the subscription breaks (or cannot be made), not at every retry, and
     ``auth_invalidations_resumed`` once it is back (``redis_unreachable`` says why, with the address:
-    :mod:`service.observability.redis_watch`).
+    :mod:`service.observability.redis_watch`). Whatever breaks it (Redis away, a message the client cannot
+    decode: any Redis client may publish on the channel) only re-makes the subscription; nothing but a
+    cancellation ends this, since revocations must keep reaching the cache.
     """
     lost = False
     while True:
@@ -181,7 +182,7 @@ async def follow_invalidations(
                     cache.apply(text)
                     if also is not None:
                         also(text)
-        except (RedisError, OSError) as exc:
+        except Exception as exc:  # Redis away, or a payload its parser refuses (not UTF-8): subscribe again
             if not lost:
                 log.warning("auth_invalidations_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
                 lost = True

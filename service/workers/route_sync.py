@@ -168,7 +168,10 @@ class RouteSync:
     async def follow(self, apply: PeerRoute, retry_s: float = 1.0) -> None:
         """Hand every other replica's routes to ``apply`` until cancelled; a broken subscription is made
         again every ``retry_s`` seconds (``route_sync_lost`` logged once, ``route_sync_resumed`` when it
-        is back; what was published meanwhile is lost, which only leaves the trees as they were)."""
+        is back; what was published meanwhile is lost, which only leaves the trees as they were). Whatever
+        breaks it (Redis away, a message the client cannot decode: the subscriber decodes UTF-8, and any
+        Redis client may publish on the channel) only re-makes the subscription; nothing but a
+        cancellation ends this."""
         lost = False
         while True:
             pubsub = self._subscriber.pubsub()
@@ -183,7 +186,7 @@ class RouteSync:
                             self.receive(message["data"], apply)
                         except Exception:  # a bug in applying one message must not end the sync
                             log.exception("route_sync_apply_failed")
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # Redis away, or a payload its parser refuses (not UTF-8)
                 if not lost:
                     log.warning("route_sync_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
                     lost = True

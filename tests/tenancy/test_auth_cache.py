@@ -172,6 +172,36 @@ async def test_writes_invalidate_this_replica_and_publish(
         await subscriber.aclose()
 
 
+async def test_a_message_that_is_not_utf8_does_not_end_the_invalidations(
+    redis_client: aioredis.Redis, redis_target: RedisTarget
+) -> None:
+    """A non-UTF-8 payload on the channel (any Redis client may publish there) once ended the follower
+    for good, silently: revocations then no longer reached this replica's cache."""
+    there = AuthCache(60.0, 100)
+    store = TenantStore(redis_client, "ac3:", PEPPER, AuthCache(60.0, 100))
+    other = TenantStore(redis_client, "ac3:", PEPPER, there)
+    subscriber = aioredis.Redis.from_url(redis_target.url, decode_responses=True)
+    follower = asyncio.create_task(
+        follow_invalidations(subscriber, invalidation_channel("ac3:"), there, retry_s=0.05)
+    )
+    try:
+        await store.create(TenantCreate(priority_class="standard", id="acme", name="a"))
+        one = await store.issue_key("acme")
+        await asyncio.sleep(0.2)  # subscribed
+        await redis_client.publish(invalidation_channel("ac3:"), b"\xff\xfe")
+        await asyncio.sleep(0.3)  # subscribed again
+        assert await other.authenticate(one.api_key) is not None
+        assert len(there) == 1
+        await store.revoke_key("acme", one.key_id)
+        await until(lambda: len(there) == 0)
+        assert await other.authenticate(one.api_key) is None
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await subscriber.aclose()
+
+
 async def until(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():

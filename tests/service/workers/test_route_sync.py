@@ -113,6 +113,23 @@ async def test_malformed_messages_are_ignored_and_the_sync_goes_on(redis_url: st
         assert learned == [("m", "w", "p")] and b.learned == 1
 
 
+async def test_a_message_that_is_not_utf8_does_not_end_the_sync(redis_url: str) -> None:
+    """The gateway's subscriber decodes messages (``decode_responses``, shared with the auth
+    invalidations): a non-UTF-8 payload on the channel (any Redis client may publish there) once ended
+    the follower task for good, silently, on every replica."""
+    prefix = f"rs{next(_prefixes)}:"
+    learned: Learned = []
+    async with replica(redis_url, prefix, "b", learned, max_prompt_chars=100) as b:
+        await subscribed(redis_url, routes_channel(prefix), 1)
+        client = aioredis.Redis.from_url(redis_url)
+        await client.publish(routes_channel(prefix), b"\xff\xfe")
+        await subscribed(redis_url, routes_channel(prefix), 1)  # subscribed again
+        await client.publish(routes_channel(prefix), b'{"r": "x", "routes": [["m", "w", "p"]]}')
+        await client.aclose()
+        await until(lambda: len(learned) == 1)
+        assert learned == [("m", "w", "p")] and b.learned == 1
+
+
 async def test_a_full_backlog_drops_routes_instead_of_growing(redis_url: str) -> None:
     prefix = f"rs{next(_prefixes)}:"
     learned: Learned = []
