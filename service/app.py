@@ -37,6 +37,7 @@ from service.observability.logs import configure_logging
 from service.observability.metrics import GatewayMetrics, refresh_pool_gauges
 from service.observability.pool_gauges import scrape_engines
 from service.observability.redis_watch import RedisReachability, watch_redis
+from service.observability.route_sync_metrics import RouteSyncMetrics
 from service.observability.runtime_metrics import watch_loop_lag
 from service.pipeline.billing import Billing
 from service.pipeline.dispatch import Dispatcher
@@ -320,8 +321,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await replicas.beat()
         background.append(asyncio.create_task(replicas.run(settings.replicas.heartbeat_s), name="replicas"))
         share = replicas.share if settings.replicas.share_windows else None
-        count_routes = metrics.route_sync.count
-        routes = route_sync(settings.replicas, redis, subscriber, prefix, replicas.id, count_routes)
+        observer = app.state.route_sync_metrics  # None with the sync off
+        routes = route_sync(settings.replicas, redis, subscriber, prefix, replicas.id, observer)
         models = ServedModels(
             settings,
             pool,
@@ -485,6 +486,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = GatewayMetrics(
         CollectorRegistry(), obs.max_tenant_labels, obs.metrics_multiproc_dir, obs.engine_scrape_s
     )
+    # the route sync's series exist only where it runs (a subscribed gauge at 0 would read as broken)
+    on = settings.replicas.share_routes
+    app.state.route_sync_metrics = RouteSyncMetrics(app.state.metrics.registry) if on else None
     traces = settings.tracing  # off: no provider at all (service/observability/tracing.py)
     app.state.tracing = None
     if traces.enabled:  # the SDK is the optional extra "otel"

@@ -37,7 +37,6 @@ from service.observability.outage_metrics import OutageMetrics
 from service.observability.phase_metrics import PhaseMetrics
 from service.observability.planner_metrics import PlannerMetrics
 from service.observability.pool_gauges import QUEUED_GAUGE, PoolGauges
-from service.observability.route_sync_metrics import RouteSyncMetrics
 from service.observability.runtime_metrics import RuntimeMetrics
 
 # Latency buckets, seconds: from 10 ms (cached TTFT on a GPU) to 5 min (long CPU generations).
@@ -247,7 +246,6 @@ class GatewayMetrics:
         self.planner = PlannerMetrics(registry)  #: radixgate_desired_workers and why, :mod:`.planner_metrics`
         self.cost = CostMetrics(registry)  #: cost per tenant and model, soft limits, :mod:`.cost_metrics`
         self.outage = OutageMetrics(registry)  #: the Redis outage policy, :mod:`.outage_metrics`
-        self.route_sync = RouteSyncMetrics(registry)  #: router replica sync, :mod:`.route_sync_metrics`
         self._series: dict[tuple[str, str, int], RequestSeries] = {}
         self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.requests = Counter(

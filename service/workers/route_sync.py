@@ -15,6 +15,11 @@ repeated across turns), and a bound on the message. Prompts pass through Redis b
 (pub/sub keeps nothing); an operator who cannot have that turns it off
 (``RADIXGATE_REPLICAS__SHARE_ROUTES=false``).
 
+Each replica publishes at most ``max_bytes_per_s`` of routes (a token bucket with one second's worth of
+burst, :mod:`policies.token_bucket`); routes beyond it are dropped. Redis disconnects a subscriber whose
+unread messages pass its ``client-output-buffer-limit pubsub`` (32 MB hard, 8 MB for 60 s by default), so
+the replicas' rates together, times the longest a subscriber may fall behind, must stay under it.
+
 Losses are harmless: a route not delivered (Redis away, a subscription being re-made, a full backlog) only
 leaves a tree as it would be without the sync. Nothing here blocks a request: publishing happens in a
 task of its own, at most one at a time.
@@ -24,14 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from policies.token_bucket import BucketLimit, full_bucket, try_take
 from service.config.fleet import ReplicaSettings
 from tenancy.redis_client import RedisClient
 
@@ -56,8 +63,13 @@ class RouteSync:
         replica_id: this replica's id (its own messages are skipped).
         max_prompt_chars: a published prompt is cut to this many characters (>= 1).
         max_batch: routes in one message; also the most kept waiting while a publish is under way (>= 1).
-        count: told ``(outcome, routes)`` as routes are ``published``, ``learned`` or ``dropped`` (the
-            ``radixgate_route_sync_routes_total`` counter); None: not told.
+        max_bytes_per_s: routes published per second at most, bytes of their prompts (>= 1); beyond it
+            they are dropped. None: no limit.
+        clock: seconds, for the byte budget (injected for tests).
+        on_routes: told ``(outcome, routes)`` as routes are ``published``, ``dropped`` or ``learned``
+            (``radixgate_route_sync_routes_total``); None: nothing told.
+        on_subscribed: told True when the subscription is made, False when it breaks
+            (``radixgate_route_sync_subscribed``); None: nothing told.
 
     Attributes:
         published: routes published so far.
@@ -73,10 +85,18 @@ class RouteSync:
         replica_id: str,
         max_prompt_chars: int,
         max_batch: int = 512,
-        count: Callable[[str, int], None] | None = None,
+        on_routes: Callable[[str, int], None] | None = None,
+        on_subscribed: Callable[[bool], None] | None = None,
+        max_bytes_per_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_prompt_chars < 1 or max_batch < 1:
             raise ValueError("max_prompt_chars and max_batch must be >= 1")
+        if max_bytes_per_s is not None and not 0 < max_bytes_per_s < float("inf"):
+            raise ValueError("max_bytes_per_s must be positive and finite")
+        self._budget = None if max_bytes_per_s is None else BucketLimit(max_bytes_per_s * 60, max_bytes_per_s)
+        self._clock = clock
+        self._bytes = None if self._budget is None else full_bucket(self._budget, clock() * 1000)
         self._redis = redis
         self._subscriber = subscriber
         self.channel = routes_channel(prefix)
@@ -86,26 +106,40 @@ class RouteSync:
         self._pending: list[list[str]] = []
         self._task: asyncio.Task[None] | None = None
         self._failing = False
-        self._count = count
+        self._on_routes = on_routes
+        self._on_subscribed = on_subscribed
         self.published = 0
         self.dropped = 0
         self.learned = 0
 
-    def _counted(self, outcome: str, routes: int) -> None:
-        if routes and self._count is not None:
-            self._count(outcome, routes)
+    def _count(self, outcome: str, n: int) -> None:
+        if outcome == "published":
+            self.published += n
+        elif outcome == "dropped":
+            self.dropped += n
+        else:
+            self.learned += n
+        if self._on_routes is not None and n:
+            self._on_routes(outcome, n)
 
     # -- publishing ------------------------------------------------------------------------------------
     def publish(self, model: str, worker: str, prompt: str) -> None:
         """Queue a route this replica took, for the next message (returns at once; needs a running loop).
 
-        Beyond ``max_batch`` routes waiting, the route is dropped (counted in :attr:`dropped`).
+        Beyond ``max_batch`` routes waiting, or past the byte budget, the route is dropped (counted in
+        :attr:`dropped`).
         """
         if len(self._pending) >= self._max_batch:
-            self.dropped += 1
-            self._counted("dropped", 1)
+            self._count("dropped", 1)
             return
-        self._pending.append([model, worker, prompt[: self._max_chars]])
+        prompt = prompt[: self._max_chars]
+        if self._budget is not None and self._bytes is not None:
+            taken = try_take(self._bytes, self._budget, len(prompt.encode()), self._clock() * 1000)
+            self._bytes = taken.state
+            if not taken.allowed:
+                self._count("dropped", 1)
+                return
+        self._pending.append([model, worker, prompt])
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._send(), name="route-sync-publish")
 
@@ -119,14 +153,12 @@ class RouteSync:
                 try:
                     await self._redis.publish(self.channel, message)
                 except (RedisError, OSError) as exc:
-                    self.dropped += len(batch)
-                    self._counted("dropped", len(batch))
+                    self._count("dropped", len(batch))
                     if not self._failing:
                         log.warning("route_sync_publish_failed", error=f"{type(exc).__name__}: {exc}")
                         self._failing = True
                     continue
-                self.published += len(batch)
-                self._counted("published", len(batch))
+                self._count("published", len(batch))
                 if self._failing:
                     log.info("route_sync_publish_resumed")
                     self._failing = False
@@ -161,8 +193,7 @@ class RouteSync:
             if isinstance(route, list) and len(route) == 3 and all(isinstance(x, str) for x in route):
                 apply(route[0], route[1], route[2])
                 n += 1
-        self.learned += n
-        self._counted("learned", n)
+        self._count("learned", n)
         return n
 
     async def follow(self, apply: PeerRoute, retry_s: float = 1.0) -> None:
@@ -178,15 +209,20 @@ class RouteSync:
             try:
                 await pubsub.subscribe(self.channel)
                 async for message in pubsub.listen():
-                    if message["type"] == "subscribe" and lost:
-                        log.info("route_sync_resumed")
-                        lost = False
+                    if message["type"] == "subscribe":
+                        if self._on_subscribed is not None:
+                            self._on_subscribed(True)
+                        if lost:
+                            log.info("route_sync_resumed")
+                            lost = False
                     elif message["type"] == "message":
                         try:
                             self.receive(message["data"], apply)
                         except Exception:  # a bug in applying one message must not end the sync
                             log.exception("route_sync_apply_failed")
             except Exception as exc:  # Redis away, or a payload its parser refuses (not UTF-8)
+                if self._on_subscribed is not None:
+                    self._on_subscribed(False)
                 if not lost:
                     log.warning("route_sync_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
                     lost = True
@@ -195,19 +231,38 @@ class RouteSync:
             await asyncio.sleep(retry_s)
 
 
+class RouteSyncObserver(Protocol):
+    """What is told of the sync's outcomes (``service.observability.route_sync_metrics.RouteSyncMetrics``)."""
+
+    def routes(self, outcome: str, n: int) -> None:
+        """``n`` routes were ``published``, ``dropped`` or ``learned``."""
+
+    def subscribed(self, up: bool) -> None:
+        """The subscription was made (True) or broke (False)."""
+
+
 def route_sync(
     settings: ReplicaSettings,
     redis: RedisClient,
     subscriber: Redis,
     prefix: str,
     replica_id: str,
-    count: Callable[[str, int], None] | None = None,
+    observer: RouteSyncObserver | None = None,
 ) -> RouteSync | None:
-    """The replica's :class:`RouteSync` as ``settings`` (``replicas.*``) say, telling ``count`` its
+    """The replica's :class:`RouteSync` as ``settings`` (``replicas.*``) say, telling ``observer`` its
     outcomes; None when ``share_routes`` is off."""
     if not settings.share_routes:
         return None
-    return RouteSync(redis, subscriber, prefix, replica_id, settings.route_sync_max_prompt_chars, count=count)
+    return RouteSync(
+        redis,
+        subscriber,
+        prefix,
+        replica_id,
+        settings.route_sync_max_prompt_chars,
+        on_routes=None if observer is None else observer.routes,
+        on_subscribed=None if observer is None else observer.subscribed,
+        max_bytes_per_s=settings.route_sync_max_bytes_per_s,
+    )
 
 
-__all__ = ["PeerRoute", "RouteSync", "route_sync", "routes_channel"]
+__all__ = ["PeerRoute", "RouteSync", "RouteSyncObserver", "route_sync", "routes_channel"]

@@ -40,11 +40,29 @@ Learned = list[tuple[str, str, str]]
 
 
 @contextlib.asynccontextmanager
-async def replica(url: str, prefix: str, name: str, learned: Learned, **kw: int):  # type: ignore[no-untyped-def]
+async def replica(  # type: ignore[no-untyped-def]
+    url: str,
+    prefix: str,
+    name: str,
+    learned: Learned,
+    max_prompt_chars: int,
+    on_routes: Callable[[str, int], None] | None = None,
+    on_subscribed: Callable[[bool], None] | None = None,
+    **kw: int,
+):
     """A :class:`RouteSync` named ``name`` following the channel into ``learned``; closed after."""
     client = aioredis.Redis.from_url(url)
     subscriber = aioredis.Redis.from_url(url, decode_responses=True)
-    sync = RouteSync(client, subscriber, prefix, name, **kw)
+    sync = RouteSync(
+        client,
+        subscriber,
+        prefix,
+        name,
+        max_prompt_chars,
+        on_routes=on_routes,
+        on_subscribed=on_subscribed,
+        **kw,
+    )
     follow = asyncio.create_task(sync.follow(lambda m, w, p: learned.append((m, w, p)), retry_s=0.05))
     try:
         yield sync
@@ -82,9 +100,13 @@ async def test_a_replicas_routes_reach_the_others_in_one_message_per_turn(redis_
     prefix = f"rs{next(_prefixes)}:"
     a_learned: Learned = []
     b_learned: Learned = []
+    a_told: list[tuple[str, int]] = []
+    b_told: list[tuple[str, int]] = []
+    a_up: list[bool] = []
+    b_up: list[bool] = []
     async with (
-        replica(redis_url, prefix, "a", a_learned, max_prompt_chars=8) as a,
-        replica(redis_url, prefix, "b", b_learned, max_prompt_chars=8) as b,
+        replica(redis_url, prefix, "a", a_learned, 8, lambda o, n: a_told.append((o, n)), a_up.append) as a,
+        replica(redis_url, prefix, "b", b_learned, 8, lambda o, n: b_told.append((o, n)), b_up.append) as b,
     ):
         await subscribed(redis_url, routes_channel(prefix), 2)
         for k in range(3):  # one turn of the event loop: one message
@@ -92,6 +114,8 @@ async def test_a_replicas_routes_reach_the_others_in_one_message_per_turn(redis_
         await until(lambda: len(b_learned) == 3)
         assert b_learned == [("m", f"http://w{k}", "prompt n") for k in range(3)]  # cut to 8 characters
         assert a.published == 3 and b.learned == 3 and a.learned == 0
+        assert a_told == [("published", 3)] and b_told == [("learned", 3)]
+        assert a_up == [True] and b_up == [True]
         b.publish("m2", "http://w9", "from b")
         await until(lambda: len(a_learned) == 1)
         assert a_learned == [("m2", "http://w9", "from b")]  # and b's own message is not applied to b
@@ -119,10 +143,12 @@ async def test_a_message_that_is_not_utf8_does_not_end_the_sync(redis_url: str) 
     the follower task for good, silently, on every replica."""
     prefix = f"rs{next(_prefixes)}:"
     learned: Learned = []
-    async with replica(redis_url, prefix, "b", learned, max_prompt_chars=100) as b:
+    up: list[bool] = []
+    async with replica(redis_url, prefix, "b", learned, 100, on_subscribed=up.append) as b:
         await subscribed(redis_url, routes_channel(prefix), 1)
         client = aioredis.Redis.from_url(redis_url)
         await client.publish(routes_channel(prefix), b"\xff\xfe")
+        await until(lambda: up == [True, False, True])  # told it broke, and that it is back
         await subscribed(redis_url, routes_channel(prefix), 1)  # subscribed again
         await client.publish(routes_channel(prefix), b'{"r": "x", "routes": [["m", "w", "p"]]}')
         await client.aclose()
@@ -169,6 +195,43 @@ def test_the_settings_turn_it_off_and_bound_the_prompt() -> None:
         ReplicaSettings(route_sync_max_prompt_chars=0)
     with pytest.raises(ValueError):
         RouteSync(redis, redis, "p:", "a", 0)
+    for bad in (0, 100, 2**31):  # 1 KiB/s to 1 GiB/s
+        with pytest.raises(ValueError):
+            ReplicaSettings(route_sync_max_bytes_per_s=bad)
+    with pytest.raises(ValueError):
+        ReplicaSettings(route_sync_max_prompt_chars=65537)
+    for bad_rate in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="max_bytes_per_s"):
+            RouteSync(redis, redis, "p:", "a", 10, max_bytes_per_s=bad_rate)
+
+
+async def test_routes_past_the_byte_budget_are_dropped_until_it_refills(redis_url: str) -> None:
+    """4 KiB/s with a burst of one second's worth: three 1,500-byte routes fill it (the third is
+    dropped); half a second later 2 KiB more are there."""
+    now = [100.0]
+    told: list[tuple[str, int]] = []
+    client = aioredis.Redis.from_url(redis_url)
+    sync = RouteSync(
+        client,
+        client,
+        f"rs{next(_prefixes)}:",
+        "a",
+        2000,
+        on_routes=lambda o, n: told.append((o, n)),
+        max_bytes_per_s=4096,
+        clock=lambda: now[0],
+    )
+    for _ in range(3):
+        sync.publish("m", "w", "x" * 1500)
+    assert sync.dropped == 1 and told == [("dropped", 1)]
+    now[0] += 0.5  # 2,048 bytes back: 1,096 + 2,048 = 3,144, room for two more and 144 bytes
+    sync.publish("m", "w", "é" * 750)  # 1,500 bytes in UTF-8 (750 characters)
+    sync.publish("m", "w", "y" * 1500)
+    sync.publish("m", "w", "z" * 200)
+    assert sync.dropped == 2
+    await until(lambda: sync.published == 4)
+    await sync.close()
+    await client.aclose()
 
 
 async def test_delay_from_a_publish_to_the_other_router(redis_url: str) -> None:
@@ -297,17 +360,22 @@ def test_a_prefix_one_gateway_placed_is_a_hit_on_the_other(
             for line in metrics.splitlines()
             if line.startswith("radixgate_routing_decisions_total{") and 'reason="cache_hit"' in line
         ]
-        learned = [
-            float(line.rsplit(" ", 1)[1])
+        sync = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in metrics.splitlines()
-            if line.startswith('radixgate_route_sync_routes_total{outcome="learned"}')
-        ]
-        assert learned == [2.0 if share else 0.0]  # a's two dispatches
+            if line.startswith("radixgate_route_sync_")
+        }
         if share:  # gateway b learned where a put the prefix: a hit there
+            assert sync['radixgate_route_sync_routes_total{outcome="learned"}'] >= 2  # a's two chats
+            assert sync['radixgate_route_sync_routes_total{outcome="dropped"}'] == 0
+            assert sync["radixgate_route_sync_subscribed"] == 1
+            a_metrics = httpx.get(f"{a}/metrics", timeout=10).text
+            assert 'radixgate_route_sync_routes_total{outcome="published"} 2.0' in a_metrics
             assert again == placed
             assert cached[0] > 150  # the engine had the system prompt: most of the 180 prompt tokens
             assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 1
         else:  # b's tree is empty: a miss, to its first worker
+            assert sync == {}  # no sync, no series (a subscribed gauge at 0 would read as broken)
             assert again == first
             assert cached[0] < 20  # prefilled again on the other worker
             assert not hits or all(float(h.rsplit(" ", 1)[1]) == 0 for h in hits)
