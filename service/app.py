@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -56,9 +55,14 @@ from service.runtime.drain import (
     shutting_down,
 )
 from service.runtime.http_protocol import CONNECTIONS_EXTENSION
-from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
 from service.runtime.task_stop import stop_tasks
-from service.state import GatewayState, check_cluster_setting, connect_redis, connect_side_clients
+from service.state import (
+    GatewayState,
+    check_cluster_setting,
+    connect_redis,
+    connect_side_clients,
+    launch_workers,
+)
 from service.workers.client import SGLangClient
 from service.workers.discovery import DnsDiscovery, no_workers_hint
 from service.workers.launcher import WorkerProcess
@@ -439,31 +443,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pinger.aclose()
         for worker in launched:
             worker.stop()
-
-
-async def launch_workers(settings: Settings, launched: list[WorkerProcess]) -> None:
-    """Start ``engine.num_workers`` SGLang workers one after another (SGLang sizes its KV cache from the
-    memory left after loading the weights, which a second worker loading at the same time would distort),
-    appending each to ``launched`` (the caller stops them), and wait until each is ready.
-
-    Raises:
-        StartupInterrupted: SIGINT/SIGTERM arrived meanwhile (loading a model can take minutes).
-        WorkerStartError: a worker exited or did not become healthy in time.
-    """
-    with interruptible_startup() as received:
-        try:
-            for i in range(settings.engine.num_workers):
-                worker = WorkerProcess(settings.engine, settings.engine.base_port + i)
-                worker.start()
-                launched.append(worker)
-                await worker.wait_ready()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not received or task is None:
-                raise
-            task.uncancel()
-            name = signal.Signals(received[0]).name
-            raise StartupInterrupted(f"{name} while waiting for launched workers: stopping them") from None
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

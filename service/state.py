@@ -1,9 +1,10 @@
 """Long-lived objects of one gateway replica, built in the app's lifespan and reached through deps, and the
-Redis client and the lease counter the lifespan builds them with."""
+Redis client and the lease counter the lifespan builds them with, and the launched SGLang workers' start."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -20,6 +21,8 @@ from service.pipeline.planner_task import PlannerTask
 from service.pipeline.scheduler import Scheduler
 from service.pipeline.served_models import ServedModels
 from service.runtime.drain import Drain
+from service.runtime.startup_signals import StartupInterrupted, interruptible_startup
+from service.workers.launcher import WorkerProcess
 from service.workers.pool import WorkerPool
 from service.workers.registry import WorkerRegistry
 from tenancy.quota import QuotaLimiter
@@ -125,3 +128,28 @@ async def check_cluster_setting(settings: RedisSettings) -> None:
     )
     if mismatch is not None:
         raise RuntimeError(mismatch)
+
+
+async def launch_workers(settings: Settings, launched: list[WorkerProcess]) -> None:
+    """Start ``engine.num_workers`` SGLang workers one after another (SGLang sizes its KV cache from the
+    memory left after loading the weights, which a second worker loading at the same time would distort),
+    appending each to ``launched`` (the caller stops them), and wait until each is ready.
+
+    Raises:
+        StartupInterrupted: SIGINT/SIGTERM arrived meanwhile (loading a model can take minutes).
+        WorkerStartError: a worker exited or did not become healthy in time.
+    """
+    with interruptible_startup() as received:
+        try:
+            for i in range(settings.engine.num_workers):
+                worker = WorkerProcess(settings.engine, settings.engine.base_port + i)
+                worker.start()
+                launched.append(worker)
+                await worker.wait_ready()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not received or task is None:
+                raise
+            task.uncancel()
+            name = signal.Signals(received[0]).name
+            raise StartupInterrupted(f"{name} while waiting for launched workers: stopping them") from None
