@@ -55,7 +55,7 @@ from service.runtime.drain import (
     shutting_down,
 )
 from service.runtime.http_protocol import CONNECTIONS_EXTENSION
-from service.runtime.task_stop import stop_tasks
+from service.runtime.task_stop import log_failure, stop_tasks
 from service.state import (
     GatewayState,
     check_cluster_setting,
@@ -375,6 +375,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.planner.enabled:  # radixgate_desired_workers{model} (service/pipeline/planner_task.py)
             planner = PlannerTask(settings.planner, models, pool, metrics.planner, replicas)
             background.append(asyncio.create_task(planner.run(), name="planner"))
+        for task in background:  # a background task that fails says so at once, not at shutdown
+            task.add_done_callback(log_failure)
         drain = Drain(settings.shutdown, revocations.end_all)
         app.state.radixgate = GatewayState(
             settings,

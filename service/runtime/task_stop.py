@@ -14,7 +14,10 @@ import contextlib
 from collections.abc import Awaitable, Collection
 from typing import TypeVar
 
+import structlog
+
 T = TypeVar("T")
+log = structlog.get_logger("radixgate.tasks")
 
 RECANCEL_S = 0.5
 """Time a cancelled task gets to end before it is cancelled again, s."""
@@ -32,6 +35,17 @@ async def stop_tasks(tasks: Collection[asyncio.Task[None]], recancel_s: float = 
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def log_failure(task: asyncio.Task[None]) -> None:
+    """A done-callback for a background task that should run for the process's life: logs
+    ``background_task_failed`` (error level, with the task's name and exception) when it ended with an
+    exception, at once rather than only when :func:`stop_tasks` awaits it at shutdown. A cancelled task or
+    one that returned is not logged."""
+    if task.cancelled() or task.exception() is None:
+        return
+    exc = task.exception()
+    log.error("background_task_failed", task=task.get_name(), error=f"{type(exc).__name__}: {exc}")
 
 
 async def finish_despite_cancel(work: Awaitable[T]) -> T:
