@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -96,6 +97,18 @@ def connect_cluster(settings: RedisSettings) -> BoundedRedisCluster:
     return client.bound(settings.max_connections, settings.pool_timeout_s)
 
 
+SUBSCRIBER_KEEPALIVE: dict[int, int] = {
+    option: value
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+    if (option := getattr(socket, name, None)) is not None
+}
+"""TCP keepalive of the subscriber's connections (Linux's option names; where one is missing, the system's
+default): probed after 30 s idle, every 10 s, dropped after 3 unanswered probes. The subscriptions (auth
+invalidations, route sync) wait for messages with no read timeout; without it a Redis that vanished without
+closing the connection (a host lost, a network partition) would leave them waiting for ever, unnoticed, where
+now the read fails after about a minute and they subscribe again."""
+
+
 def connect_side_clients(settings: RedisSettings) -> tuple[Redis, Redis]:
     """The two connections beside the pool, to the node ``settings.url`` names (on a Redis Cluster too:
     a ``PUBLISH`` reaches every node's subscribers, and the watch asks whether that node answers):
@@ -105,7 +118,11 @@ def connect_side_clients(settings: RedisSettings) -> tuple[Redis, Redis]:
       busy request pool is no evidence of an unreachable Redis.
     """
     subscriber = Redis.from_url(
-        settings.url, decode_responses=True, socket_connect_timeout=settings.connect_timeout_s
+        settings.url,
+        decode_responses=True,
+        socket_connect_timeout=settings.connect_timeout_s,
+        socket_keepalive=True,  # a connection that died without a FIN ends its subscriptions within a minute
+        socket_keepalive_options=SUBSCRIBER_KEEPALIVE,
     )
     pinger = Redis.from_url(
         settings.url,

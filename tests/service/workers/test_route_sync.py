@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,8 @@ from loadgen.sim.profiles import get_profile
 from loadgen.sim.server import SimServer
 from service.app import create_app
 from service.config.fleet import ReplicaSettings
-from service.config.settings import Settings
+from service.config.settings import RedisSettings, Settings
+from service.state import SUBSCRIBER_KEEPALIVE, connect_side_clients
 from service.workers.route_sync import RouteSync, route_sync, routes_channel
 from tests.conftest import ADMIN_TOKEN
 from tests.support.servers import ThreadedServer, free_port
@@ -379,3 +381,22 @@ def test_a_prefix_one_gateway_placed_is_a_hit_on_the_other(
             assert again == first
             assert cached[0] < 20  # prefilled again on the other worker
             assert not hits or all(float(h.rsplit(" ", 1)[1]) == 0 for h in hits)
+
+
+async def test_the_subscriber_probes_a_silent_connection(redis_url: str) -> None:
+    """The subscriptions wait with no read timeout: their connection has TCP keepalive (idle 30 s, probes
+    every 10 s, 3 of them), so a Redis gone without closing it is noticed in about a minute."""
+    subscriber, pinger = connect_side_clients(RedisSettings(url=redis_url))
+    pubsub = subscriber.pubsub()
+    try:
+        await pubsub.subscribe("rs-keepalive")
+        assert pubsub.connection is not None
+        sock = pubsub.connection._writer.get_extra_info("socket")  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        for option, value in SUBSCRIBER_KEEPALIVE.items():
+            assert sock.getsockopt(socket.IPPROTO_TCP, option) == value
+        assert set(SUBSCRIBER_KEEPALIVE.values()) == {30, 10, 3}  # Linux has all three
+    finally:
+        await pubsub.aclose()
+        await subscriber.aclose()
+        await pinger.aclose()
