@@ -16,7 +16,6 @@ not stored (:attr:`AuthCache.generation`), so a read racing a revoke cannot brin
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import structlog
 
 from tenancy.models import ApiKeyRecord, Tenant
+from tenancy.pubsub import follow_channel
 from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.auth_cache")
@@ -165,31 +165,21 @@ async def follow_invalidations(
     decode: any Redis client may publish on the channel) only re-makes the subscription; nothing but a
     cancellation ends this, since revocations must keep reaching the cache.
     """
-    lost = False
-    while True:
-        pubsub = redis.pubsub()
-        try:
-            await pubsub.subscribe(channel)
-            async for message in pubsub.listen():
-                if message["type"] == "subscribe":
-                    cache.clear()
-                    if lost:
-                        log.info("auth_invalidations_resumed")
-                        lost = False
-                elif message["type"] == "message":
-                    data = message["data"]
-                    text = data.decode() if isinstance(data, bytes) else str(data)
-                    cache.apply(text)
-                    if also is not None:
-                        also(text)
-        except Exception as exc:  # Redis away, or a payload its parser refuses (not UTF-8): subscribe again
-            if not lost:
-                log.warning("auth_invalidations_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
-                lost = True
-        finally:
-            cache.clear()
-            await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
-        await asyncio.sleep(retry_s)
+
+    def apply(text: str) -> None:
+        cache.apply(text)
+        if also is not None:
+            also(text)
+
+    # every (re)subscription, and every end of one, clears the cache: messages may have been missed
+    await follow_channel(
+        redis,
+        channel,
+        apply,
+        name="auth_invalidations",
+        retry_s=retry_s,
+        on_subscribed=lambda _: cache.clear(),
+    )
 
 
 __all__ = ["AuthCache", "CachedKey", "follow_invalidations", "invalidation_channel"]

@@ -145,7 +145,6 @@ class Scheduler:
     ) -> None:
         self._settings = settings
         self._on_route = on_route
-        self._prompts: dict[str, str] = {}  # rid -> prompt while it waits for a decision (on_route only)
         self._end_request = end_request
         self._model = model or settings.model_registry().default
         self._pool_model = None if model is None else model.id
@@ -211,8 +210,6 @@ class Scheduler:
         self._costs[req.rid] = cost
         self.demand.arrive(req.band, req.prompt_tokens, req.max_tokens)
         self._tenants[req.rid] = self._metrics.tenant(req.tenant)
-        if self._on_route is not None:
-            self._prompts[req.rid] = req.prompt
         self._apply(
             self._core.arrive(
                 AdmissionRequest(
@@ -248,12 +245,13 @@ class Scheduler:
             raise
         finally:
             self._tenants.pop(req.rid, None)
-            self._prompts.pop(req.rid, None)
             self._gauge_depth(req.band)
         if timing is not None:
             timing.queued(decided - began, time.perf_counter() - decided)
         m.child(m.queue_wait, req.band).observe(max(0.0, self._clock() - now))
         m.child(m.scheduler_outcomes, req.band, label, "admitted").inc()
+        if self._on_route is not None:  # the other replicas' routers learn where it went
+            self._on_route(self._model.id, slot.worker, req.prompt)
         return slot
 
     def first_token(self, slot: Slot, cached_tokens: int | None = None) -> None:
@@ -337,9 +335,6 @@ class Scheduler:
                 self._pool.acquire(d.worker, cost)
                 m.child(m.routing_decisions, self._model.routing.policy, d.route.reason).inc()
                 m.routing_predicted_cached_chars.inc(d.route.matched_chars)
-                prompt = self._prompts.pop(d.rid, None)
-                if self._on_route is not None and prompt is not None:
-                    self._on_route(self._model.id, d.worker, prompt)
                 slot = Slot(d.rid, d.worker, cost, d.route, False, d.queued_s, d.predicted_ttft_s)
                 if waiter is None or waiter.done():  # its caller is gone: give the slot straight back
                     self.release(slot, ok=False)

@@ -40,6 +40,7 @@ from redis.exceptions import RedisError
 
 from policies.token_bucket import BucketLimit, full_bucket, try_take
 from service.config.fleet import ReplicaSettings
+from tenancy.pubsub import follow_channel
 from tenancy.redis_client import RedisClient
 
 log = structlog.get_logger("radixgate.route_sync")
@@ -202,33 +203,22 @@ class RouteSync:
         is back; what was published meanwhile is lost, which only leaves the trees as they were). Whatever
         breaks it (Redis away, a message the client cannot decode: the subscriber decodes UTF-8, and any
         Redis client may publish on the channel) only re-makes the subscription; nothing but a
-        cancellation ends this."""
-        lost = False
-        while True:
-            pubsub = self._subscriber.pubsub()
+        cancellation ends this (:func:`tenancy.pubsub.follow_channel`)."""
+
+        def on_message(text: str) -> None:
             try:
-                await pubsub.subscribe(self.channel)
-                async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
-                        if self._on_subscribed is not None:
-                            self._on_subscribed(True)
-                        if lost:
-                            log.info("route_sync_resumed")
-                            lost = False
-                    elif message["type"] == "message":
-                        try:
-                            self.receive(message["data"], apply)
-                        except Exception:  # a bug in applying one message must not end the sync
-                            log.exception("route_sync_apply_failed")
-            except Exception as exc:  # Redis away, or a payload its parser refuses (not UTF-8)
-                if self._on_subscribed is not None:
-                    self._on_subscribed(False)
-                if not lost:
-                    log.warning("route_sync_lost", error=f"{type(exc).__name__}: {exc}", retry_s=retry_s)
-                    lost = True
-            finally:
-                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
-            await asyncio.sleep(retry_s)
+                self.receive(text, apply)
+            except Exception:  # a bug in applying one message must not end the subscription
+                log.exception("route_sync_apply_failed")
+
+        await follow_channel(
+            self._subscriber,
+            self.channel,
+            on_message,
+            name="route_sync",
+            retry_s=retry_s,
+            on_subscribed=self._on_subscribed,
+        )
 
 
 class RouteSyncObserver(Protocol):

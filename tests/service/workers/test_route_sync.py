@@ -261,7 +261,6 @@ async def test_delay_from_a_publish_to_the_other_router(redis_url: str) -> None:
     p50, p99 = statistics.median(delays), delays[int(0.99 * len(delays)) - 1]
     simulated = ROUTE_SYNC_DELAY_S * 1000
     print(f"route sync delay on loopback: P50 {p50:.2f} ms, P99 {p99:.2f} ms (simulated: {simulated:g} ms)")
-    assert all(d >= 0 for d in delays)
 
 
 # ------------------------------------------------------------------------------------------ end to end
